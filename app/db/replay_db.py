@@ -1,0 +1,261 @@
+"""GameReplayDB: finished games and their search statistics, in SQLite via SQLAlchemy.
+
+A game and all its moves go in one transaction and a game's uid is unique, so a writer
+killed at any moment leaves either the whole game or nothing, and a re-sync of the same
+games from a peer inserts nothing twice. WAL mode lets export read while self-play writes.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+from sqlalchemy import (
+    Float, ForeignKey, Integer, LargeBinary, String, Text, create_engine, event, func, select, text,
+)
+from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
+
+SCHEMA_VERSION = 1
+
+
+class ReplayDBError(RuntimeError):
+    """A replay DB that cannot be used: missing, locked, corrupt or too new; names the path."""
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class SchemaInfo(Base):
+    __tablename__ = "schema_info"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+
+
+class GameRow(Base):
+    __tablename__ = "games"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    uid: Mapped[str] = mapped_column(String(64), unique=True, index=True)
+    game: Mapped[str] = mapped_column(String(32))
+    config_json: Mapped[str] = mapped_column(Text, default="{}")
+    search_json: Mapped[str] = mapped_column(Text, default="{}")
+    model_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    node_id: Mapped[str] = mapped_column(String(128), default="")
+    winner: Mapped[int] = mapped_column(Integer)  # 0, 1, or -1 for a draw
+    length: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[float] = mapped_column(Float)
+    finished_at: Mapped[float] = mapped_column(Float)
+    inserted_at: Mapped[float] = mapped_column(Float)
+    moves: Mapped[list["MoveRow"]] = relationship(
+        back_populates="game_row", order_by="MoveRow.ply", cascade="all, delete-orphan"
+    )
+
+
+class MoveRow(Base):
+    __tablename__ = "moves"
+    game_id: Mapped[int] = mapped_column(ForeignKey("games.id", ondelete="CASCADE"), primary_key=True)
+    ply: Mapped[int] = mapped_column(Integer, primary_key=True)
+    action: Mapped[int] = mapped_column(Integer)
+    visits: Mapped[bytes] = mapped_column(LargeBinary)  # float32 visit distribution over actions
+    root_value: Mapped[float] = mapped_column(Float)  # search value, side to move's view
+    game_row: Mapped[GameRow] = relationship(back_populates="moves")
+
+
+@dataclass(frozen=True)
+class MoveRecord:
+    action: int
+    visits: Sequence[float]  # normalised MCTS visit distribution, length num_actions
+    root_value: float = 0.0
+
+
+@dataclass(frozen=True)
+class GameRecord:
+    """One finished game as self-play, the gauntlet and sync exchange it."""
+
+    uid: str
+    game: str
+    moves: Sequence[MoveRecord]
+    winner: int | None  # None for a draw
+    model_sha256: str | None = None
+    node_id: str = ""
+    search: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)
+    started_at: float = 0.0
+    finished_at: float = 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "uid": self.uid, "game": self.game, "winner": self.winner,
+            "model_sha256": self.model_sha256, "node_id": self.node_id,
+            "search": self.search, "config": self.config,
+            "started_at": self.started_at, "finished_at": self.finished_at,
+            "moves": [[m.action, [float(v) for v in m.visits], float(m.root_value)] for m in self.moves],
+        }
+
+    @staticmethod
+    def from_json(data: dict) -> "GameRecord":
+        return GameRecord(
+            uid=str(data["uid"]), game=str(data["game"]), winner=data["winner"],
+            model_sha256=data.get("model_sha256"), node_id=str(data.get("node_id", "")),
+            search=dict(data.get("search", {})), config=dict(data.get("config", {})),
+            started_at=float(data.get("started_at", 0.0)), finished_at=float(data.get("finished_at", 0.0)),
+            moves=[MoveRecord(int(a), list(v), float(r)) for a, v, r in data["moves"]],
+        )
+
+
+def _set_sqlite_pragmas(dbapi_conn: sqlite3.Connection, _record: object) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA busy_timeout=10000")
+    cur.close()
+
+
+class ReplayDB:
+    """One SQLite file of games. Safe for one writer process and many readers."""
+
+    def __init__(self, path: str | Path, create: bool = True, readonly: bool = False) -> None:
+        self.path = Path(path)
+        if not self.path.exists() and (not create or readonly):
+            raise ReplayDBError(f"{self.path}: replay DB not found")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        url = f"sqlite:///file:{self.path}?mode=ro&uri=true" if readonly else f"sqlite:///{self.path}"
+        self.engine = create_engine(url, future=True)
+        if not readonly:
+            event.listen(self.engine, "connect", _set_sqlite_pragmas)
+        try:
+            if not readonly:
+                Base.metadata.create_all(self.engine)
+            self._check_schema(create=not readonly)
+        except (DatabaseError, OperationalError) as exc:
+            self.engine.dispose()
+            raise ReplayDBError(f"{self.path}: not a usable replay DB: {exc.orig}") from None
+
+    def _check_schema(self, create: bool) -> None:
+        with Session(self.engine) as session, session.begin():
+            row = session.get(SchemaInfo, "schema_version")
+            if row is None:
+                if not create:
+                    raise ReplayDBError(f"{self.path}: no schema version: not a replay DB")
+                session.add(SchemaInfo(key="schema_version", value=str(SCHEMA_VERSION)))
+                return
+            version = int(row.value)
+        if version > SCHEMA_VERSION:
+            self.engine.dispose()
+            raise ReplayDBError(
+                f"{self.path}: schema version {version} is newer than this program's "
+                f"({SCHEMA_VERSION}); upgrade the program rather than risk the data"
+            )
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> "ReplayDB":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def add_game(self, record: GameRecord) -> bool:
+        """Insert one game with its moves atomically; False when its uid is already stored."""
+        now = time.time()
+        row = GameRow(
+            uid=record.uid, game=record.game,
+            config_json=json.dumps(record.config, sort_keys=True),
+            search_json=json.dumps(record.search, sort_keys=True),
+            model_sha256=record.model_sha256, node_id=record.node_id,
+            winner=-1 if record.winner is None else int(record.winner),
+            length=len(record.moves), started_at=record.started_at or now,
+            finished_at=record.finished_at or now, inserted_at=now,
+            moves=[
+                MoveRow(ply=i, action=int(m.action),
+                        visits=np.asarray(m.visits, dtype=np.float32).tobytes(),
+                        root_value=float(m.root_value))
+                for i, m in enumerate(record.moves)
+            ],
+        )
+        try:
+            with Session(self.engine) as session, session.begin():
+                if session.scalar(select(GameRow.id).where(GameRow.uid == record.uid)) is not None:
+                    return False
+                session.add(row)
+        except IntegrityError:
+            return False  # a concurrent writer inserted the same uid first
+        except OperationalError as exc:
+            raise ReplayDBError(f"{self.path}: write failed: {exc.orig}") from None
+        return True
+
+    def add_games(self, records: Iterable[GameRecord]) -> int:
+        """Insert each game in its own transaction; returns how many were new."""
+        return sum(self.add_game(r) for r in records)
+
+    def count(self) -> int:
+        with Session(self.engine) as session:
+            return int(session.scalar(select(func.count(GameRow.id))) or 0)
+
+    def count_positions(self) -> int:
+        with Session(self.engine) as session:
+            return int(session.scalar(select(func.coalesce(func.sum(GameRow.length), 0))) or 0)
+
+    def uids(self, after_id: int = 0) -> list[str]:
+        """Stored uids in insertion order (optionally only rows with id > after_id)."""
+        with Session(self.engine) as session:
+            return list(session.scalars(select(GameRow.uid).where(GameRow.id > after_id).order_by(GameRow.id)))
+
+    def max_id(self) -> int:
+        with Session(self.engine) as session:
+            return int(session.scalar(select(func.coalesce(func.max(GameRow.id), 0))) or 0)
+
+    def games(self, uids: Sequence[str] | None = None, newest: int | None = None) -> list[GameRecord]:
+        """Games by uid, or the `newest` N in insertion order (oldest first), or all."""
+        return list(self.iter_games(uids=uids, newest=newest))
+
+    def iter_games(self, uids: Sequence[str] | None = None, newest: int | None = None) -> Iterator[GameRecord]:
+        stmt = select(GameRow).order_by(GameRow.id)
+        if uids is not None:
+            stmt = stmt.where(GameRow.uid.in_(list(uids)))
+        elif newest is not None:
+            stmt = stmt.where(GameRow.id > self.max_id() - newest)
+        with Session(self.engine) as session:
+            for row in session.scalars(stmt):
+                yield _to_record(row)
+
+    def integrity_problems(self) -> list[str]:
+        """Empty when the file is sound and every game has exactly its recorded number of moves."""
+        problems: list[str] = []
+        with self.engine.connect() as conn:
+            result = conn.execute(text("PRAGMA integrity_check")).scalar()
+            if result != "ok":
+                problems.append(f"sqlite integrity_check: {result}")
+            bad = conn.execute(text(
+                "SELECT g.uid, g.length, COUNT(m.ply) FROM games g LEFT JOIN moves m ON m.game_id = g.id "
+                "GROUP BY g.id HAVING COUNT(m.ply) != g.length"
+            )).all()
+            problems += [f"game {uid}: {n} moves stored, {length} recorded" for uid, length, n in bad]
+            orphans = conn.execute(text(
+                "SELECT COUNT(*) FROM moves WHERE game_id NOT IN (SELECT id FROM games)"
+            )).scalar()
+            if orphans:
+                problems.append(f"{orphans} moves without a game")
+        return problems
+
+
+def _to_record(row: GameRow) -> GameRecord:
+    return GameRecord(
+        uid=row.uid, game=row.game,
+        winner=None if row.winner < 0 else row.winner,
+        model_sha256=row.model_sha256, node_id=row.node_id,
+        search=json.loads(row.search_json), config=json.loads(row.config_json),
+        started_at=row.started_at, finished_at=row.finished_at,
+        moves=[
+            MoveRecord(m.action, np.frombuffer(m.visits, dtype=np.float32).tolist(), m.root_value)
+            for m in row.moves
+        ],
+    )

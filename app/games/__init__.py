@@ -1,0 +1,17 @@
+"""Game rules behind one small interface; `get_game(name)` is the only way in from above."""
+
+from app.games.base import Game, GameError, GameState, IllegalMoveError, ParseError
+from app.games.connect4 import Connect4
+
+_GAMES: dict[str, type[Game]] = {"connect4": Connect4}
+
+
+def get_game(name: str = "connect4") -> Game:
+    """The game registered under `name`; a clear error lists the known ones."""
+    try:
+        return _GAMES[name]()
+    except KeyError:
+        raise GameError(f"unknown game {name!r}; known games: {sorted(_GAMES)}") from None
+
+
+__all__ = ["Game", "GameError", "GameState", "IllegalMoveError", "ParseError", "get_game"]

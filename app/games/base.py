@@ -1,0 +1,111 @@
+"""The small game interface every layer above `games` talks to.
+
+A second workload will plug in beside Connect Four, so search, self-play, training and the
+daemons see only this: an immutable state, integer actions, planes from the side to move's
+view, and symmetries for augmentation. Nothing above this package imports a concrete game
+except through `app.games.get_game`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Sequence
+
+import numpy as np
+
+
+class GameError(Exception):
+    """Base class of every rule error a game raises."""
+
+
+class IllegalMoveError(GameError, ValueError):
+    """A move that the rules forbid in the given state; names the move and the state."""
+
+    def __init__(self, move: object, state: str, reason: str) -> None:
+        super().__init__(f"illegal move {move!r} in position {state!r}: {reason}")
+        self.move = move
+        self.state = state
+        self.reason = reason
+
+
+class ParseError(GameError, ValueError):
+    """A position text that does not describe a legal sequence of moves."""
+
+
+class GameState(ABC):
+    """An immutable position. `play` returns a new state; nothing mutates in place."""
+
+    @property
+    @abstractmethod
+    def to_move(self) -> int:
+        """0 for the first player, 1 for the second."""
+
+    @property
+    @abstractmethod
+    def ply(self) -> int:
+        """Number of moves played so far."""
+
+    @abstractmethod
+    def legal_moves(self) -> list[int]:
+        """Legal actions in increasing order; empty when terminal."""
+
+    @abstractmethod
+    def legal_mask(self) -> np.ndarray:
+        """Boolean vector of length `num_actions`; all False when terminal."""
+
+    @abstractmethod
+    def play(self, action: int) -> "GameState":
+        """The state after `action`; raises IllegalMoveError naming the move."""
+
+    @property
+    @abstractmethod
+    def is_terminal(self) -> bool: ...
+
+    @property
+    @abstractmethod
+    def winner(self) -> int | None:
+        """0 or 1 when a player has won, None for a draw or an unfinished game."""
+
+    def terminal_value(self) -> float:
+        """Result from the side to move's view (+1 win, 0 draw, -1 loss) of a terminal state."""
+        if not self.is_terminal:
+            raise GameError("terminal_value of a non-terminal state")
+        if self.winner is None:
+            return 0.0
+        return 1.0 if self.winner == self.to_move else -1.0
+
+    @abstractmethod
+    def planes(self) -> np.ndarray:
+        """Network input, float32 of shape `Game.plane_shape`, from the side to move's view."""
+
+    @abstractmethod
+    def key(self) -> object:
+        """A hashable that identifies the position (not the move order)."""
+
+    @abstractmethod
+    def to_text(self) -> str:
+        """The move sequence in the game's notation; `Game.parse` reads it back."""
+
+
+class Game(ABC):
+    """A game's static description: sizes, the start, parsing, symmetries."""
+
+    name: str
+    num_actions: int
+    plane_shape: tuple[int, int, int]
+
+    @abstractmethod
+    def initial_state(self) -> GameState: ...
+
+    @abstractmethod
+    def parse(self, text: str) -> GameState:
+        """State after the moves in `text`; raises ParseError (a bad character or move)."""
+
+    @abstractmethod
+    def action_to_text(self, action: int) -> str: ...
+
+    @abstractmethod
+    def symmetries(
+        self, planes: np.ndarray, policy: np.ndarray
+    ) -> Sequence[tuple[np.ndarray, np.ndarray]]:
+        """Every symmetric image of (planes, policy), the identity first."""

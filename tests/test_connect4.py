@@ -1,0 +1,118 @@
+"""Connect Four rules checked against facts no one here wrote: OEIS A212693 and Pons' positions."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from app.games import IllegalMoveError, ParseError, get_game
+from app.games.connect4 import Connect4State, has_four
+
+# OEIS A212693: number of distinct Connect Four positions after n plies.
+A212693 = [1, 7, 49, 238, 1120, 4263, 16422, 54859, 184275]
+
+GAME = get_game("connect4")
+
+
+def test_position_counts_match_oeis_a212693() -> None:
+    level = {GAME.initial_state()}
+    counts = [1]
+    for _ in range(len(A212693) - 1):
+        level = {s.play(m) for s in level if not s.is_terminal for m in s.legal_moves()}
+        counts.append(len(level))
+    assert counts == A212693
+
+
+def test_every_pons_position_replays_to_a_non_terminal_state(pons_dir) -> None:
+    files = sorted(pons_dir.glob("Test_*"))
+    assert files, f"no test files in {pons_dir}"
+    lines = 0
+    for path in files:
+        for line in path.read_text().splitlines():
+            moves, score = line.split()
+            state = GAME.parse(moves)
+            assert not state.is_terminal, f"{path.name}: {moves}"
+            assert state.to_text() == moves
+            assert state.ply == len(moves)
+            assert -21 <= int(score) <= 21
+            lines += 1
+    assert lines == 6000
+
+
+def test_vertical_horizontal_and_diagonal_wins() -> None:
+    for moves, winner in [("1212121", 0), ("1122334", 0), ("12235334444", 0), ("1223343445", 1), ("122353344", None)]:
+        state = GAME.parse(moves)
+        assert state.winner == winner, moves
+        assert state.is_terminal == (winner is not None)
+    assert GAME.parse("71122334").winner == 1  # second player completes the bottom row
+    assert GAME.parse("1212121").terminal_value() == -1.0  # the side to move has lost
+
+
+def test_full_board_without_four_is_a_draw() -> None:
+    # Columns filled in the pattern 1,2 / 3,4 / ... never lines up four (a known drawn filling).
+    moves = "121212" "343434" "565656" "212121" "434343" "656565" "777777"
+    state = GAME.parse(moves)
+    assert state.ply == 42 and state.is_terminal and state.winner is None
+    assert state.terminal_value() == 0.0
+    assert state.legal_moves() == []
+
+
+def test_illegal_moves_raise_typed_errors_naming_the_move() -> None:
+    full = GAME.parse("111111")
+    with pytest.raises(IllegalMoveError, match="column 1 is full") as info:
+        full.play(0)
+    assert info.value.move == 0 and info.value.state == "111111"
+    with pytest.raises(IllegalMoveError, match="7"):
+        GAME.initial_state().play(7)
+    with pytest.raises(IllegalMoveError, match="over"):
+        GAME.parse("1212121").play(3)
+    with pytest.raises(ParseError, match="bad character '8'"):
+        GAME.parse("448")
+    with pytest.raises(ParseError, match="move 7"):
+        GAME.parse("1111111")
+
+
+def test_planes_are_from_the_side_to_move_view() -> None:
+    after_one = GAME.parse("4").planes()
+    assert after_one.shape == GAME.plane_shape
+    assert after_one[1, 0, 3] == 1 and after_one[0].sum() == 0  # opponent's stone
+    after_two = GAME.parse("44").planes()
+    assert after_two[0, 0, 3] == 1 and after_two[1, 1, 3] == 1
+    assert np.all(after_two[2] == 1)
+
+
+def test_mirror_symmetry_maps_planes_and_policy() -> None:
+    state = GAME.parse("1123")
+    mirrored_state = GAME.parse("7765")
+    policy = np.arange(7, dtype=np.float32)
+    (p0, q0), (p1, q1) = GAME.symmetries(state.planes(), policy)
+    assert np.array_equal(p0, state.planes()) and np.array_equal(q0, policy)
+    assert np.array_equal(p1, mirrored_state.planes())
+    assert list(q1) == list(policy[::-1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(min_value=0, max_value=2**32 - 1))
+def test_random_games_keep_their_invariants(seed: int) -> None:
+    rng = random.Random(seed)
+    state = GAME.initial_state()
+    while not state.is_terminal:
+        legal = state.legal_moves()
+        assert list(np.flatnonzero(state.legal_mask())) == legal
+        move = rng.choice(legal)
+        wins = state.is_winning_move(move)
+        state = state.play(move)
+        assert wins == (state.winner is not None)
+        assert bin(state.mask).count("1") == state.ply
+        assert GAME.parse(state.to_text()) == state
+    assert state.legal_moves() == []
+    assert has_four(state.position ^ state.mask) == (state.winner is not None)
+
+
+def test_key_identifies_position_not_move_order() -> None:
+    assert GAME.parse("1234").key() == GAME.parse("3214").key()
+    assert GAME.parse("1234").key() != GAME.parse("2143").key()
+    assert isinstance(GAME.initial_state(), Connect4State)

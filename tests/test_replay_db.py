@@ -1,0 +1,90 @@
+"""GameReplayDB: one transaction per game, idempotent by uid, refuses what it cannot trust."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from app.db.replay_db import SCHEMA_VERSION, GameRecord, MoveRecord, ReplayDB, ReplayDBError
+
+
+def _game(uid: str, n_moves: int = 5) -> GameRecord:
+    moves = [MoveRecord(i % 7, [1 / 7] * 7, 0.1 * i) for i in range(n_moves)]
+    return GameRecord(uid=uid, game="connect4", moves=moves, winner=None, node_id="n1", search={"sims": 8})
+
+
+def test_insert_is_idempotent_by_uid(tmp_path) -> None:
+    with ReplayDB(tmp_path / "g.db") as db:
+        assert db.add_game(_game("a")) is True
+        assert db.add_game(_game("a")) is False
+        assert db.add_games([_game("a"), _game("b", 3), _game("c", 0)]) == 2
+        assert db.count() == 3 and db.count_positions() == 8
+        assert db.uids() == ["a", "b", "c"]
+        back = db.games(uids=["b"])[0]
+        assert back.moves[2].action == 2 and back.winner is None and back.search == {"sims": 8}
+        assert [g.uid for g in db.games(newest=2)] == ["b", "c"]
+        assert db.integrity_problems() == []
+
+
+def test_record_json_round_trip() -> None:
+    record = _game("x")
+    assert GameRecord.from_json(record.to_json()).to_json() == record.to_json()
+
+
+def test_newer_schema_is_refused(tmp_path) -> None:
+    path = tmp_path / "g.db"
+    ReplayDB(path).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE schema_info SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION + 1),))
+    with pytest.raises(ReplayDBError, match="newer than this program"):
+        ReplayDB(path)
+
+
+def test_corrupt_and_missing_files_are_named(tmp_path) -> None:
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(ReplayDBError, match=str(bad)):
+        ReplayDB(bad)
+    with pytest.raises(ReplayDBError, match="not found"):
+        ReplayDB(tmp_path / "absent.db", create=False)
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys
+    from app.db.replay_db import GameRecord, MoveRecord, ReplayDB
+    db = ReplayDB(sys.argv[1])
+    i = 0
+    print("ready", flush=True)
+    while True:
+        moves = [MoveRecord(j % 7, [1 / 7] * 7, 0.0) for j in range(40)]
+        db.add_game(GameRecord(uid=f"g{i}", game="connect4", moves=moves, winner=i % 2))
+        i += 1
+    """
+)
+
+
+@pytest.mark.timeout(60)
+def test_kill_9_of_a_writer_leaves_only_whole_games(tmp_path) -> None:
+    path = tmp_path / "g.db"
+    for attempt in range(3):
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline().strip() == "ready"
+            time.sleep(0.5 + 0.3 * attempt)
+            os.kill(proc.pid, signal.SIGKILL)
+        finally:
+            proc.kill()
+            proc.wait(timeout=10)
+        with ReplayDB(path) as db:
+            assert db.integrity_problems() == []
+            assert all(len(g.moves) == 40 for g in db.games())
+            count = db.count()
+    assert count > 0
