@@ -29,18 +29,34 @@ class ExportConfig(StrictModel):
 
 
 class TrainConfig(StrictModel):
-    batch_size: int = 256
+    batch_size: int = 256  # global batch, split over all ranks
     lr: float = 1e-3
     weight_decay: float = 1e-4
     epochs: int = 4
     nproc: int = 1
+    micro_batches: int = 0  # fixed split of each global batch (0 = one per rank); see app/training/train.py
+    eval_every: int = 0  # steps between holdout evaluations (0 = once per epoch)
+    patience: int = 3  # evaluations without holdout improvement before stopping early
+    checkpoint_every: int = 0  # steps between checkpoints (0 = at each evaluation)
+    seed: int = 0
 
 
 class GauntletConfig(StrictModel):
     games_vs_baseline: int = 40
-    max_games_vs_best: int = 200
+    max_games_vs_best: int = 200  # the SPRT's game cap
+    sprt_elo0: float = 0.0  # H0: the candidate is no better than this (Elo vs the best)
+    sprt_elo1: float = 35.0  # H1: the candidate is at least this much better
+    sprt_alpha: float = 0.05  # P(accept | H0)
+    sprt_beta: float = 0.05  # P(reject | H1)
+    opening_plies_min: int = 2  # each game pair starts from a distinct random opening
+    opening_plies_max: int = 4
+    heuristic_depth: int = 2  # negamax plies of the heuristic baseline
+    rollout_simulations: int = 200  # MCTS-with-random-rollouts baseline
+    net_simulations: int = 64  # MCTS simulations of network players (0 = policy argmax)
+    workers: int = 1  # worker processes playing games in parallel
 
 
 class PromotionConfig(StrictModel):
-    min_score_vs_random: float = 0.95
-    min_score_vs_heuristic: float = 0.5
+    min_score_vs_random: float | None = 0.95  # None disables the gate
+    min_score_vs_heuristic: float | None = 0.5
+    require_sprt_vs_best: bool = True  # the SPRT vs the current best must accept

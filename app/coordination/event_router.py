@@ -243,20 +243,27 @@ class EventRouter:
         return await self._invoke(sub, Event(event_type, payload, letter.event_key, letter.created_at))
 
 
-DLQ_RETRY_DEFAULTS: dict[str, Any] = {"interval_s": 5.0}
+DLQ_RETRY_DEFAULTS: dict[str, Any] = {
+    "interval_s": 5.0,  # how often to look for due letters
+    "base_s": None,  # None: keep the router's RetryPolicy value
+    "cap_s": None,
+    "max_attempts": None,
+}
 
 
 async def dlq_retry_runner(ctx: DaemonContext) -> None:
-    """Daemon: retry due dead letters every `interval_s` until stopped.
-
-    Optional settings base_s / cap_s / max_attempts override the router's retry policy.
-    """
-    interval = float(ctx.settings.get("interval_s", DLQ_RETRY_DEFAULTS["interval_s"]))
+    """Daemon: retry due dead letters every `interval_s` until stopped."""
+    interval = float(ctx.settings.get("interval_s") or DLQ_RETRY_DEFAULTS["interval_s"])
     default = ctx.router.retry_policy
+
+    def pick(key: str, fallback: float) -> float:
+        value = ctx.settings.get(key)
+        return fallback if value is None else value
+
     policy = RetryPolicy(
-        base_s=float(ctx.settings.get("base_s", default.base_s)),
-        cap_s=float(ctx.settings.get("cap_s", default.cap_s)),
-        max_attempts=int(ctx.settings.get("max_attempts", default.max_attempts)),
+        base_s=float(pick("base_s", default.base_s)),
+        cap_s=float(pick("cap_s", default.cap_s)),
+        max_attempts=int(pick("max_attempts", default.max_attempts)),
     )
     while not ctx.stopping.is_set():
         report = await ctx.router.retry_due(policy)
@@ -264,3 +271,8 @@ async def dlq_retry_runner(ctx: DaemonContext) -> None:
             ctx.log.info("dead_letters_retried", **report.__dict__)
         ctx.mark_healthy()
         await ctx.sleep(interval)
+
+
+# Runner-table entries (runner, default settings) of the infrastructure daemons, merged by the
+# orchestrator with the pipeline runners before loading daemons.yaml.
+INFRA_RUNNERS: dict[str, tuple[Any, dict[str, Any]]] = {"dlq_retry": (dlq_retry_runner, DLQ_RETRY_DEFAULTS)}

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import Float, Index, Integer, String, Text, create_engine, event, func, select
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
 
 class DeadLetterStatus(str, enum.Enum):

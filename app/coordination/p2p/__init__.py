@@ -1,0 +1,56 @@
+"""The mesh: membership and gossip, bully-order election with a voter quorum, fenced work
+claims, quorum commits, and the HTTP API on port 8770.
+
+Modules (pure rules first, I/O at the edge):
+    election.py    quorum_size, quorum_level, should_grant_vote, bully_rank, lease rules (pure)
+    membership.py  node table, gossip merge, ALIVE -> SUSPECT -> DEAD, refutation (no I/O)
+    work_rules.py  WorkSpec, fits, token_refusal, state_after_lapse (pure)
+    persist.py     term/vote file, quorum-commit store, append-only history (atomic writes)
+    auth.py        HMAC signing, replay cache, aiohttp middleware; client.py signed client
+    consensus.py   terms, votes, heartbeats, lease, commit-through-quorum
+    work_queue.py  the leader's SQLite queue (models in app/db/work_queue.py)
+    node.py        MeshNode: wiring and loops; server.py: routes; worker.py: WorkClient
+    discovery.py   static peers, `tailscale status --json`
+
+Embedding (what the orchestrator uses):
+
+    node = MeshNode(settings, node_id=..., port=..., peers=[...], voters=[...], priority=0,
+                    profile="lan", secret=None, work_source=None, capabilities=None)
+    node.add_routes(routes, public=[("GET", "/models")])   # before start(); signed unless public
+    node.set_work_source(fn)            # fn(ClusterView) -> Iterable[WorkSpec], leader calls it
+    node.set_progress_provider(fn)      # fn() -> JSON-able, served at GET /progress
+    await node.start(); ...; await node.stop()
+    node.update_local_state(capabilities=..., inventory=..., claims=[ClaimInfo, ...])  # gossiped
+    node.cluster_view()                 # ClusterView: nodes' gossiped NodeState + Liveness
+    node.is_leader, node.term, node.leader_id, node.quorum_level, node.role, node.status()
+    await node.commit(key, value) -> bool    # True once floor(V/2)+1 voters stored it;
+    node.committed(key) -> str | None        # a voter never stores two values for one key
+    WorkClient(node.client, node_id, addrs=lambda: [...]).claim() / renew / complete / fail
+
+Rules (DESIGN.md, "The mesh"): quorum = floor(V/2)+1 of the configured voters; terms are
+persisted before a vote; lower terms refused, higher terms obeyed; pre-vote plus leader
+stickiness, so a healthy leader is never preempted; the leader's lease is shorter than the
+election timeout and it steps down without quorum acks; quorum LOST is read-only.
+
+Security: every node-to-node request is HMAC-signed (secret from env MESH_SECRET, env
+MESH_SECRET_FILE, or mesh.secret / mesh.secret_file); GET /status and GET /progress are
+operator endpoints and readable without a signature.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from app.coordination.p2p.node import ClusterView, MeshNode
+
+__all__ = ["ClusterView", "MeshNode"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so importing the pure rules does not pull in aiohttp and SQLAlchemy.
+    if name in __all__:
+        from app.coordination.p2p import node
+
+        return getattr(node, name)
+    raise AttributeError(name)

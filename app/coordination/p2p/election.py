@@ -100,6 +100,7 @@ def should_grant_vote(
     current_term: int,
     voted_for: str | None,
     leader_contact_age: float | None,
+    leaderless_for: float,
     election_timeout_min: float,
     alive_eligible_ranks: Iterable[Rank],
     bully_patience: float,
@@ -107,8 +108,9 @@ def should_grant_vote(
     """Whether a voter grants (pre-)vote to a candidate.
 
     `leader_contact_age`: seconds since this voter last heard from a leader (or granted a
-    vote), None if never. `alive_eligible_ranks`: ranks of eligible nodes this voter believes
-    ALIVE, itself included when it is eligible; the candidate's own rank is ignored.
+    vote), None if never; `leaderless_for`: seconds since it last had a leader or started.
+    `alive_eligible_ranks`: ranks of eligible nodes this voter believes ALIVE, itself included
+    when it is eligible; the candidate's own rank is ignored.
     For a pre-vote `candidate_term` is the term the candidate *would* use and nothing is adopted.
     """
     if not candidate_is_voter:
@@ -121,7 +123,6 @@ def should_grant_vote(
     if leader_contact_age is not None and leader_contact_age < election_timeout_min:
         return VoteDecision(False, "a live leader was heard from recently", False)
     adopt = (not pre_vote) and candidate_term > current_term
-    leaderless_for = float("inf") if leader_contact_age is None else leader_contact_age
     if leaderless_for < bully_patience and any(
         rank > candidate_rank for rank in alive_eligible_ranks
     ):

@@ -1,0 +1,228 @@
+"""Players a gauntlet pits a candidate against: random, heuristic, rollout MCTS, network MCTS.
+
+Each player answers `select_move(state) -> action` for whatever position it is handed, so a
+match driver needs nothing but the game interface; `reset()` drops per-game memory (a
+reused search tree). A `PlayerSpec` is the picklable description a worker process turns
+into a player, and its `name` is the player's identity in recorded games and ratings: two
+players with the same name must be the same strength (so names carry depth / simulations).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from app.ai.evaluators import NetworkEvaluator, RolloutEvaluator
+from app.ai.heuristic import heuristic_move
+from app.ai.mcts import SearchTree, run_searches
+from app.ai.model import load_model, read_meta
+from app.config.pipeline import GauntletConfig, SearchConfig
+from app.games import GameState, get_game
+
+
+class Player(Protocol):
+    name: str
+
+    def select_move(self, state: GameState) -> int: ...
+
+    def reset(self) -> None: ...
+
+
+class PlayerSpecError(ValueError):
+    """A player description that names no known kind of player, or a missing model."""
+
+
+class RandomPlayer:
+    """Uniform over legal moves: the rating anchor (Elo 0)."""
+
+    name = "random"
+
+    def __init__(self, rng: np.random.Generator | None = None) -> None:
+        self.rng = rng if rng is not None else np.random.default_rng()
+
+    def select_move(self, state: GameState) -> int:
+        moves = state.legal_moves()
+        return int(moves[int(self.rng.integers(len(moves)))])
+
+    def reset(self) -> None:
+        pass
+
+
+class HeuristicPlayer:
+    """Wins when it can, blocks an immediate loss, else shallow negamax preferring the centre."""
+
+    def __init__(self, depth: int = 2, rng: np.random.Generator | None = None) -> None:
+        if depth < 1:
+            raise ValueError(f"heuristic depth must be >= 1, got {depth}")
+        self.depth = depth
+        self.rng = rng if rng is not None else np.random.default_rng()
+        self.name = f"heuristic-d{depth}"
+
+    def select_move(self, state: GameState) -> int:
+        return heuristic_move(state, self.depth, self.rng)
+
+    def reset(self) -> None:
+        pass
+
+
+class _TreePlayer:
+    """Shared by the MCTS players: reuse the tree across the player's own consecutive moves."""
+
+    def __init__(self, evaluator, simulations: int, search_cfg: SearchConfig, rng: np.random.Generator) -> None:
+        self.evaluator = evaluator
+        self.simulations = simulations
+        self.search_cfg = search_cfg
+        self.rng = rng
+        self.tree: SearchTree | None = None
+
+    def reset(self) -> None:
+        self.tree = None
+
+    def _tree_for(self, state: GameState) -> SearchTree:
+        """The old tree advanced to `state` when it is at most two plies below the old root."""
+        tree = self.tree
+        if tree is not None:
+            root = tree.root_state
+            target = state.key()
+            if root.key() == target and root.ply == state.ply:
+                return tree
+            if state.ply - root.ply in (1, 2):
+                for a in root.legal_moves():
+                    child = root.play(a)
+                    if state.ply == child.ply:
+                        if child.key() == target:
+                            tree.advance(a)
+                            return tree
+                        continue
+                    for b in child.legal_moves():
+                        if child.play(b).key() == target:
+                            tree.advance(a)
+                            tree.advance(b)
+                            return tree
+        return SearchTree(state)
+
+    def select_move(self, state: GameState) -> int:
+        tree = self._tree_for(state)
+        [result] = run_searches([tree], self.evaluator, max(self.simulations, 1), self.search_cfg, self.rng)
+        action = result.best_action
+        tree.advance(action)
+        self.tree = tree
+        return action
+
+
+class RolloutMCTSPlayer(_TreePlayer):
+    """Plain MCTS: uniform priors, leaves valued by random playouts. Knows nothing learnt."""
+
+    def __init__(self, game_name: str = "connect4", simulations: int = 200, rollouts_per_leaf: int = 4,
+                 search_cfg: SearchConfig | None = None, rng: np.random.Generator | None = None) -> None:
+        rng = rng if rng is not None else np.random.default_rng()
+        evaluator = RolloutEvaluator(get_game(game_name), rollouts_per_leaf, rng)
+        super().__init__(evaluator, simulations, search_cfg or SearchConfig(), rng)
+        self.name = f"rollout-s{simulations}"
+
+
+class NetMCTSPlayer(_TreePlayer):
+    """A trained network with PUCT search, no noise, most-visited move; `simulations == 0`
+    plays the raw policy's argmax."""
+
+    def __init__(self, model_path: str | Path, simulations: int = 64, search_cfg: SearchConfig | None = None,
+                 expect_sha256: str | None = None, rng: np.random.Generator | None = None) -> None:
+        net, meta = load_model(model_path, expect_sha256=expect_sha256)
+        super().__init__(NetworkEvaluator(net), simulations, search_cfg or SearchConfig(),
+                         rng if rng is not None else np.random.default_rng())
+        self.meta = meta
+        self.sha256 = str(meta.sha256)
+        self.name = model_player_name(self.sha256, simulations)
+
+    def select_move(self, state: GameState) -> int:
+        if self.simulations > 0:
+            return super().select_move(state)
+        priors, _ = self.evaluator.evaluate([state])
+        return int(np.argmax(priors[0]))
+
+
+def model_player_name(sha256: str, simulations: int) -> str:
+    """A network player's identity in games and ratings: the model and its search budget."""
+    return f"model:{sha256}:s{simulations}"
+
+
+def model_sha_of_player(name: str) -> str | None:
+    """The sha256 in a network player's name, None for baselines."""
+    if not name.startswith("model:"):
+        return None
+    return name.split(":")[1]
+
+
+@dataclass(frozen=True)
+class PlayerSpec:
+    """Picklable description of a player; `make_player` builds it inside a worker process."""
+
+    kind: str  # random | heuristic | rollout | net
+    depth: int = 2
+    simulations: int = 0
+    model_path: str | None = None
+    sha256: str | None = None
+    c_puct: float = 1.5
+    game: str = "connect4"
+
+    @property
+    def name(self) -> str:
+        if self.kind == "random":
+            return RandomPlayer.name
+        if self.kind == "heuristic":
+            return f"heuristic-d{self.depth}"
+        if self.kind == "rollout":
+            return f"rollout-s{self.simulations}"
+        return model_player_name(str(self.sha256), self.simulations)
+
+
+def net_spec(model_path: str | Path, simulations: int, c_puct: float = 1.5) -> PlayerSpec:
+    """A network player's spec, its sha256 and game read from the model's sidecar."""
+    path = Path(model_path)
+    if not path.exists():
+        raise PlayerSpecError(f"{path}: model file not found")
+    meta = read_meta(path)
+    return PlayerSpec("net", simulations=simulations, model_path=str(path), sha256=meta.sha256,
+                      c_puct=c_puct, game=meta.game)
+
+
+def parse_player_spec(text: str, cfg: GauntletConfig | None = None, search: SearchConfig | None = None,
+                      game: str = "connect4") -> PlayerSpec:
+    """'random', 'heuristic[:depth]', 'rollout[:simulations]', or a model path (.safetensors)."""
+    cfg = cfg or GauntletConfig()
+    c_puct = (search or SearchConfig()).c_puct
+    kind, _, arg = text.strip().partition(":")
+    try:
+        if kind == "random":
+            return PlayerSpec("random", game=game)
+        if kind == "heuristic":
+            return PlayerSpec("heuristic", depth=int(arg) if arg else cfg.heuristic_depth, game=game)
+        if kind == "rollout":
+            sims = int(arg) if arg else cfg.rollout_simulations
+            return PlayerSpec("rollout", simulations=sims, c_puct=c_puct, game=game)
+    except ValueError:
+        raise PlayerSpecError(f"player {text!r}: {arg!r} is not an integer") from None
+    if text.endswith(".safetensors"):
+        return net_spec(text, cfg.net_simulations, c_puct)
+    raise PlayerSpecError(
+        f"unknown player {text!r}: use random, heuristic[:depth], rollout[:simulations] or a .safetensors model path")
+
+
+def make_player(spec: PlayerSpec, seed: int | None = None) -> Player:
+    """Build the player a spec describes, with its own random stream."""
+    rng = np.random.default_rng(seed)
+    search_cfg = SearchConfig(c_puct=spec.c_puct)
+    if spec.kind == "random":
+        return RandomPlayer(rng)
+    if spec.kind == "heuristic":
+        return HeuristicPlayer(spec.depth, rng)
+    if spec.kind == "rollout":
+        return RolloutMCTSPlayer(spec.game, spec.simulations, search_cfg=search_cfg, rng=rng)
+    if spec.kind == "net":
+        if spec.model_path is None:
+            raise PlayerSpecError("a net player needs a model path")
+        return NetMCTSPlayer(spec.model_path, spec.simulations, search_cfg, expect_sha256=spec.sha256, rng=rng)
+    raise PlayerSpecError(f"unknown player kind {spec.kind!r}")

@@ -1,0 +1,254 @@
+"""One game's PUCT search tree: node storage, selection, expansion, backup, reuse.
+
+Storage is struct-of-arrays in flat Python lists indexed `node * A + action` (edge
+statistics N, W, P and the child id live on the parent's edge), plus one list of states.
+Not numpy rows: a PUCT step over 7 children costs ~9 us as numpy calls on tiny arrays and
+~1.5 us as a Python loop over flat lists (measured), and the per-simulation Python cost is
+what stands between the search and the network's throughput. No per-node objects exist.
+
+Values are always from the view of the side to move at the node that owns the edge, so
+backup negates once per ply. Terminal states and positions proven by them are exact
+("MCTS-solver" lite): a node whose child is a proven loss for the child's mover is a
+proven win; a node whose children are all proven takes the best of them. A proven node is
+never expanded or evaluated again: reaching it backs up its exact value.
+
+The batched driver that runs many of these trees against one evaluator is app/ai/mcts.py.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from app.games import GameState
+
+FPU_VALUE = 0.0  # value assumed for an unvisited edge ("first play urgency")
+
+
+class SearchTree:
+    """A search tree rooted at `state`; `advance(action)` keeps the chosen subtree."""
+
+    __slots__ = (
+        "num_actions", "_states", "_child", "_n", "_w", "_p", "_legal", "_proven",
+        "_value", "_root", "_root_prior",
+    )
+
+    def __init__(self, state: GameState, num_actions: int | None = None) -> None:
+        self.num_actions = int(num_actions if num_actions is not None else len(state.legal_mask()))
+        self._states: list[GameState] = []
+        self._child: list[int] = []
+        self._n: list[float] = []
+        self._w: list[float] = []
+        self._p: list[float] = []
+        self._legal: list[list[int] | None] = []  # None until the node is expanded
+        self._proven: list[float | None] = []  # exact value, side to move's view
+        self._value: list[float] = []  # evaluator's value at expansion
+        self._root_prior: list[float] | None = None  # root priors with noise mixed in
+        self._root = self._new_node(state)
+
+    # -- public view ---------------------------------------------------------------------
+
+    @property
+    def root_state(self) -> GameState:
+        return self._states[self._root]
+
+    @property
+    def node_count(self) -> int:
+        return len(self._states)
+
+    def root_expanded(self) -> bool:
+        return self._legal[self._root] is not None
+
+    def root_proven(self) -> float | None:
+        return self._proven[self._root]
+
+    def root_counts(self) -> np.ndarray:
+        """Visit count of each root edge, float64 (A,)."""
+        base = self._root * self.num_actions
+        return np.array(self._n[base: base + self.num_actions], dtype=np.float64)
+
+    def root_q(self) -> np.ndarray:
+        """Mean value of each root edge from the root's side to move (0 where unvisited)."""
+        base = self._root * self.num_actions
+        n = np.array(self._n[base: base + self.num_actions])
+        w = np.array(self._w[base: base + self.num_actions])
+        return np.divide(w, n, out=np.zeros_like(w), where=n > 0)
+
+    def root_prior(self) -> np.ndarray:
+        """The evaluator's prior at the root (without noise), float64 (A,)."""
+        base = self._root * self.num_actions
+        return np.array(self._p[base: base + self.num_actions], dtype=np.float64)
+
+    def root_value(self) -> float:
+        """Search value of the root, side to move's view: exact if proven, else W/N."""
+        proven = self._proven[self._root]
+        if proven is not None:
+            return proven
+        base = self._root * self.num_actions
+        n = sum(self._n[base: base + self.num_actions])
+        if n == 0:
+            return self._value[self._root]
+        return sum(self._w[base: base + self.num_actions]) / n
+
+    def advance(self, action: int) -> None:
+        """Move the root to the child after `action`, keeping its subtree's statistics."""
+        action = int(action)
+        edge = self._root * self.num_actions + action
+        child = self._child[edge]
+        if child < 0:
+            child = self._new_node(self._states[self._root].play(action))
+            self._child[edge] = child
+        self._root = child
+        self._root_prior = None
+
+    def set_root_noise(self, noise: np.ndarray, fraction: float) -> None:
+        """Mix `noise` (over the root's legal moves, in their order) into the root prior.
+
+        Kept beside the stored prior, not written into it, so reuse never compounds noise.
+        """
+        legal = self._legal[self._root]
+        if legal is None:
+            raise RuntimeError("root must be expanded before noise is added")
+        base = self._root * self.num_actions
+        prior = self._p[base: base + self.num_actions]
+        for i, a in enumerate(legal):
+            prior[a] = (1.0 - fraction) * prior[a] + fraction * float(noise[i])
+        self._root_prior = prior
+
+    # -- one simulation: select, (evaluate elsewhere), expand, backup --------------------------
+
+    def select(self, c_puct: float) -> tuple[list[int], int]:
+        """Descend by PUCT to a leaf; returns (edges on the path, leaf node).
+
+        A leaf is an unexpanded node or a proven one (terminal states are proven on
+        creation); `leaf_exact(leaf)` tells which. The root is descended even when proven,
+        so a solved root still spreads visits over its moves.
+        """
+        A = self.num_actions
+        n_, w_, p_, child_, legal_ = self._n, self._w, self._p, self._child, self._legal
+        node = self._root
+        path: list[int] = []
+        while True:
+            legal = legal_[node]
+            if legal is None or (node != self._root and self._proven[node] is not None):
+                return path, node
+            base = node * A
+            total = 0.0
+            for a in legal:
+                total += n_[base + a]
+            k = c_puct * math.sqrt(total + 1.0)
+            prior = self._root_prior if node == self._root and self._root_prior is not None else None
+            best = -math.inf
+            best_a = legal[0]
+            for a in legal:
+                i = base + a
+                n = n_[i]
+                p = prior[a] if prior is not None else p_[i]
+                score = (w_[i] / n if n else FPU_VALUE) + k * p / (1.0 + n)
+                if score > best:
+                    best = score
+                    best_a = a
+            edge = base + best_a
+            path.append(edge)
+            nxt = child_[edge]
+            if nxt < 0:
+                nxt = self._new_node(self._states[node].play(best_a))
+                child_[edge] = nxt
+            node = nxt
+
+    def leaf_exact(self, leaf: int) -> float | None:
+        """The exact value of a leaf (side to move's view), or None when it needs evaluation."""
+        return self._proven[leaf]
+
+    def leaf_state(self, leaf: int) -> GameState:
+        return self._states[leaf]
+
+    def is_expanded(self, node: int) -> bool:
+        return self._legal[node] is not None
+
+    def expand(self, node: int, priors: np.ndarray, value: float) -> None:
+        """Store the evaluator's priors (A,) and value for `node`; priors renormalised over legal moves."""
+        state = self._states[node]
+        legal = state.legal_moves()
+        base = node * self.num_actions
+        row = priors.tolist()
+        total = sum(row[a] for a in legal)
+        if total > 0:
+            for a in legal:
+                self._p[base + a] = row[a] / total
+        else:  # a network that puts (numerically) nothing on any legal move: fall back to uniform
+            for a in legal:
+                self._p[base + a] = 1.0 / len(legal)
+        self._legal[node] = legal
+        self._value[node] = float(value)
+
+    def expand_root(self, priors: np.ndarray, value: float) -> None:
+        self.expand(self._root, priors, value)
+
+    def add_virtual_loss(self, path: Sequence[int]) -> None:
+        """Count a pending visit as a loss for every mover on the path, steering later
+        selections in the same round elsewhere; `backup(..., virtual=True)` undoes it."""
+        n_, w_ = self._n, self._w
+        for i in path:
+            n_[i] += 1.0
+            w_[i] -= 1.0
+
+    def backup(self, path: Sequence[int], value: float, virtual: bool = False) -> None:
+        """Add one visit with the leaf's `value` (leaf's side to move) along `path`."""
+        n_, w_ = self._n, self._w
+        v = value
+        if virtual:
+            for i in reversed(path):
+                v = -v
+                w_[i] += v + 1.0  # the visit was counted by add_virtual_loss; swap its -1 for v
+        else:
+            for i in reversed(path):
+                v = -v
+                n_[i] += 1.0
+                w_[i] += v
+
+    def propagate_proof(self, path: Sequence[int]) -> None:
+        """After an exact leaf at the end of `path`, mark ancestors that are now solved."""
+        A = self.num_actions
+        for i in reversed(path):
+            node = i // A
+            if self._proven[node] is not None:
+                return
+            legal = self._legal[node]
+            base = node * A
+            best = -math.inf
+            solved = True
+            for a in legal:  # type: ignore[union-attr]
+                c = self._child[base + a]
+                pv = self._proven[c] if c >= 0 else None
+                if pv is None:
+                    solved = False
+                    continue
+                if -pv > best:
+                    best = -pv
+            if best == 1.0 or (solved and best > -math.inf):
+                self._proven[node] = best
+            else:
+                return
+
+    # -- storage -------------------------------------------------------------------------------
+
+    def _new_node(self, state: GameState) -> int:
+        node = len(self._states)
+        A = self.num_actions
+        self._states.append(state)
+        self._child.extend([-1] * A)
+        self._n.extend([0.0] * A)
+        self._w.extend([0.0] * A)
+        self._p.extend([0.0] * A)
+        if state.is_terminal:
+            self._legal.append([])
+            self._proven.append(state.terminal_value())
+            self._value.append(state.terminal_value())
+        else:
+            self._legal.append(None)
+            self._proven.append(None)
+            self._value.append(0.0)
+        return node

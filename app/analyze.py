@@ -1,0 +1,114 @@
+"""A user's window into a model: analyse positions read from stdin, one JSON line each.
+
+    echo 4453 | python -m app.analyze --model data/models/best.safetensors --sims 200
+
+Input: one position per line as a move string in the game's notation (Connect Four: Pascal
+Pons' digits 1-7, the first column is 1); an empty line is the starting position. Output,
+one line per input line, written and flushed as soon as the line is read, so another program
+can drive this like an engine over a pipe:
+
+    {"moves": "4453", "policy": [7 floats], "value": 0.12, "best_move": 3}
+
+`value` is from the side to move's view in [-1, 1]; `best_move` is the 0-based column;
+`policy` is the search's visit distribution, or with `--sims 0` the raw network's
+probabilities (and `value` the network's). A line that is not a legal, unfinished position
+gets `{"moves": "...", "error": "..."}` and the run goes on. This format is a stable
+interface: add keys if needed, never rename or remove them.
+
+Exit status: 0 at end of input, 2 when the model cannot be loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+import torch
+
+from app.ai.evaluators import NetworkEvaluator
+from app.ai.mcts import SearchResult, search
+from app.ai.model import ModelFormatError, load_model
+from app.config import ConfigError, load_settings
+from app.config.pipeline import SearchConfig
+from app.games import Game, GameError, get_game
+
+LEAVES_PER_ROUND = 8  # one tree, so batch several leaves per evaluator call (virtual loss)
+
+
+def analyse_line(line: str, game: Game, evaluator: NetworkEvaluator, simulations: int,
+                 cfg: SearchConfig, rng: np.random.Generator) -> dict:
+    """The JSON answer for one input line (an "error" answer for a bad one)."""
+    moves = line.strip()
+    try:
+        state = game.parse(moves)
+    except GameError as exc:
+        return {"moves": moves, "error": str(exc)}
+    if state.is_terminal:
+        outcome = "a draw" if state.winner is None else f"won by player {state.winner + 1}"
+        return {"moves": moves, "error": f"the game is over ({outcome}): nothing to analyse"}
+    if simulations == 0:
+        priors, values = evaluator.evaluate([state])
+        policy, value = priors[0], float(values[0])
+        best = int(np.argmax(policy))
+    else:
+        result: SearchResult = search(state, evaluator, simulations, cfg, rng,
+                                      leaves_per_round=min(LEAVES_PER_ROUND, simulations))
+        policy, value, best = result.visits, result.root_value, result.best_action
+    return {
+        "moves": moves,
+        "policy": [round(float(p), 6) for p in policy],
+        "value": round(value, 6),
+        "best_move": best,
+    }
+
+
+def serve(inp: TextIO, out: TextIO, game: Game, evaluator: NetworkEvaluator, simulations: int,
+          cfg: SearchConfig, rng: np.random.Generator) -> int:
+    """Answer each line of `inp` on `out` as soon as it is read; returns lines answered."""
+    answered = 0
+    while True:
+        line = inp.readline()
+        if not line:
+            return answered
+        try:
+            answer = analyse_line(line, game, evaluator, simulations, cfg, rng)
+        except Exception as exc:  # noqa: BLE001 - one bad position must not end the session
+            answer = {"moves": line.strip(), "error": f"internal error: {type(exc).__name__}: {exc}"}
+        out.write(json.dumps(answer) + "\n")
+        out.flush()
+        answered += 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m app.analyze", description="Analyse positions read from stdin.")
+    ap.add_argument("--model", type=Path, required=True, help="model .safetensors (with its .json sidecar)")
+    ap.add_argument("--sims", type=int, default=None,
+                    help="search simulations per position; 0 = raw network (default: config search.simulations)")
+    ap.add_argument("--config", type=Path, default=None, help="node config YAML (search settings, game)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if args.sims is not None and args.sims < 0:
+        ap.error("--sims must be >= 0")
+    torch.set_num_threads(1)
+    try:
+        settings = load_settings(args.config)
+        game = get_game(settings.node.game)
+        net, _ = load_model(args.model, expect_game=game.name)
+    except (ModelFormatError, ConfigError, GameError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    sims = settings.search.simulations if args.sims is None else args.sims
+    try:
+        serve(sys.stdin, sys.stdout, game, NetworkEvaluator(net), sims, settings.search,
+              np.random.default_rng(args.seed))
+    except (BrokenPipeError, KeyboardInterrupt):
+        return 0  # the reader went away or the user stopped us: nothing left to answer
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

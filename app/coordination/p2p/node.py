@@ -1,0 +1,394 @@
+"""MeshNode: one node of the mesh: membership and gossip, the election (via Consensus), the
+leader's work queue, and the HTTP API, wired together with a few periodic loops."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from app.config import Settings
+from app.config.mesh import PROFILES, TimingProfile
+from app.coordination.p2p.auth import load_secret
+from app.coordination.p2p.client import MeshClient
+from app.coordination.p2p.consensus import Consensus
+from app.coordination.p2p.discovery import TailscaleSource, parse_peer_list
+from app.coordination.p2p.election import QuorumLevel, Role
+from app.coordination.p2p.membership import Liveness, Membership
+from app.coordination.p2p.persist import CommitStore, HistoryLog, TermStore
+from app.coordination.p2p.schemas import GossipMessage, NodeState
+from app.coordination.p2p.work_queue import WorkQueue
+from app.coordination.p2p.work_rules import WorkSpec
+from app.coordination.p2p.worker import WorkClient
+from app.log import get_logger
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """What a work source sees: every known node's gossiped state and its liveness."""
+
+    self_id: str
+    term: int
+    leader: str | None
+    nodes: dict[str, NodeState]
+    liveness: dict[str, Liveness]
+
+    def alive(self) -> list[NodeState]:
+        return [s for nid, s in self.nodes.items() if self.liveness.get(nid) is Liveness.ALIVE]
+
+
+WorkSource = Callable[[ClusterView], Iterable[WorkSpec]]
+
+
+class MeshNode:
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        node_id: str | None = None,
+        host: str | None = None,
+        port: int | None = None,
+        data_dir: str | Path | None = None,
+        peers: list[str] | str | None = None,
+        voters: list[str] | str | None = None,
+        priority: int | None = None,
+        profile: str | None = None,
+        timing: TimingProfile | None = None,
+        secret: str | bytes | None = None,
+        tailscale: bool | None = None,
+        work_source: WorkSource | None = None,
+        capabilities: dict[str, Any] | None = None,
+    ) -> None:
+        s = settings or Settings()
+        mesh = s.mesh
+        self.node_id = node_id or s.node.node_id
+        self.host = host or s.node.host
+        self.port = s.node.mesh_port if port is None else port
+        self.data_dir = Path(data_dir if data_dir is not None else s.node.data_dir)
+        if isinstance(voters, str):
+            voters = [v for v in voters.split(",") if v]
+        self.voters = sorted(set(voters if voters is not None else mesh.voters)) or [self.node_id]
+        self.priority = mesh.priority if priority is None else priority
+        if timing is not None:
+            self.timing = timing
+        elif profile is not None:
+            if profile not in PROFILES:
+                raise ValueError(f"unknown profile {profile!r}; expected one of {sorted(PROFILES)}")
+            self.timing = PROFILES[profile]
+        else:
+            self.timing = mesh.timing_profile()
+        peer_addrs = parse_peer_list(peers if peers is not None else mesh.peers)
+        self.pinned = {p.node_id: p.addr for p in peer_addrs if p.node_id}
+        self.seeds = [p.addr for p in peer_addrs if not p.node_id]
+        self.seed_ids: dict[str, str] = {}  # seed addr -> node id that answered there
+        if isinstance(secret, str):
+            secret = secret.encode()
+        self.secret = secret or load_secret(
+            mesh.secret, mesh.secret_file, self.data_dir, allow_generate=not peer_addrs
+        )
+        self.max_body_bytes = mesh.max_body_bytes
+        self.max_attempts = mesh.max_attempts
+        self.tailscale = TailscaleSource(self.port) if (mesh.tailscale if tailscale is None else tailscale) else None
+        self.work_source = work_source
+        self.progress_provider: Callable[[], Any] | None = None
+        self._initial_capabilities = capabilities if capabilities is not None else default_capabilities()
+        self._extra_routes: list[web.RouteDef] = []
+        self._public_routes: list[tuple[str, str]] = []
+        self._tasks: list[asyncio.Task] = []
+        self._gossip_in_flight: set[str] = set()
+        self._bg: set[asyncio.Task] = set()
+        self._rng = random.Random()
+        self._runner: web.AppRunner | None = None
+        self.started = False
+
+    # -- extension points ------------------------------------------------------------
+    def add_routes(self, routes: Iterable[web.RouteDef], public: Iterable[tuple[str, str]] = ()) -> None:
+        """Extra endpoints from other layers; signed unless listed in `public` (method, path).
+        Call before start()."""
+        self._extra_routes.extend(routes)
+        self._public_routes.extend(public)
+
+    def set_progress_provider(self, fn: Callable[[], Any]) -> None:
+        self.progress_provider = fn
+
+    def set_work_source(self, fn: WorkSource | None) -> None:
+        self.work_source = fn
+
+    def update_local_state(self, **fields: Any) -> None:
+        """Change what this node gossips (capabilities, inventory, claims, ...)."""
+        allowed = {"capabilities", "inventory", "claims"}
+        unknown = set(fields) - allowed
+        if unknown:
+            raise ValueError(f"update_local_state: unknown fields {sorted(unknown)}; allowed {sorted(allowed)}")
+        self.membership.update_local(**fields)
+
+    # -- reading ---------------------------------------------------------------------
+    @property
+    def term(self) -> int:
+        return self.consensus.term
+
+    @property
+    def role(self) -> Role:
+        return self.consensus.role
+
+    @property
+    def is_leader(self) -> bool:
+        return self.consensus.role is Role.LEADER
+
+    @property
+    def leader_id(self) -> str | None:
+        return self.consensus.leader_id
+
+    @property
+    def quorum_level(self) -> QuorumLevel:
+        return self.consensus.quorum_level()
+
+    @property
+    def addr(self) -> str:
+        host = self.host if self.host not in ("0.0.0.0", "::", "") else socket.gethostname()
+        return f"{host}:{self.port}"
+
+    def addr_of(self, node_id: str) -> str | None:
+        if node_id == self.node_id:
+            return self.addr
+        if node_id in self.pinned:
+            return self.pinned[node_id]
+        for seed, sid in self.seed_ids.items():
+            if sid == node_id:
+                return seed
+        state = self.membership.state_of(node_id)
+        return state.addr if state and state.addr else None
+
+    def cluster_view(self) -> ClusterView:
+        now = time.monotonic()
+        m = self.membership
+        return ClusterView(
+            self_id=self.node_id, term=self.term, leader=self.leader_id,
+            nodes={s.node_id: s for s in m.states()},
+            liveness={nid: m.liveness(nid, now) for nid in [m.node_id, *m.peers]},
+        )
+
+    def work_client(self) -> WorkClient:
+        """A WorkClient for this node whose held claims are gossiped with our state."""
+        return WorkClient(
+            self.client, self.node_id,
+            addrs=lambda: [self.addr] + [a for a in (self.addr_of(n) for n in self.membership.peers) if a],
+            capabilities=lambda: dict(self.membership.local.capabilities),
+            on_claims_changed=lambda claims: self.membership.update_local(claims=claims),
+        )
+
+    async def commit(self, key: str, value: str) -> bool:
+        """Leader only: True once floor(V/2)+1 voters stored (key, value); see Consensus.commit."""
+        return await self.consensus.commit(key, value)
+
+    def committed(self, key: str) -> str | None:
+        return self.commits.get(key)
+
+    # -- lifecycle -------------------------------------------------------------------
+    async def start(self) -> None:
+        from app.coordination.p2p.server import build_app  # server imports this module
+
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.store = TermStore(self.data_dir / "mesh_term.json")
+        incarnation = self.store.next_incarnation()
+        self.commits = CommitStore(self.data_dir / "mesh_commits.json")
+        self.history = HistoryLog(self.data_dir / "mesh_history.jsonl", self.node_id)
+        self.queue = WorkQueue(self.data_dir / "work_queue.db", self.max_attempts, self.timing.claim_ttl)
+        self.client = MeshClient(self.secret, self.timing.request_timeout)
+        self.app = build_app(self, self._extra_routes, self._public_routes)
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+        await site.start()
+        if self.port == 0:
+            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        now = time.monotonic()
+        local = NodeState(
+            node_id=self.node_id, addr=self.addr, incarnation=incarnation, priority=self.priority,
+            voter=self.node_id in self.voters, capabilities=self._initial_capabilities,
+            term=self.store.term,
+        )
+        self.membership = Membership(local, self.timing.suspect_after, self.timing.dead_after, now)
+        self.consensus = Consensus(
+            self.node_id, self.voters, self.priority, self.timing, self.store, self.commits,
+            self.history, self.membership, self.client, self.addr_of, self._on_become_leader,
+        )
+        self.history.append("started", self.term, addr=self.addr, incarnation=incarnation)
+        log.info("mesh node started", addr=self.addr, voters=self.voters, term=self.term)
+        self.started = True
+        for loop in (self._gossip_loop, self._election_loop, self._heartbeat_loop, self._reconcile_loop):
+            self._tasks.append(asyncio.create_task(loop()))
+        if self.tailscale is not None:
+            self._tasks.append(asyncio.create_task(self._discovery_loop()))
+
+    async def stop(self) -> None:
+        if not self.started:
+            return
+        self.started = False
+        for task in self._tasks + list(self._bg):
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._bg, return_exceptions=True)
+        await self.consensus.cancel_tasks()
+        if self.is_leader:
+            self.consensus.step_down("shutdown")
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await self.client.close()
+        self.queue.close()
+        self.history.append("stopped", self.term)
+
+    # -- loops -----------------------------------------------------------------------
+    async def _election_loop(self) -> None:
+        tick = self.timing.heartbeat_interval / 2
+        while True:
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            if self.consensus.role is Role.LEADER:
+                self.consensus.check_step_down(now)
+            elif self.consensus.is_voter and now >= self.consensus.election_deadline:
+                try:
+                    await self.consensus.run_election()
+                except Exception:  # noqa: BLE001 - an election bug must not kill the loop
+                    log.exception("election failed")
+                self.consensus.reset_election_deadline(time.monotonic())
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            if self.consensus.role is Role.LEADER:
+                await self.consensus.heartbeat_round()
+            await asyncio.sleep(self.timing.heartbeat_interval)
+
+    async def _gossip_loop(self) -> None:
+        while True:
+            self.gossip_round()
+            await asyncio.sleep(self.timing.gossip_interval)
+
+    def _sync_local(self) -> None:
+        c = self.consensus
+        self.membership.local = self.membership.local.model_copy(
+            update={"role": c.role.value, "term": c.term, "leader": c.leader_id}
+        )
+
+    def gossip_round(self) -> None:
+        """Bump our heartbeat counter and push-pull with up to `fanout` peers (+ unknown seeds)."""
+        now = time.monotonic()
+        self._sync_local()
+        self.membership.tick()
+        targets = [(nid, self.addr_of(nid)) for nid in self.membership.choose_targets(
+            self.timing.gossip_fanout, now, self._rng)]
+        known_addrs = {self.addr_of(n) for n in self.membership.peers}
+        targets += [(nid, addr) for nid, addr in self.pinned.items() if nid not in self.membership.peers]
+        targets += [(None, seed) for seed in self.seeds if seed not in self.seed_ids or seed not in known_addrs]
+        for nid, addr in targets:
+            if not addr or addr in self._gossip_in_flight or addr == self.addr:
+                continue
+            self._gossip_in_flight.add(addr)
+            task = asyncio.create_task(self._gossip_one(addr))
+            self._bg.add(task)
+            task.add_done_callback(self._bg.discard)
+
+    async def _gossip_one(self, addr: str) -> None:
+        try:
+            msg = self.membership.message(time.monotonic())
+            reply = await self.client.post(addr, "/gossip", msg, GossipMessage, self.timing.request_timeout)
+            if reply is not None:
+                if addr in self.seeds:
+                    self.seed_ids[addr] = reply.sender
+                self.absorb(reply)
+        finally:
+            self._gossip_in_flight.discard(addr)
+
+    def absorb(self, message: GossipMessage) -> None:
+        """Merge gossip (either direction) and obey any newer term it carries."""
+        now = time.monotonic()
+        self.membership.merge(message, now)
+        highest = max((s.term for s in message.states), default=0)
+        if highest > self.consensus.term:
+            self.consensus.observe_term(highest)
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.timing.reconcile_interval)
+            try:
+                self.reconcile()
+            except Exception:  # noqa: BLE001 - a work-source bug must not stop the mesh
+                log.exception("reconcile failed")
+
+    def reconcile(self) -> None:
+        if not self.consensus.can_mutate():
+            return
+        view = self.cluster_view()
+        specs = list(self.work_source(view)) if self.work_source is not None else None
+        completed = {c for s in view.nodes.values() for c in s.completed}
+        self.queue.reconcile(specs, time.time(), completed=completed)
+        self.membership.local = self.membership.local.model_copy(
+            update={"completed": self.queue.recently_completed()}
+        )
+
+    def _on_become_leader(self, term: int) -> None:
+        """Level-triggered rebuild: void old-term claims, fold in gossip, reconcile."""
+        view = self.cluster_view()
+        specs = list(self.work_source(view)) if self.work_source is not None else None
+        in_flight = [c for s in view.nodes.values() for c in s.claims]
+        completed = {c for s in view.nodes.values() for c in s.completed}
+        try:
+            self.queue.rebuild(term, specs, in_flight, completed, time.time())
+        except Exception:  # noqa: BLE001
+            log.exception("queue rebuild failed")
+        self._sync_local()
+        task = asyncio.ensure_future(self.consensus.heartbeat_round())
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+
+    async def _discovery_loop(self) -> None:
+        assert self.tailscale is not None
+        while self.tailscale.enabled:
+            for peer in await self.tailscale.peers():
+                if peer.addr not in self.seeds and peer.addr != self.addr:
+                    self.seeds.append(peer.addr)
+            await asyncio.sleep(max(30.0, self.timing.dead_after))
+
+    # -- status ----------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        now = time.monotonic()
+        m = self.membership
+        alive = m.alive_ids(now)
+        peers = []
+        for nid, rec in sorted(m.peers.items()):
+            peers.append({
+                "node_id": nid, "addr": self.addr_of(nid), "state": m.liveness(nid, now).value,
+                "last_seen_s": round(now - rec.last_seen, 3), "role": rec.state.role,
+                "term": rec.state.term, "leader": rec.state.leader,
+                "incarnation": rec.state.incarnation, "version": rec.state.version,
+            })
+        return {
+            "node_id": self.node_id, "addr": self.addr, "role": self.role.value, "term": self.term,
+            "leader": self.leader_id, "leader_addr": self.addr_of(self.leader_id) if self.leader_id else None,
+            "voters": self.voters, "voters_alive": sorted(set(self.voters) & alive),
+            "quorum_size": len(self.voters) // 2 + 1, "quorum_level": self.quorum_level.value,
+            "lease_valid": self.consensus.lease_valid(now), "incarnation": m.local.incarnation,
+            "peers": peers,
+            "work": self.queue.summary() if self.is_leader else None,
+            "claims_held": [c.model_dump() for c in m.local.claims],
+        }
+
+
+def default_capabilities() -> dict[str, Any]:
+    """What this machine offers, cheaply detected (the GPU count is filled in by upper layers)."""
+    import os
+
+    mem_gb = 0.0
+    try:
+        mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        pass
+    return {"cpus": os.cpu_count() or 1, "gpus": 0, "memory_gb": round(mem_gb, 1)}

@@ -1,0 +1,153 @@
+"""Durable node-local state: term and vote, quorum commits, and the append-only history.
+
+A vote or a term that is forgotten after a crash could let a node vote twice in one term, so
+these files are written atomically (temp name, fsync, os.replace, fsync of the directory)
+BEFORE the answer that depends on them leaves the node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def read_json(path: Path, default: Any) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return default
+
+
+@dataclass(frozen=True)
+class TermRecord:
+    current_term: int = 0
+    voted_for: str | None = None
+    incarnation: int = 0
+
+
+class TermStore:
+    """(current_term, voted_for, incarnation), persisted on every change."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        raw = read_json(path, {})
+        self.record = TermRecord(
+            current_term=int(raw.get("current_term", 0)),
+            voted_for=raw.get("voted_for"),
+            incarnation=int(raw.get("incarnation", 0)),
+        )
+
+    @property
+    def term(self) -> int:
+        return self.record.current_term
+
+    @property
+    def voted_for(self) -> str | None:
+        return self.record.voted_for
+
+    def save(self, current_term: int, voted_for: str | None) -> None:
+        if current_term < self.record.current_term:
+            raise ValueError(f"term may not go back: {self.record.current_term} -> {current_term}")
+        new = TermRecord(current_term, voted_for, self.record.incarnation)
+        self._write(new)
+
+    def next_incarnation(self) -> int:
+        """Called once per process start: a restarted node's gossip outranks its old self."""
+        new = TermRecord(
+            self.record.current_term, self.record.voted_for, self.record.incarnation + 1
+        )
+        self._write(new)
+        return new.incarnation
+
+    def _write(self, new: TermRecord) -> None:
+        atomic_write_json(
+            self.path,
+            {
+                "current_term": new.current_term,
+                "voted_for": new.voted_for,
+                "incarnation": new.incarnation,
+            },
+        )
+        self.record = new
+
+
+class CommitStore:
+    """Values committed through quorum; a key, once stored, never takes a different value."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.values: dict[str, str] = dict(read_json(path, {}))
+
+    def get(self, key: str) -> str | None:
+        return self.values.get(key)
+
+    def store(self, key: str, value: str) -> bool:
+        """True when stored or already equal; False on a conflicting value."""
+        existing = self.values.get(key)
+        if existing is not None:
+            return existing == value
+        self.values[key] = value
+        atomic_write_json(self.path, self.values)
+        return True
+
+
+class HistoryLog:
+    """Append-only JSON lines of role and leader changes, read by the invariant checker."""
+
+    def __init__(self, path: Path, node_id: str) -> None:
+        self.path = path
+        self.node_id = node_id
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def append(self, event: str, term: int, **fields: Any) -> None:
+        line = json.dumps(
+            {"ts": time.time(), "node": self.node_id, "term": term, "event": event, **fields}
+        )
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+def read_history(path: Path) -> list[dict[str, Any]]:
+    """Every complete line of a history file (a torn last line after kill -9 is skipped)."""
+    out: list[dict[str, Any]] = []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return out
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def leaders_by_term(histories: list[list[dict[str, Any]]]) -> dict[int, set[str]]:
+    """term -> nodes that became leader in it; the invariant is len(...) <= 1 everywhere."""
+    out: dict[int, set[str]] = {}
+    for events in histories:
+        for ev in events:
+            if ev.get("event") == "became_leader":
+                out.setdefault(int(ev["term"]), set()).add(str(ev["node"]))
+    return out

@@ -1,0 +1,205 @@
+"""The leader's work queue over SQLite: claims with TTLs and (term, seq) fencing tokens.
+
+Level-triggered: `rebuild` at the start of a term and `reconcile` every few seconds derive
+the queue from what must be done (the work source over the cluster view) plus what gossip
+says is in flight or finished, so a leader change loses no work. Claims made under an older
+term are void under a new one: their holders get 409 and the items go back to the queue
+with their attempt counts kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.coordination.p2p.schemas import ClaimInfo, Token, WorkItemOut
+from app.coordination.p2p.work_rules import WorkSpec, fits, state_after_lapse, token_refusal
+from app.db.work_queue import CLAIMED, DONE, FAILED, PENDING, WorkItemRow, make_engine
+
+
+@dataclass(frozen=True)
+class ClaimGrant:
+    item: WorkItemOut
+    token: Token
+    ttl: float
+
+
+class WorkQueue:
+    def __init__(self, path: Path, max_attempts: int, default_ttl: float) -> None:
+        self.engine = make_engine(path)
+        self.max_attempts = max_attempts
+        self.default_ttl = default_ttl
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- leader change / reconcile --------------------------------------------------
+    def rebuild(
+        self,
+        term: int,
+        specs: Iterable[WorkSpec] | None,
+        in_flight: Iterable[ClaimInfo],
+        completed: Iterable[str],
+        now: float,
+    ) -> None:
+        """Start of a term: void older claims, fold in what gossip knows, then reconcile."""
+        with Session(self.engine) as s, s.begin():
+            for row in s.scalars(select(WorkItemRow).where(WorkItemRow.state == CLAIMED)):
+                if (row.claim_term or 0) < term:
+                    self._release(row)
+            done = set(completed)
+            for row in s.scalars(select(WorkItemRow).where(WorkItemRow.item_id.in_(done))):
+                row.state, row.finished_at = DONE, row.finished_at or now
+            attempts = {c.item_id: c.attempts for c in in_flight}
+            for row in s.scalars(select(WorkItemRow).where(WorkItemRow.item_id.in_(attempts))):
+                row.attempts = max(row.attempts, attempts[row.item_id])
+        self.reconcile(specs, now, completed=completed, in_flight_attempts=attempts)
+
+    def reconcile(
+        self,
+        specs: Iterable[WorkSpec] | None,
+        now: float,
+        completed: Iterable[str] = (),
+        in_flight_attempts: dict[str, int] | None = None,
+    ) -> None:
+        """Expire lapsed claims; add wanted items; drop pending ones no longer wanted."""
+        in_flight_attempts = in_flight_attempts or {}
+        done = set(completed)
+        with Session(self.engine) as s, s.begin():
+            for row in s.scalars(
+                select(WorkItemRow).where(WorkItemRow.state == CLAIMED, WorkItemRow.expires_at <= now)
+            ):
+                self._release(row)
+            if specs is None:
+                return
+            wanted = {spec.item_id: spec for spec in specs}
+            existing = {row.item_id: row for row in s.scalars(select(WorkItemRow))}
+            for iid, spec in wanted.items():
+                row = existing.get(iid)
+                if row is None:
+                    s.add(
+                        WorkItemRow(
+                            item_id=iid, kind=spec.kind, key=spec.key, payload=dict(spec.payload),
+                            requirements=dict(spec.requirements), priority=spec.priority,
+                            ttl=spec.ttl, state=DONE if iid in done else PENDING,
+                            attempts=in_flight_attempts.get(iid, 0), created_at=now,
+                            finished_at=now if iid in done else None,
+                        )
+                    )
+                elif row.state == PENDING:
+                    row.payload, row.requirements = dict(spec.payload), dict(spec.requirements)
+                    row.priority, row.ttl = spec.priority, spec.ttl
+            for iid, row in existing.items():
+                if row.state == PENDING and iid not in wanted:
+                    s.delete(row)
+
+    def _release(self, row: WorkItemRow) -> None:
+        row.state = state_after_lapse(row.attempts, self.max_attempts)
+        row.claim_term = row.claim_seq = row.claimed_by = row.expires_at = None
+
+    # -- worker calls ----------------------------------------------------------------
+    def claim(
+        self, node_id: str, capabilities: dict[str, Any], kinds: list[str] | None, term: int, now: float
+    ) -> ClaimGrant | None:
+        with Session(self.engine) as s, s.begin():
+            for row in s.scalars(
+                select(WorkItemRow).where(WorkItemRow.state == CLAIMED, WorkItemRow.expires_at <= now)
+            ):
+                self._release(row)  # lapsed claims are claimable now, not at the next reconcile
+            s.flush()
+            query = select(WorkItemRow).where(WorkItemRow.state == PENDING)
+            if kinds is not None:
+                query = query.where(WorkItemRow.kind.in_(kinds))
+            query = query.order_by(WorkItemRow.priority.desc(), WorkItemRow.created_at, WorkItemRow.item_id)
+            for row in s.scalars(query):
+                if not fits(row.requirements or {}, capabilities):
+                    continue
+                seq = 1 + (
+                    s.scalar(select(func.max(WorkItemRow.claim_seq)).where(WorkItemRow.claim_term == term))
+                    or 0
+                )
+                ttl = row.ttl or self.default_ttl
+                row.state, row.attempts = CLAIMED, row.attempts + 1
+                row.claim_term, row.claim_seq, row.claimed_by = term, seq, node_id
+                row.expires_at = now + ttl
+                return ClaimGrant(_out(row), Token(term=term, seq=seq), ttl)
+        return None
+
+    def renew(self, node_id: str, iid: str, token: Token, term: int, can_mutate: bool, now: float) -> tuple[str | None, float | None]:
+        with Session(self.engine) as s, s.begin():
+            row = s.get(WorkItemRow, iid)
+            refusal = self._refusal(row, node_id, token, term, can_mutate, now)
+            if refusal is not None:
+                return refusal, None
+            assert row is not None
+            ttl = row.ttl or self.default_ttl
+            row.expires_at = now + ttl
+            return None, ttl
+
+    def finish(
+        self, node_id: str, iid: str, token: Token, term: int, can_mutate: bool, now: float,
+        ok: bool, error: str = "",
+    ) -> str | None:
+        """Complete (ok=True) or fail a claim; None on success, else the 409 reason."""
+        with Session(self.engine) as s, s.begin():
+            row = s.get(WorkItemRow, iid)
+            refusal = self._refusal(row, node_id, token, term, can_mutate, now)
+            if refusal is not None:
+                return refusal
+            assert row is not None
+            if ok:
+                row.state, row.finished_at = DONE, now
+                row.claim_term = row.claim_seq = row.claimed_by = row.expires_at = None
+            else:
+                row.last_error = error[:4096]
+                self._release(row)
+            return None
+
+    def _refusal(
+        self, row: WorkItemRow | None, node_id: str, token: Token, term: int, can_mutate: bool, now: float
+    ) -> str | None:
+        return token_refusal(
+            can_mutate=can_mutate, current_term=term, token_term=token.term, token_seq=token.seq,
+            item_state=row.state if row else None, item_term=row.claim_term if row else None,
+            item_seq=row.claim_seq if row else None, claimed_by=row.claimed_by if row else None,
+            node_id=node_id, expires_at=row.expires_at if row else None, now=now,
+        )
+
+    # -- reading ---------------------------------------------------------------------
+    def summary(self) -> dict[str, int]:
+        with Session(self.engine) as s:
+            rows = s.execute(select(WorkItemRow.state, func.count()).group_by(WorkItemRow.state)).all()
+        counts = {PENDING: 0, CLAIMED: 0, DONE: 0, FAILED: 0}
+        counts.update({state: n for state, n in rows})
+        return counts
+
+    def recently_completed(self, limit: int = 200) -> list[str]:
+        with Session(self.engine) as s:
+            return list(
+                s.scalars(
+                    select(WorkItemRow.item_id).where(WorkItemRow.state == DONE)
+                    .order_by(WorkItemRow.finished_at.desc()).limit(limit)
+                )
+            )
+
+    def item(self, iid: str) -> dict[str, Any] | None:
+        with Session(self.engine) as s:
+            row = s.get(WorkItemRow, iid)
+            if row is None:
+                return None
+            return {
+                "item_id": row.item_id, "state": row.state, "attempts": row.attempts,
+                "claimed_by": row.claimed_by, "claim_term": row.claim_term, "claim_seq": row.claim_seq,
+            }
+
+
+def _out(row: WorkItemRow) -> WorkItemOut:
+    return WorkItemOut(
+        item_id=row.item_id, kind=row.kind, key=row.key, payload=row.payload or {},
+        requirements=row.requirements or {}, attempts=row.attempts,
+    )

@@ -1,0 +1,78 @@
+"""Pure rules of the work queue: what fits a worker, when a fencing token is stale, what
+happens to an item whose claim lapsed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+TRAINING_KIND = "training"  # /work/claim_training hands out only items of this kind
+
+
+@dataclass(frozen=True)
+class WorkSpec:
+    """One unit of work the leader wants done; (kind, key) identifies it across leaders."""
+
+    kind: str
+    key: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    requirements: dict[str, Any] = field(default_factory=dict)
+    priority: int = 0
+    ttl: float | None = None
+
+    @property
+    def item_id(self) -> str:
+        return item_id(self.kind, self.key)
+
+
+def item_id(kind: str, key: str) -> str:
+    return f"{kind}:{key}"
+
+
+def fits(requirements: Mapping[str, Any], capabilities: Mapping[str, Any]) -> bool:
+    """needs_gpu, min_memory_gb, min_cpus against what the worker says it has."""
+    if requirements.get("needs_gpu") and not capabilities.get("gpus", 0):
+        return False
+    if float(capabilities.get("memory_gb", 0) or 0) < float(requirements.get("min_memory_gb", 0) or 0):
+        return False
+    if int(capabilities.get("cpus", 0) or 0) < int(requirements.get("min_cpus", 0) or 0):
+        return False
+    return True
+
+
+def token_refusal(
+    *,
+    can_mutate: bool,
+    current_term: int,
+    token_term: int,
+    token_seq: int,
+    item_state: str | None,
+    item_term: int | None,
+    item_seq: int | None,
+    claimed_by: str | None,
+    node_id: str,
+    expires_at: float | None,
+    now: float,
+) -> str | None:
+    """None when the token may renew/complete/fail its claim, else why not (-> HTTP 409)."""
+    if not can_mutate:
+        return "not the leader (or no quorum)"
+    if token_term < current_term:
+        return f"stale term {token_term} < {current_term}"
+    if token_term > current_term:
+        return f"unknown future term {token_term}"
+    if item_state is None:
+        return "unknown work item"
+    if item_state != "claimed" or item_term != token_term or item_seq != token_seq:
+        return "stale token: the claim is no longer held"
+    if claimed_by != node_id:
+        return "claim held by another node"
+    if expires_at is None or now >= expires_at:
+        return "claim expired"
+    return None
+
+
+def state_after_lapse(attempts: int, max_attempts: int) -> str:
+    """A claim that expired or failed: back to the queue until attempts run out."""
+    return "failed" if attempts >= max_attempts else "pending"

@@ -1,0 +1,105 @@
+"""Worker side of the work queue: find the leader, claim, renew, complete, fail.
+
+A claim is only as good as its fencing token: any 409 means the claim is gone (a new leader,
+an expiry, a reassignment) and the worker must drop the work, not retry the same token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from app.coordination.p2p.client import MeshClient
+from app.coordination.p2p.schemas import ClaimInfo, ClaimResponse, Token, TokenRequest, WorkItemOut
+
+
+@dataclass(frozen=True)
+class Claim:
+    item: WorkItemOut
+    token: Token
+    ttl: float
+    leader_addr: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ok: bool
+    status: int  # HTTP status; 409 = stale token, 0 = no answer
+    reason: str = ""
+
+
+class WorkClient:
+    def __init__(
+        self, client: MeshClient, node_id: str, addrs: Callable[[], Iterable[str]],
+        capabilities: Callable[[], dict[str, Any]] = dict,
+        on_claims_changed: Callable[[list[ClaimInfo]], None] | None = None,
+    ) -> None:
+        self.client = client
+        self.node_id = node_id
+        self.addrs = addrs  # where to ask for the leader (peers, or the local node)
+        self.capabilities = capabilities
+        self.on_claims_changed = on_claims_changed  # e.g. gossip them, so a new leader knows
+        self.held: dict[str, ClaimInfo] = {}
+
+    def _track(self, claim: "Claim", holding: bool) -> None:
+        if holding:
+            self.held[claim.item.item_id] = ClaimInfo(
+                item_id=claim.item.item_id, token=claim.token, attempts=claim.item.attempts,
+                expires_at=time.time() + claim.ttl,
+            )
+        else:
+            self.held.pop(claim.item.item_id, None)
+        if self.on_claims_changed is not None:
+            self.on_claims_changed(list(self.held.values()))
+
+    async def find_leader(self) -> str | None:
+        for addr in self.addrs():
+            status = await self.client.get_json(addr, "/status")
+            if isinstance(status, dict):
+                if status.get("role") == "leader":
+                    return addr
+                if status.get("leader_addr"):
+                    return str(status["leader_addr"])
+        return None
+
+    async def claim(self, training: bool = False, kinds: list[str] | None = None) -> Claim | None:
+        leader = await self.find_leader()
+        if leader is None:
+            return None
+        path = "/work/claim_training" if training else "/work/claim"
+        body = {"node_id": self.node_id, "capabilities": self.capabilities(), "kinds": kinds}
+        try:
+            status, data = await self.client.request("POST", leader, path, body)
+        except Exception:  # noqa: BLE001 - no answer is "no claim"
+            return None
+        if status != 200 or not isinstance(data, dict):
+            return None
+        resp = ClaimResponse.model_validate(data)
+        if resp.status != "claimed" or resp.item is None or resp.token is None:
+            return None
+        claim = Claim(resp.item, resp.token, float(resp.ttl or 0), leader)
+        self._track(claim, True)
+        return claim
+
+    async def _token_call(self, path: str, claim: Claim, **extra: Any) -> Outcome:
+        body = TokenRequest(node_id=self.node_id, item_id=claim.item.item_id, token=claim.token, **extra)
+        leader = await self.find_leader() or claim.leader_addr
+        try:
+            status, data = await self.client.request("POST", leader, path, body)
+        except Exception as exc:  # noqa: BLE001
+            return Outcome(False, 0, f"no answer: {exc!r}")
+        reason = data.get("reason", "") if isinstance(data, dict) else str(data)
+        if status == 409 or (status == 200 and path != "/work/renew"):
+            self._track(claim, False)  # finished, or the claim is gone: stop advertising it
+        return Outcome(status == 200, status, reason)
+
+    async def renew(self, claim: Claim) -> Outcome:
+        return await self._token_call("/work/renew", claim)
+
+    async def complete(self, claim: Claim, result: dict[str, Any] | None = None) -> Outcome:
+        return await self._token_call("/work/complete", claim, result=result or {})
+
+    async def fail(self, claim: Claim, error: str) -> Outcome:
+        return await self._token_call("/work/fail", claim, error=error)

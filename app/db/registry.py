@@ -1,0 +1,428 @@
+"""Model registry and recorded gauntlet games, in one SQLite file (SQLAlchemy, WAL).
+
+The registry is what "the current best model" means: a row per model (by sha256, the model's
+identity across the mesh) with its lineage, its Elo and interval, and a status with the
+reason it got it. Every status change is also appended to a history table, so an operator
+can see why a model was rolled back months later. Gauntlet games are stored here rather than
+in the replay DB because ratings are fitted over *all* of them, across gauntlets.
+
+Rows cross the API as frozen dataclasses, never live ORM objects.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from sqlalchemy import Float, Index, Integer, String, Text, create_engine, delete, event, func, select, update
+from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+SCHEMA_VERSION = 1
+
+
+class RegistryError(RuntimeError):
+    """A registry file that cannot be used, or an action its state forbids; names the path."""
+
+
+class ModelStatus(str, enum.Enum):
+    CANDIDATE = "candidate"
+    PROMOTED = "promoted"
+    REJECTED = "rejected"
+    ROLLED_BACK = "rolled_back"
+
+
+class RegistryBase(DeclarativeBase):
+    pass
+
+
+class RegistrySchemaInfo(RegistryBase):
+    __tablename__ = "schema_info"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+
+
+class ModelRow(RegistryBase):
+    __tablename__ = "models"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    sha256: Mapped[str] = mapped_column(String(64), unique=True, index=True)
+    generation: Mapped[int] = mapped_column(Integer, index=True)
+    path: Mapped[str] = mapped_column(Text)
+    parent_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    dataset_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    elo: Mapped[float | None] = mapped_column(Float, nullable=True)
+    elo_low: Mapped[float | None] = mapped_column(Float, nullable=True)
+    elo_high: Mapped[float | None] = mapped_column(Float, nullable=True)
+    status: Mapped[str] = mapped_column(String(16), default=ModelStatus.CANDIDATE.value)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+    promoted_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # first promotion
+    current_since: Mapped[float | None] = mapped_column(Float, nullable=True)  # last made current
+    current_seq: Mapped[int | None] = mapped_column(Integer, nullable=True)  # orders "made current"
+
+
+class StatusHistoryRow(RegistryBase):
+    __tablename__ = "status_history"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    sha256: Mapped[str] = mapped_column(String(64), index=True)
+    old_status: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    new_status: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text)
+    at: Mapped[float] = mapped_column(Float)
+
+
+class MatchGameRow(RegistryBase):
+    __tablename__ = "match_games"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    uid: Mapped[str] = mapped_column(String(64), unique=True)
+    match_id: Mapped[str] = mapped_column(String(64), index=True)
+    game: Mapped[str] = mapped_column(String(32))
+    player0: Mapped[str] = mapped_column(String(128))  # moved first
+    player1: Mapped[str] = mapped_column(String(128))
+    winner: Mapped[int] = mapped_column(Integer)  # 0, 1, or -1 for a draw
+    moves: Mapped[str] = mapped_column(Text)  # the game's notation, opening included
+    opening_plies: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float)
+    __table_args__ = (Index("ix_match_games_players", "player0", "player1"),)
+
+
+class RatingRow(RegistryBase):
+    __tablename__ = "ratings"
+    player: Mapped[str] = mapped_column(String(128), primary_key=True)
+    elo: Mapped[float] = mapped_column(Float)
+    elo_low: Mapped[float] = mapped_column(Float)
+    elo_high: Mapped[float] = mapped_column(Float)
+    games: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    sha256: str
+    generation: int
+    path: str
+    parent_sha256: str | None
+    dataset_sha256: str | None
+    elo: float | None
+    elo_low: float | None
+    elo_high: float | None
+    status: ModelStatus
+    reason: str
+    created_at: float
+    updated_at: float
+    promoted_at: float | None
+    current_since: float | None
+
+    def to_json(self) -> dict:
+        return {**self.__dict__, "status": self.status.value}
+
+
+@dataclass(frozen=True)
+class StatusChange:
+    sha256: str
+    old_status: ModelStatus | None
+    new_status: ModelStatus
+    reason: str
+    at: float
+
+
+@dataclass(frozen=True)
+class MatchGame:
+    uid: str
+    match_id: str
+    game: str
+    player0: str
+    player1: str
+    winner: int | None  # None for a draw
+    moves: str
+    opening_plies: int = 0
+    created_at: float = 0.0
+
+    def score_of_player0(self) -> float:
+        return 0.5 if self.winner is None else (1.0 if self.winner == 0 else 0.0)
+
+
+@dataclass(frozen=True)
+class StoredRating:
+    player: str
+    elo: float
+    elo_low: float
+    elo_high: float
+    games: int
+    updated_at: float
+
+
+def _set_sqlite_pragmas(dbapi_conn: sqlite3.Connection, _record: object) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA busy_timeout=10000")
+    cur.close()
+
+
+def _entry(row: ModelRow) -> ModelEntry:
+    return ModelEntry(
+        sha256=row.sha256, generation=row.generation, path=row.path,
+        parent_sha256=row.parent_sha256, dataset_sha256=row.dataset_sha256,
+        elo=row.elo, elo_low=row.elo_low, elo_high=row.elo_high,
+        status=ModelStatus(row.status), reason=row.reason,
+        created_at=row.created_at, updated_at=row.updated_at,
+        promoted_at=row.promoted_at, current_since=row.current_since,
+    )
+
+
+class ModelRegistry:
+    """One SQLite file; safe for one writer process and many readers (WAL, busy timeout)."""
+
+    def __init__(self, path: str | Path, create: bool = True) -> None:
+        self.path = Path(path)
+        if not self.path.exists() and not create:
+            raise RegistryError(f"{self.path}: registry not found")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.engine = create_engine(f"sqlite:///{self.path}", future=True)
+        event.listen(self.engine, "connect", _set_sqlite_pragmas)
+        try:
+            RegistryBase.metadata.create_all(self.engine)
+            self._check_schema()
+        except (DatabaseError, OperationalError) as exc:
+            self.engine.dispose()
+            raise RegistryError(f"{self.path}: not a usable registry: {exc.orig}") from None
+
+    def _check_schema(self) -> None:
+        with Session(self.engine) as session, session.begin():
+            row = session.get(RegistrySchemaInfo, "registry_schema_version")
+            if row is None:
+                session.add(RegistrySchemaInfo(key="registry_schema_version", value=str(SCHEMA_VERSION)))
+                return
+            version = int(row.value)
+        if version > SCHEMA_VERSION:
+            self.engine.dispose()
+            raise RegistryError(
+                f"{self.path}: registry schema version {version} is newer than this program's "
+                f"({SCHEMA_VERSION}); upgrade the program rather than risk the data"
+            )
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> "ModelRegistry":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- models -----------------------------------------------------------------------
+
+    def register(
+        self, sha256: str, path: str | Path, generation: int,
+        parent_sha256: str | None = None, dataset_sha256: str | None = None,
+    ) -> ModelEntry:
+        """Add a candidate; registering a known sha256 again returns the existing row."""
+        now = time.time()
+        try:
+            with Session(self.engine) as session, session.begin():
+                row = session.scalar(select(ModelRow).where(ModelRow.sha256 == sha256))
+                if row is not None:
+                    return _entry(row)
+                row = ModelRow(
+                    sha256=sha256, generation=int(generation), path=str(path),
+                    parent_sha256=parent_sha256, dataset_sha256=dataset_sha256,
+                    status=ModelStatus.CANDIDATE.value, reason="registered",
+                    created_at=now, updated_at=now,
+                )
+                session.add(row)
+                session.add(StatusHistoryRow(sha256=sha256, old_status=None,
+                                             new_status=ModelStatus.CANDIDATE.value,
+                                             reason="registered", at=now))
+                session.flush()
+                return _entry(row)
+        except IntegrityError:  # a concurrent writer registered it first
+            entry = self.get(sha256)
+            assert entry is not None
+            return entry
+
+    def get(self, sha256: str) -> ModelEntry | None:
+        with Session(self.engine) as session:
+            row = session.scalar(select(ModelRow).where(ModelRow.sha256 == sha256))
+            return None if row is None else _entry(row)
+
+    def require(self, sha256: str) -> ModelEntry:
+        entry = self.get(sha256)
+        if entry is None:
+            raise RegistryError(f"{self.path}: no model with sha256 {sha256[:12]} in the registry")
+        return entry
+
+    def find(self, prefix: str) -> ModelEntry:
+        """The model whose sha256 starts with `prefix` (operators type short hashes)."""
+        with Session(self.engine) as session:
+            rows = list(session.scalars(select(ModelRow).where(ModelRow.sha256.like(f"{prefix}%")).limit(2)))
+        if not rows:
+            raise RegistryError(f"{self.path}: no model with sha256 starting {prefix!r}")
+        if len(rows) > 1:
+            raise RegistryError(f"{self.path}: sha256 prefix {prefix!r} is ambiguous")
+        return _entry(rows[0])
+
+    def models(self) -> list[ModelEntry]:
+        """Every model, by generation then registration order."""
+        with Session(self.engine) as session:
+            return [_entry(r) for r in session.scalars(select(ModelRow).order_by(ModelRow.generation, ModelRow.id))]
+
+    def current_best(self) -> ModelEntry | None:
+        """The promoted model made current most recently (rolled-back ones are not promoted)."""
+        with Session(self.engine) as session:
+            row = session.scalar(
+                select(ModelRow).where(ModelRow.status == ModelStatus.PROMOTED.value)
+                .order_by(ModelRow.current_seq.desc()).limit(1)
+            )
+            return None if row is None else _entry(row)
+
+    def history(self, sha256: str | None = None) -> list[StatusChange]:
+        stmt = select(StatusHistoryRow).order_by(StatusHistoryRow.id)
+        if sha256 is not None:
+            stmt = stmt.where(StatusHistoryRow.sha256 == sha256)
+        with Session(self.engine) as session:
+            return [
+                StatusChange(r.sha256, None if r.old_status is None else ModelStatus(r.old_status),
+                             ModelStatus(r.new_status), r.reason, r.at)
+                for r in session.scalars(stmt)
+            ]
+
+    def _change(self, session: Session, row: ModelRow, status: ModelStatus, reason: str, now: float) -> None:
+        session.add(StatusHistoryRow(sha256=row.sha256, old_status=row.status,
+                                     new_status=status.value, reason=reason, at=now))
+        row.status = status.value
+        row.reason = reason
+        row.updated_at = now
+
+    def reject(self, sha256: str, reason: str) -> ModelEntry:
+        now = time.time()
+        with Session(self.engine) as session, session.begin():
+            row = self._row(session, sha256)
+            if row.status != ModelStatus.CANDIDATE.value:
+                raise RegistryError(f"{self.path}: model {sha256[:12]} is {row.status}, only a candidate can be rejected")
+            self._change(session, row, ModelStatus.REJECTED, reason, now)
+            return _entry(row)
+
+    def promote(self, sha256: str, reason: str) -> ModelEntry:
+        """Make a candidate the current best. The caller checks the file's sha256 first
+        (app.training.promotion.promote_model does); this only guards the state machine and
+        the one-promoted-model-per-generation rule."""
+        now = time.time()
+        with Session(self.engine) as session, session.begin():
+            row = self._row(session, sha256)
+            if row.status != ModelStatus.CANDIDATE.value:
+                raise RegistryError(f"{self.path}: model {sha256[:12]} is {row.status}, only a candidate can be promoted")
+            rival = session.scalar(select(ModelRow).where(
+                ModelRow.generation == row.generation, ModelRow.status == ModelStatus.PROMOTED.value,
+                ModelRow.sha256 != sha256))
+            if rival is not None:
+                raise RegistryError(
+                    f"{self.path}: generation {row.generation} already has promoted model "
+                    f"{rival.sha256[:12]}; roll it back first")
+            self._change(session, row, ModelStatus.PROMOTED, reason, now)
+            row.promoted_at = now
+            self._make_current(session, row, now)
+            return _entry(row)
+
+    def rollback(self, to_sha256: str, reason: str) -> list[str]:
+        """Make an earlier promoted model current again; every model made current after it
+        is marked rolled_back. Returns the sha256s rolled back."""
+        now = time.time()
+        with Session(self.engine) as session, session.begin():
+            target = self._row(session, to_sha256)
+            if target.promoted_at is None or target.status not in (ModelStatus.PROMOTED.value, ModelStatus.ROLLED_BACK.value):
+                raise RegistryError(
+                    f"{self.path}: model {to_sha256[:12]} is {target.status} and was never promoted; "
+                    "rollback only goes to an earlier promoted model")
+            later = list(session.scalars(select(ModelRow).where(
+                ModelRow.status == ModelStatus.PROMOTED.value, ModelRow.sha256 != to_sha256,
+                ModelRow.current_seq > (target.current_seq or 0))))
+            for row in later:
+                self._change(session, row, ModelStatus.ROLLED_BACK, f"rolled back to {to_sha256[:12]}: {reason}", now)
+            if target.status != ModelStatus.PROMOTED.value:
+                rival = session.scalar(select(ModelRow).where(
+                    ModelRow.generation == target.generation, ModelRow.status == ModelStatus.PROMOTED.value,
+                    ModelRow.sha256 != to_sha256))
+                if rival is not None:
+                    raise RegistryError(
+                        f"{self.path}: generation {target.generation} has promoted model {rival.sha256[:12]}")
+                self._change(session, target, ModelStatus.PROMOTED, f"restored by rollback: {reason}", now)
+            self._make_current(session, target, now)
+            return [r.sha256 for r in later]
+
+    def _make_current(self, session: Session, row: ModelRow, now: float) -> None:
+        top = session.scalar(select(func.coalesce(func.max(ModelRow.current_seq), 0)))
+        row.current_seq = int(top or 0) + 1
+        row.current_since = now
+
+    def _row(self, session: Session, sha256: str) -> ModelRow:
+        row = session.scalar(select(ModelRow).where(ModelRow.sha256 == sha256))
+        if row is None:
+            raise RegistryError(f"{self.path}: no model with sha256 {sha256[:12]} in the registry")
+        return row
+
+    # --- games and ratings ------------------------------------------------------------
+
+    def add_match_games(self, games: Iterable[MatchGame]) -> int:
+        """Record gauntlet games, each idempotent by uid; returns how many were new."""
+        added = 0
+        now = time.time()
+        for g in games:
+            try:
+                with Session(self.engine) as session, session.begin():
+                    if session.scalar(select(MatchGameRow.id).where(MatchGameRow.uid == g.uid)) is not None:
+                        continue
+                    session.add(MatchGameRow(
+                        uid=g.uid, match_id=g.match_id, game=g.game, player0=g.player0, player1=g.player1,
+                        winner=-1 if g.winner is None else int(g.winner), moves=g.moves,
+                        opening_plies=g.opening_plies, created_at=g.created_at or now))
+                added += 1
+            except IntegrityError:
+                continue
+        return added
+
+    def match_games(self, match_id: str | None = None) -> list[MatchGame]:
+        stmt = select(MatchGameRow).order_by(MatchGameRow.id)
+        if match_id is not None:
+            stmt = stmt.where(MatchGameRow.match_id == match_id)
+        with Session(self.engine) as session:
+            return [
+                MatchGame(r.uid, r.match_id, r.game, r.player0, r.player1,
+                          None if r.winner < 0 else r.winner, r.moves, r.opening_plies, r.created_at)
+                for r in session.scalars(stmt)
+            ]
+
+    def match_results(self) -> list[tuple[str, str, float]]:
+        """(player0, player1, score of player0) for every recorded game: the Elo fit's input."""
+        with Session(self.engine) as session:
+            rows = session.execute(select(MatchGameRow.player0, MatchGameRow.player1, MatchGameRow.winner)).all()
+        return [(p0, p1, 0.5 if w < 0 else (1.0 if w == 0 else 0.0)) for p0, p1, w in rows]
+
+    def store_ratings(self, ratings: Iterable[tuple[str, float, float, float, int]],
+                      model_player: dict[str, str] | None = None) -> None:
+        """Replace the ratings table with (player, elo, low, high, games) rows, and copy each
+        model's rating onto its registry row (`model_player` maps player name -> sha256)."""
+        now = time.time()
+        model_player = model_player or {}
+        with Session(self.engine) as session, session.begin():
+            session.execute(delete(RatingRow))
+            for player, elo, low, high, games in ratings:
+                session.add(RatingRow(player=player, elo=elo, elo_low=low, elo_high=high, games=games, updated_at=now))
+                sha = model_player.get(player)
+                if sha is not None:
+                    session.execute(update(ModelRow).where(ModelRow.sha256 == sha).values(
+                        elo=elo, elo_low=low, elo_high=high, updated_at=now))
+
+    def ratings(self) -> list[StoredRating]:
+        with Session(self.engine) as session:
+            return [StoredRating(r.player, r.elo, r.elo_low, r.elo_high, r.games, r.updated_at)
+                    for r in session.scalars(select(RatingRow).order_by(RatingRow.elo.desc()))]
+
+    def dump_json(self) -> str:
+        return json.dumps([m.to_json() for m in self.models()], indent=2)

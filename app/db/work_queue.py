@@ -1,0 +1,59 @@
+"""SQLAlchemy model of the leader's work queue (one SQLite file per node).
+
+Only the current leader writes it; after a leader change the new leader rebuilds its rows
+from replicated state, so this file is a cache of the leader's decisions, not the truth.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import JSON, Float, Integer, String, UniqueConstraint, create_engine, event
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+PENDING = "pending"
+CLAIMED = "claimed"
+DONE = "done"
+FAILED = "failed"  # attempts exhausted; stays here so it is not re-queued
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class WorkItemRow(Base):
+    __tablename__ = "work_items"
+    __table_args__ = (UniqueConstraint("kind", "key"),)
+
+    item_id: Mapped[str] = mapped_column(String(512), primary_key=True)  # "kind:key"
+    kind: Mapped[str] = mapped_column(String(64), index=True)
+    key: Mapped[str] = mapped_column(String(440))
+    payload: Mapped[dict] = mapped_column(JSON, default=dict)
+    requirements: Mapped[dict] = mapped_column(JSON, default=dict)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    ttl: Mapped[float | None] = mapped_column(Float, nullable=True)
+    state: Mapped[str] = mapped_column(String(16), default=PENDING, index=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    claim_term: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    claim_seq: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    claimed_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float, default=0.0)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_error: Mapped[str] = mapped_column(String(4096), default="")
+
+
+def make_engine(path: Path) -> Engine:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(f"sqlite:///{path}", future=True)
+
+    @event.listens_for(engine, "connect")
+    def _pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+    Base.metadata.create_all(engine)
+    return engine

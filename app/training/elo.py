@@ -1,0 +1,145 @@
+"""Elo ratings by maximum likelihood (Bradley-Terry) over every recorded game.
+
+Incremental Elo depends on the order games were played and forgets nothing wrongly or
+everything slowly; a maximum-likelihood fit over all games is order-free and gives
+confidence intervals from the curvature of the likelihood. Draws count as half a win for
+each side. The random player is the anchor at 0, so "Elo" means "stronger than random by".
+
+A player who won every game has an infinite MLE; like BayesElo we add `prior_draws` virtual
+draws to every pair that played, which keeps ratings finite and matters little once a pair
+has played many games. Players with no chain of games to the anchor cannot be placed on its
+scale and are left out (listed in `unrated`). Pure numpy, Newton's method.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+
+ELO_PER_NAT = 400.0 / math.log(10.0)  # logistic scale: P(win) = 1 / (1 + 10^(-diff/400))
+Z95 = 1.959963984540054
+
+
+@dataclass(frozen=True)
+class Rating:
+    player: str
+    elo: float
+    low: float  # 95 % confidence interval
+    high: float
+    games: int
+
+    def to_json(self) -> dict:
+        return {"player": self.player, "elo": self.elo, "low": self.low, "high": self.high, "games": self.games}
+
+
+@dataclass(frozen=True)
+class EloFit:
+    ratings: dict[str, Rating]  # anchor included, at 0 with a zero-width interval
+    unrated: list[str]  # players not connected to the anchor
+    anchor: str
+    iterations: int
+
+
+class EloFitError(ValueError):
+    """The fit did not converge (should not happen with a positive prior)."""
+
+
+def pair_counts(games: Iterable[tuple[str, str, float]]) -> dict[tuple[str, str], list[float]]:
+    """{(a, b): [score of a, games]} with a < b, from (player_a, player_b, score_of_a) rows."""
+    out: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for a, b, score in games:
+        if a == b:
+            continue  # a player against itself says nothing about its rating
+        if not 0.0 <= score <= 1.0:
+            raise ValueError(f"score {score} of {a} vs {b} is outside [0, 1]")
+        if a > b:
+            a, b, score = b, a, 1.0 - score
+        out[(a, b)][0] += score
+        out[(a, b)][1] += 1.0
+    return dict(out)
+
+
+def _component(anchor: str, pairs: Iterable[tuple[str, str]]) -> set[str]:
+    neighbours: dict[str, set[str]] = defaultdict(set)
+    for a, b in pairs:
+        neighbours[a].add(b)
+        neighbours[b].add(a)
+    seen, todo = {anchor}, [anchor]
+    while todo:
+        for nxt in neighbours[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen
+
+
+def fit_elo(
+    games: Iterable[tuple[str, str, float]],
+    anchor: str = "random",
+    prior_draws: float = 1.0,
+    max_iter: int = 100,
+    tol: float = 1e-10,
+) -> EloFit:
+    """Fit ratings to (player_a, player_b, score_of_a) games; score 1, 0.5 or 0 per game."""
+    counts = pair_counts(games)
+    players_all = sorted({p for pair in counts for p in pair})
+    connected = _component(anchor, counts) if anchor in players_all else {anchor}
+    unrated = [p for p in players_all if p not in connected]
+    free = sorted(connected - {anchor})
+    index = {p: i for i, p in enumerate(free)}
+    games_of: dict[str, int] = defaultdict(int)
+    rows = []  # (i, j, score of i, n) with index -1 for the anchor
+    for (a, b), (score, n) in counts.items():
+        games_of[a] += int(n)
+        games_of[b] += int(n)
+        if a in connected:
+            rows.append((index.get(a, -1), index.get(b, -1), score + 0.5 * prior_draws, n + prior_draws))
+    ratings = {anchor: Rating(anchor, 0.0, 0.0, 0.0, games_of.get(anchor, 0))}
+    if not free:
+        return EloFit(ratings, unrated, anchor, 0)
+
+    k = len(free)
+    theta = np.zeros(k)  # ratings in nats
+    iterations = 0
+    for iterations in range(1, max_iter + 1):
+        grad, hess = _grad_hess(theta, rows, k)
+        step = np.linalg.solve(hess, grad)  # hess is negative definite: Newton ascent
+        # Damp huge first steps so a lopsided pair cannot overshoot into overflow.
+        scale = min(1.0, 2.0 / max(1e-12, float(np.max(np.abs(step)))))
+        theta = theta - scale * step
+        if float(np.max(np.abs(scale * step))) < tol:
+            break
+    else:
+        raise EloFitError(f"Elo fit did not converge in {max_iter} iterations")
+    _, hess = _grad_hess(theta, rows, k)
+    cov = np.linalg.inv(-hess)
+    for p, i in index.items():
+        elo = float(theta[i] * ELO_PER_NAT)
+        half = float(Z95 * math.sqrt(max(cov[i, i], 0.0)) * ELO_PER_NAT)
+        ratings[p] = Rating(p, elo, elo - half, elo + half, games_of[p])
+    return EloFit(ratings, unrated, anchor, iterations)
+
+
+def _grad_hess(theta: np.ndarray, rows: list[tuple[int, int, float, float]], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Gradient and Hessian of the Bradley-Terry log-likelihood (anchor fixed at 0)."""
+    grad = np.zeros(k)
+    hess = np.zeros((k, k))
+    for i, j, score, n in rows:
+        ti = theta[i] if i >= 0 else 0.0
+        tj = theta[j] if j >= 0 else 0.0
+        p = 1.0 / (1.0 + math.exp(-(ti - tj)))
+        g = score - n * p  # d/d ti
+        w = n * p * (1.0 - p)
+        if i >= 0:
+            grad[i] += g
+            hess[i, i] -= w
+        if j >= 0:
+            grad[j] -= g
+            hess[j, j] -= w
+        if i >= 0 and j >= 0:
+            hess[i, j] += w
+            hess[j, i] += w
+    return grad, hess

@@ -1,0 +1,307 @@
+"""Replay DBs -> an NPZ training dataset (see app/training/dataset.py for the layout).
+
+Every input DB is opened and read completely before anything is written, so a missing,
+locked or corrupt DB is reported by its path and leaves no output at all. The dataset is
+built in a temporary sibling directory, fsynced, and renamed into place: a reader sees the
+whole dataset or none of it.
+
+Which games land in the holdout split depends only on a hash of the game uid, so the split is
+the same on every node, in every export, whatever the window: a game used for holdout in one
+generation never becomes training data for the next, and holdout losses stay comparable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+from sqlalchemy.exc import SQLAlchemyError
+
+from app.db.replay_db import GameRecord, ReplayDB, ReplayDBError
+from app.games import Game, GameError, get_game
+from app.training.dataset import (
+    DATASET_FORMAT, HOLDOUT_NAME, MANIFEST_NAME, TRAIN_NAME, Arrays, bytes_sha256, file_digest,
+)
+
+
+class ExportError(RuntimeError):
+    """An export that cannot be made; the message names the offending DB or game."""
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    path: Path
+    manifest: dict
+    dataset_sha256: str
+
+
+# ---- pure decisions ---------------------------------------------------------------------
+
+
+def holdout_score(uid: str) -> float:
+    """A uniform number in [0, 1) fixed by the uid alone (first 8 bytes of its sha256)."""
+    return int.from_bytes(hashlib.sha256(uid.encode("utf-8")).digest()[:8], "big") / 2.0**64
+
+
+def is_holdout(uid: str, fraction: float) -> bool:
+    return holdout_score(uid) < fraction
+
+
+def select_window(
+    per_input: Sequence[Sequence[GameRecord]], window_games: int
+) -> tuple[list[GameRecord], int]:
+    """The newest `window_games` distinct games over all inputs, oldest first, and how many
+    duplicates (a uid already seen in an earlier input or earlier in the same one) were dropped.
+
+    "Newest" is by (finished_at, uid), not by DB row id: rows synced from peers arrive out of
+    order, and the tie-break on uid makes the choice independent of the input order.
+    """
+    seen: dict[str, GameRecord] = {}
+    duplicates = 0
+    for records in per_input:
+        for record in records:
+            if record.uid in seen:
+                duplicates += 1
+            else:
+                seen[record.uid] = record
+    ordered = sorted(seen.values(), key=lambda r: (r.finished_at, r.uid))
+    return ordered[max(0, len(ordered) - window_games):], duplicates
+
+
+def outcome_for(winner: int | None, to_move: int) -> float:
+    """Final result from the view of the side to move: +1 win, 0 draw, -1 loss."""
+    if winner is None:
+        return 0.0
+    return 1.0 if winner == to_move else -1.0
+
+
+# ---- samples ------------------------------------------------------------------------------
+
+
+def game_samples(game: Game, record: GameRecord, augment: bool) -> tuple[list[np.ndarray], list[np.ndarray], list[float]]:
+    """Replay one game through the rules: (planes, visit targets, outcomes), one per position
+    (times the number of symmetries when `augment`). A record the rules reject raises GameError."""
+    planes_out: list[np.ndarray] = []
+    policy_out: list[np.ndarray] = []
+    value_out: list[float] = []
+    state = game.initial_state()
+    for ply, move in enumerate(record.moves):
+        visits = np.asarray(move.visits, dtype=np.float32)
+        if visits.shape != (game.num_actions,) or not np.isfinite(visits).all() or (visits < 0).any():
+            raise GameError(f"move {ply}: visit distribution of shape {visits.shape} is not {game.num_actions} non-negative numbers")
+        total = float(visits.sum())
+        if total <= 0:
+            visits = np.zeros(game.num_actions, np.float32)
+            visits[move.action] = 1.0
+        else:
+            visits = visits / total
+        planes = state.planes()
+        value = outcome_for(record.winner, state.to_move)
+        images = game.symmetries(planes, visits) if augment else [(planes, visits)]
+        for img_planes, img_policy in images:
+            planes_out.append(img_planes)
+            policy_out.append(img_policy)
+            value_out.append(value)
+        state = state.play(int(move.action))
+    if state.is_terminal and state.winner != record.winner:
+        raise GameError(f"recorded winner {record.winner} but the moves end with winner {state.winner}")
+    return planes_out, policy_out, value_out
+
+
+def build_arrays(game: Game, records: Iterable[GameRecord], augment: bool, source: dict[str, str]) -> Arrays:
+    planes: list[np.ndarray] = []
+    policy: list[np.ndarray] = []
+    value: list[float] = []
+    for record in records:
+        try:
+            p, q, v = game_samples(game, record, augment)
+        except (GameError, IndexError, TypeError) as exc:
+            raise ExportError(f"{source.get(record.uid, '?')}: game {record.uid} is invalid: {exc}") from None
+        planes += p
+        policy += q
+        value += v
+    if not value:
+        return Arrays.empty(game.plane_shape, game.num_actions)
+    return Arrays(np.stack(planes).astype(np.float32), np.stack(policy).astype(np.float32), np.asarray(value, np.float32))
+
+
+# ---- reading inputs -----------------------------------------------------------------------
+
+
+def probe_db(path: Path, lock_timeout_s: float) -> None:
+    """Fail fast, naming the path, when a DB is missing, locked or not a replay DB.
+
+    A raw read-only sqlite3 connection with a short timeout: the ORM's default wait on a lock
+    is long, and an export should report a busy DB quickly rather than hang the pipeline.
+    """
+    if not path.is_file():
+        raise ExportError(f"{path}: replay DB not found")
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=lock_timeout_s)
+    except sqlite3.Error as exc:
+        raise ExportError(f"{path}: cannot open replay DB: {exc}") from None
+    try:
+        conn.execute("SELECT value FROM schema_info WHERE key = 'schema_version'").fetchall()
+        conn.execute("SELECT COUNT(*) FROM games").fetchone()
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            raise ExportError(f"{path}: replay DB is locked by another process: {exc}") from None
+        raise ExportError(f"{path}: not a replay DB: {exc}") from None
+    except sqlite3.DatabaseError as exc:
+        raise ExportError(f"{path}: corrupt replay DB: {exc}") from None
+    finally:
+        conn.close()
+
+
+def read_db(path: Path, window_games: int, lock_timeout_s: float, check_integrity: bool) -> tuple[list[GameRecord], int]:
+    """(newest `window_games` games by row, total games stored) of one DB."""
+    probe_db(path, lock_timeout_s)
+    try:
+        with ReplayDB(path, create=False, readonly=True) as db:
+            if check_integrity:
+                problems = db.integrity_problems()
+                if problems:
+                    raise ExportError(f"{path}: corrupt replay DB: {'; '.join(problems[:5])}")
+            return db.games(newest=window_games), db.count()
+    except ReplayDBError as exc:
+        raise ExportError(str(exc)) from None
+    except SQLAlchemyError as exc:
+        raise ExportError(f"{path}: cannot read replay DB: {getattr(exc, 'orig', exc)}") from None
+
+
+# ---- writing ------------------------------------------------------------------------------
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_npz(path: Path, arrays: Arrays) -> None:
+    with open(path, "wb") as fh:
+        np.savez_compressed(fh, planes=arrays.planes, policy=arrays.policy, value=arrays.value)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _install_dir(tmp: Path, out: Path, overwrite: bool) -> None:
+    """Rename the finished temp dir into place; an existing dataset is swapped out only when
+    `overwrite`, and removed after the new one is in place."""
+    old: Path | None = None
+    if out.exists():
+        if not overwrite:
+            raise ExportError(f"{out}: already exists (pass overwrite to replace it)")
+        old = out.with_name(f".{out.name}.old{os.getpid()}")
+        os.replace(out, old)
+    os.replace(tmp, out)
+    _fsync_path(out.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def export_dataset(
+    db_paths: Sequence[str | Path],
+    out_dir: str | Path,
+    *,
+    window_games: int = 20000,
+    holdout_fraction: float = 0.05,
+    augment: bool = True,
+    game: str | None = None,
+    overwrite: bool = False,
+    lock_timeout_s: float = 2.0,
+    check_integrity: bool = True,
+) -> ExportResult:
+    """Export the newest `window_games` distinct games of `db_paths` to `out_dir`.
+
+    Symmetry augmentation applies to the training split only: the holdout split measures the
+    positions as they were played. Raises ExportError (nothing written) on any bad input.
+    """
+    if not db_paths:
+        raise ExportError("no input replay DBs given")
+    if window_games <= 0:
+        raise ExportError(f"window_games must be positive, got {window_games}")
+    if not 0.0 <= holdout_fraction < 1.0:
+        raise ExportError(f"holdout_fraction must be in [0, 1), got {holdout_fraction}")
+    out = Path(out_dir)
+    if out.exists() and not overwrite:
+        raise ExportError(f"{out}: already exists (pass overwrite to replace it)")
+    paths = [Path(p) for p in db_paths]
+    per_input: list[list[GameRecord]] = []
+    inputs: list[dict] = []
+    source: dict[str, str] = {}
+    for path in paths:
+        records, total = read_db(path, window_games, lock_timeout_s, check_integrity)
+        per_input.append(records)
+        inputs.append({"path": str(path.resolve()), "games_total": total, "games_read": len(records)})
+        for record in records:
+            source.setdefault(record.uid, str(path))
+    selected, duplicates = select_window(per_input, window_games)
+    if not selected:
+        raise ExportError(f"no games in {', '.join(map(str, paths))}: nothing to export")
+    game_name = game or selected[0].game
+    for record in selected:
+        if record.game != game_name:
+            raise ExportError(f"{source[record.uid]}: game {record.uid} is {record.game!r}, expected {game_name!r}")
+    try:
+        rules = get_game(game_name)
+    except GameError as exc:
+        raise ExportError(str(exc)) from None
+    holdout_games = [r for r in selected if is_holdout(r.uid, holdout_fraction)]
+    train_games = [r for r in selected if not is_holdout(r.uid, holdout_fraction)]
+    train = build_arrays(rules, train_games, augment, source)
+    holdout = build_arrays(rules, holdout_games, False, source)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        files = {}
+        for name, arrays in ((TRAIN_NAME, train), (HOLDOUT_NAME, holdout)):
+            _write_npz(tmp / name, arrays)
+            files[name] = {"sha256": file_digest(tmp / name), "bytes": (tmp / name).stat().st_size, "samples": len(arrays)}
+        manifest = {
+            "format": DATASET_FORMAT,
+            "game": game_name,
+            "plane_shape": list(rules.plane_shape),
+            "num_actions": rules.num_actions,
+            "inputs": inputs,
+            "window_games": window_games,
+            "holdout_fraction": holdout_fraction,
+            "augment": augment,
+            "augment_applies_to": "train",
+            "counts": {
+                "games": len(selected),
+                "duplicates_dropped": duplicates,
+                "train_games": len(train_games),
+                "holdout_games": len(holdout_games),
+                "train_samples": len(train),
+                "holdout_samples": len(holdout),
+            },
+            "holdout_uids_sha256": bytes_sha256("\n".join(sorted(r.uid for r in holdout_games)).encode()),
+            "newest_finished_at": selected[-1].finished_at,
+            "created_at": time.time(),
+            "files": files,
+        }
+        raw = json.dumps(manifest, indent=2, sort_keys=True).encode()
+        with open(tmp / MANIFEST_NAME, "wb") as fh:
+            fh.write(raw)
+            fh.flush()
+            os.fsync(fh.fileno())
+        _fsync_path(tmp)
+        _install_dir(tmp, out, overwrite)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ExportResult(out, manifest, bytes_sha256(raw))

@@ -1,0 +1,354 @@
+"""Gauntlet: a candidate plays the baselines and the current best; every game is recorded.
+
+Games run in worker processes (spawned, one torch thread each; `workers <= 1` plays in this
+process). Each pair of games starts from its own random opening of a few plies and the
+candidate takes each side once, so no two games are the same game and neither colour is
+favoured. Against baselines a fixed number of games is played; against the current best a
+sequential probability ratio test stops the match as soon as it is decided, or at a cap.
+After the gauntlet, Elo is refitted over every game ever recorded in the registry.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import uuid
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from app.ai.players import PlayerSpec, make_player, model_sha_of_player, parse_player_spec
+from app.config import Settings
+from app.db.registry import MatchGame, ModelRegistry
+from app.games import Game, get_game
+from app.training.elo import Rating, fit_elo
+from app.training.sprt import SprtDecision, SprtResult, sprt_decision
+
+ProgressCallback = Callable[[dict], None]
+
+
+@dataclass(frozen=True)
+class GameTask:
+    index: int
+    candidate: PlayerSpec
+    opponent: PlayerSpec
+    candidate_side: int  # 0: the candidate moves first after the opening
+    opening: tuple[int, ...]
+    seed: int
+
+
+@dataclass(frozen=True)
+class GameOutcome:
+    index: int
+    candidate_side: int
+    winner: int | None
+    moves: str
+    opening_plies: int
+
+    @property
+    def candidate_score(self) -> float:
+        return 0.5 if self.winner is None else (1.0 if self.winner == self.candidate_side else 0.0)
+
+
+@dataclass
+class OpponentResult:
+    opponent: str  # the opponent player's name
+    kind: str  # random | heuristic | rollout | best
+    wins: int = 0
+    draws: int = 0
+    losses: int = 0
+    sprt: SprtResult | None = None
+    stopped: str = "fixed"  # fixed | sprt | cap
+
+    @property
+    def games(self) -> int:
+        return self.wins + self.draws + self.losses
+
+    @property
+    def score(self) -> float:
+        return (self.wins + 0.5 * self.draws) / self.games if self.games else 0.0
+
+    def to_json(self) -> dict:
+        return {"opponent": self.opponent, "kind": self.kind, "wins": self.wins, "draws": self.draws,
+                "losses": self.losses, "games": self.games, "score": self.score, "stopped": self.stopped,
+                "sprt": None if self.sprt is None else self.sprt.to_json()}
+
+
+@dataclass
+class GauntletReport:
+    match_id: str
+    candidate: str  # player name
+    candidate_sha256: str | None
+    results: list[OpponentResult] = field(default_factory=list)
+    ratings: list[Rating] = field(default_factory=list)  # every rated player, strongest first
+    elapsed_s: float = 0.0
+
+    def result(self, kind: str) -> OpponentResult | None:
+        return next((r for r in self.results if r.kind == kind), None)
+
+    def to_json(self) -> dict:
+        return {"match_id": self.match_id, "candidate": self.candidate, "candidate_sha256": self.candidate_sha256,
+                "results": [r.to_json() for r in self.results], "ratings": [r.to_json() for r in self.ratings],
+                "elapsed_s": self.elapsed_s}
+
+
+# --- openings and single games (run inside workers) -------------------------------------
+
+
+def make_openings(game: Game, count: int, min_plies: int, max_plies: int, rng: np.random.Generator) -> list[tuple[int, ...]]:
+    """`count` distinct random openings of min..max plies that leave the game undecided.
+
+    Distinct while the game has enough of them; after that, repeats rather than fail.
+    """
+    if not 0 <= min_plies <= max_plies:
+        raise ValueError(f"opening plies must satisfy 0 <= min <= max, got {min_plies}..{max_plies}")
+    seen: set[tuple[int, ...]] = set()
+    out: list[tuple[int, ...]] = []
+    for _ in range(count):
+        for attempt in range(200):
+            moves: list[int] = []
+            state = game.initial_state()
+            for _ in range(int(rng.integers(min_plies, max_plies + 1))):
+                legal = state.legal_moves()
+                if not legal:
+                    break
+                action = int(legal[int(rng.integers(len(legal)))])
+                moves.append(action)
+                state = state.play(action)
+            opening = tuple(moves)
+            if state.is_terminal:
+                continue
+            if opening not in seen or attempt == 199:
+                break
+        seen.add(opening)
+        out.append(opening)
+    return out
+
+
+def play_game(game: Game, first, second, opening: tuple[int, ...]) -> tuple[int | None, str]:
+    """Play out a game from `opening`; `first` moves for side 0. Returns (winner, moves)."""
+    state = game.initial_state()
+    for action in opening:
+        state = state.play(action)
+    players = (first, second)
+    for p in players:
+        p.reset()
+    while not state.is_terminal:
+        state = state.play(players[state.to_move].select_move(state))
+    return state.winner, state.to_text()
+
+
+_PLAYER_CACHE: dict[PlayerSpec, object] = {}
+
+
+def _cached_player(spec: PlayerSpec, seed: int):
+    """Players live as long as their worker: a network is loaded once, not once per game."""
+    player = _PLAYER_CACHE.get(spec)
+    if player is None:
+        player = _PLAYER_CACHE[spec] = make_player(spec, seed)
+    return player
+
+
+def run_task(task: GameTask) -> GameOutcome:
+    game = get_game(task.candidate.game)
+    candidate = _cached_player(task.candidate, task.seed)
+    opponent = _cached_player(task.opponent, task.seed + 1)
+    if task.candidate.name == task.opponent.name:
+        opponent = make_player(task.opponent, task.seed + 1)  # self-play needs two trees
+    first, second = (candidate, opponent) if task.candidate_side == 0 else (opponent, candidate)
+    winner, moves = play_game(game, first, second, task.opening)
+    return GameOutcome(task.index, task.candidate_side, winner, moves, len(task.opening))
+
+
+def _worker_init() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+# --- the match loop (parent process) ----------------------------------------------------
+
+
+class _InlineExecutor:
+    """Runs tasks in this process when one worker is asked for: no spawn cost in tests."""
+
+    def submit(self, fn, *args) -> Future:
+        fut: Future = Future()
+        try:
+            fut.set_result(fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
+            fut.set_exception(exc)
+        return fut
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        pass
+
+
+def _match_tasks(candidate: PlayerSpec, opponent: PlayerSpec, games: int, settings: Settings,
+                 rng: np.random.Generator) -> list[GameTask]:
+    cfg = settings.gauntlet
+    pairs = math.ceil(games / 2)
+    openings = make_openings(get_game(candidate.game), pairs, cfg.opening_plies_min, cfg.opening_plies_max, rng)
+    tasks = []
+    for i in range(pairs * 2):
+        tasks.append(GameTask(i, candidate, opponent, i % 2, openings[i // 2], int(rng.integers(2**31))))
+    return tasks
+
+
+def _play_match(
+    executor, tasks: list[GameTask], result: OpponentResult, settings: Settings,
+    record: Callable[[GameTask, GameOutcome], None], sequential_test: bool, workers: int,
+    progress: ProgressCallback | None,
+) -> None:
+    """Submit tasks a few at a time; stop early when the SPRT decides (best only)."""
+    cfg = settings.gauntlet
+    pending: dict[Future, GameTask] = {}
+    queue: Iterator[GameTask] = iter(tasks)
+    decided = False
+    in_flight = max(1, 2 * workers)
+    try:
+        while True:
+            while not decided and len(pending) < in_flight:
+                task = next(queue, None)
+                if task is None:
+                    break
+                pending[executor.submit(run_task, task)] = task
+            if not pending:
+                break
+            done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
+            for fut in done:
+                task = pending.pop(fut)
+                outcome = fut.result()
+                record(task, outcome)
+                if decided:
+                    continue  # finished after the decision: recorded for Elo, not counted
+                score = outcome.candidate_score
+                result.wins += score == 1.0
+                result.draws += score == 0.5
+                result.losses += score == 0.0
+                if sequential_test:
+                    result.sprt = sprt_decision(result.wins, result.draws, result.losses, cfg.sprt_elo0,
+                                                cfg.sprt_elo1, cfg.sprt_alpha, cfg.sprt_beta)
+                    if result.sprt.decision is not SprtDecision.CONTINUE:
+                        decided = True
+                        result.stopped = "sprt"
+                    elif result.games >= len(tasks):
+                        result.stopped = "cap"
+                if progress is not None:
+                    progress({"opponent": result.opponent, "kind": result.kind, "games": result.games,
+                              "wins": result.wins, "draws": result.draws, "losses": result.losses,
+                              "sprt": None if result.sprt is None else result.sprt.to_json()})
+    finally:
+        for fut in pending:
+            fut.cancel()
+
+
+def recompute_ratings(registry: ModelRegistry, net_simulations: int, anchor: str = "random") -> list[Rating]:
+    """Refit Elo over every recorded game and store it; a model's registry Elo is the rating
+    of its network player at the configured search budget."""
+    fit = fit_elo(registry.match_results(), anchor=anchor)
+    ratings = sorted(fit.ratings.values(), key=lambda r: -r.elo)
+    suffix = f":s{net_simulations}"
+    model_player = {r.player: sha for r in ratings
+                    if (sha := model_sha_of_player(r.player)) is not None and r.player.endswith(suffix)}
+    registry.store_ratings([(r.player, r.elo, r.low, r.high, r.games) for r in ratings], model_player)
+    return ratings
+
+
+def run_gauntlet(
+    candidate_path: str | Path,
+    baselines: list[str],
+    best_path: str | Path | None,
+    settings: Settings,
+    registry_db: str | Path | ModelRegistry,
+    workers: int | None = None,
+    seed: int = 0,
+    progress: ProgressCallback | None = None,
+    games_per_baseline: int | None = None,
+) -> GauntletReport:
+    """Play the candidate against each baseline (fixed games) and the best (SPRT), record
+    every game in the registry, refit Elo. `candidate_path` may also be a baseline spec
+    ('heuristic:3'), which makes the CLI useful before any model exists."""
+    started = time.monotonic()
+    cfg = settings.gauntlet
+    workers = cfg.workers if workers is None else workers
+    games_per_baseline = cfg.games_vs_baseline if games_per_baseline is None else games_per_baseline
+    registry = registry_db if isinstance(registry_db, ModelRegistry) else ModelRegistry(registry_db)
+    candidate = parse_player_spec(str(candidate_path), cfg, settings.search)
+    opponents: list[tuple[str, PlayerSpec]] = []
+    for text in baselines:
+        spec = parse_player_spec(text, cfg, settings.search, game=candidate.game)
+        opponents.append((spec.kind, spec))
+    if best_path is not None:
+        best = parse_player_spec(str(best_path), cfg, settings.search, game=candidate.game)
+        if best.name != candidate.name:
+            opponents.append(("best", best))
+    match_id = uuid.uuid4().hex[:16]
+    report = GauntletReport(match_id, candidate.name, candidate.sha256)
+    rng = np.random.default_rng(seed)
+    game_name = candidate.game
+
+    def record_for(opponent: PlayerSpec) -> Callable[[GameTask, GameOutcome], None]:
+        def record(task: GameTask, outcome: GameOutcome) -> None:
+            p0, p1 = (candidate.name, opponent.name) if task.candidate_side == 0 else (opponent.name, candidate.name)
+            registry.add_match_games([MatchGame(
+                uid=f"{match_id}-{opponent.name}-{task.index}", match_id=match_id, game=game_name,
+                player0=p0, player1=p1, winner=outcome.winner, moves=outcome.moves,
+                opening_plies=outcome.opening_plies, created_at=time.time())])
+        return record
+
+    executor = (_InlineExecutor() if workers <= 1 else
+                ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_worker_init))
+    try:
+        for kind, spec in opponents:
+            is_best = kind == "best"
+            games = cfg.max_games_vs_best if is_best else games_per_baseline
+            result = OpponentResult(spec.name, kind)
+            report.results.append(result)
+            tasks = _match_tasks(candidate, spec, games, settings, rng)
+            _play_match(executor, tasks, result, settings, record_for(spec), is_best, workers, progress)
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+    report.ratings = recompute_ratings(registry, cfg.net_simulations)
+    report.elapsed_s = time.monotonic() - started
+    if not isinstance(registry_db, ModelRegistry):
+        registry.close()
+    return report
+
+
+# --- presentation ------------------------------------------------------------------------
+
+
+def short_name(player: str) -> str:
+    """'model:<64 hex>:s64' -> 'model:<12 hex>:s64' for tables."""
+    sha = model_sha_of_player(player)
+    return player.replace(sha, sha[:12]) if sha else player
+
+
+def format_table(report: GauntletReport) -> str:
+    """The CLI's human-readable summary: results per opponent, then the Elo table."""
+    lines = [f"gauntlet {report.match_id}: candidate {short_name(report.candidate)} "
+             f"({report.elapsed_s:.1f} s)", ""]
+    header = f"{'opponent':<28} {'games':>5} {'W':>4} {'D':>4} {'L':>4} {'score':>6}  stop   SPRT"
+    lines += [header, "-" * len(header)]
+    for r in report.results:
+        sprt = "-" if r.sprt is None else (
+            f"{r.sprt.decision.value} (LLR {r.sprt.llr:+.2f} in [{r.sprt.lower:.2f}, {r.sprt.upper:.2f}])")
+        lines.append(f"{short_name(r.opponent):<28} {r.games:>5} {r.wins:>4} {r.draws:>4} {r.losses:>4} "
+                     f"{r.score:>6.3f}  {r.stopped:<6} {sprt}")
+    lines += ["", "Elo (maximum likelihood over all recorded games, random = 0, 95 % interval)"]
+    header = f"{'player':<28} {'elo':>7} {'low':>7} {'high':>7} {'games':>6}"
+    lines += [header, "-" * len(header)]
+    for r in report.ratings:
+        mark = " *" if r.player == report.candidate else ""
+        lines.append(f"{short_name(r.player):<28} {r.elo:>7.0f} {r.low:>7.0f} {r.high:>7.0f} {r.games:>6}{mark}")
+    return "\n".join(lines)
+
+
+def default_workers() -> int:
+    return max(1, (os.cpu_count() or 2) - 1)

@@ -1,0 +1,142 @@
+"""Where the training loop stands, persisted so a restart resumes instead of repeating.
+
+The daemons are level-triggered: events only wake them; each one then reads this state and
+does the step that belongs to the current stage. One generation moves through
+
+    COLLECTING -> EXPORTED -> TRAINING -> TRAINED -> EVALUATED -> (decided) COLLECTING
+
+and every transition is a pure function here, so "what happens after a crash at stage X" is
+answered by reading this file, and tested without any daemon running. The file is replaced
+atomically (temp, fsync, rename) so a kill leaves the old state or the new, never half.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+
+class Stage(str, enum.Enum):
+    COLLECTING = "collecting"  # self-play fills the DB until enough new games
+    EXPORTED = "exported"  # a dataset for `generation` exists; training not yet started
+    TRAINING = "training"  # a training run for `generation` is (or was) in flight
+    TRAINED = "trained"  # a candidate exists; not yet evaluated
+    EVALUATED = "evaluated"  # gauntlet results exist; promotion not yet decided
+
+
+class PipelineStateError(RuntimeError):
+    """A transition asked of the wrong stage, or an unreadable state file (named)."""
+
+
+@dataclass(frozen=True)
+class PipelineState:
+    generation: int = 1  # the generation being produced (1 = the first trained model)
+    stage: Stage = Stage.COLLECTING
+    export_mark: int = 0  # replay-DB row id up to which games went into a dataset
+    best_sha256: str | None = None
+    best_path: str | None = None
+    best_generation: int = 0
+    dataset_dir: str | None = None
+    dataset_sha256: str | None = None
+    run_dir: str | None = None
+    candidate_path: str | None = None
+    candidate_sha256: str | None = None
+    evaluation: dict = field(default_factory=dict)
+    promoted: int = 0
+    rejected: int = 0
+
+    @property
+    def decided(self) -> int:
+        """Generations that ended in a promotion or a rejection."""
+        return self.promoted + self.rejected
+
+
+def _expect(state: PipelineState, *stages: Stage) -> None:
+    if state.stage not in stages:
+        names = "/".join(s.value for s in stages)
+        raise PipelineStateError(f"generation {state.generation} is {state.stage.value}, not {names}")
+
+
+def should_export(state: PipelineState, newest_game_id: int, threshold: int) -> bool:
+    """Enough games arrived since the last dataset to train a new generation."""
+    return state.stage is Stage.COLLECTING and newest_game_id - state.export_mark >= threshold
+
+
+def exported(state: PipelineState, dataset_dir: str, dataset_sha256: str, newest_game_id: int) -> PipelineState:
+    _expect(state, Stage.COLLECTING)
+    return replace(state, stage=Stage.EXPORTED, dataset_dir=dataset_dir, dataset_sha256=dataset_sha256,
+                   export_mark=newest_game_id)
+
+
+def training_started(state: PipelineState, run_dir: str) -> PipelineState:
+    """Also accepted in TRAINING: a restart resumes the same run dir (its checkpoint) rather
+    than training the generation a second time."""
+    _expect(state, Stage.EXPORTED, Stage.TRAINING)
+    return replace(state, stage=Stage.TRAINING, run_dir=run_dir)
+
+
+def trained(state: PipelineState, candidate_path: str, candidate_sha256: str) -> PipelineState:
+    _expect(state, Stage.TRAINING)
+    return replace(state, stage=Stage.TRAINED, candidate_path=candidate_path, candidate_sha256=candidate_sha256)
+
+
+def training_failed(state: PipelineState) -> PipelineState:
+    """Back to EXPORTED with no run dir: the next attempt starts the run afresh."""
+    _expect(state, Stage.TRAINING)
+    return replace(state, stage=Stage.EXPORTED, run_dir=None)
+
+
+def evaluated(state: PipelineState, evaluation: dict) -> PipelineState:
+    _expect(state, Stage.TRAINED)
+    return replace(state, stage=Stage.EVALUATED, evaluation=evaluation)
+
+
+def decided(state: PipelineState, promoted: bool, best_path: str | None = None) -> PipelineState:
+    """Close the generation. A promoted candidate becomes the best; either way the next
+    generation gets a new number, so no generation number is trained twice."""
+    _expect(state, Stage.EVALUATED)
+    base = replace(
+        state, generation=state.generation + 1, stage=Stage.COLLECTING, dataset_dir=None,
+        dataset_sha256=None, run_dir=None, candidate_path=None, candidate_sha256=None, evaluation={},
+    )
+    if promoted:
+        return replace(base, best_sha256=state.candidate_sha256, best_path=best_path or state.candidate_path,
+                       best_generation=state.generation, promoted=state.promoted + 1)
+    return replace(base, rejected=state.rejected + 1)
+
+
+def to_json(state: PipelineState) -> dict:
+    data = asdict(state)
+    data["stage"] = state.stage.value
+    return data
+
+
+def from_json(data: dict) -> PipelineState:
+    return PipelineState(**{**data, "stage": Stage(data["stage"])})
+
+
+class PipelineStateStore:
+    """The state file of one node's pipeline."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def load(self) -> PipelineState:
+        if not self.path.exists():
+            return PipelineState()
+        try:
+            return from_json(json.loads(self.path.read_text()))
+        except (ValueError, TypeError, KeyError) as exc:
+            raise PipelineStateError(f"{self.path}: unreadable pipeline state: {exc}") from None
+
+    def save(self, state: PipelineState) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
+        with open(tmp, "w") as fh:
+            json.dump(to_json(state), fh, indent=2, sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)

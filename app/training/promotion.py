@@ -1,0 +1,218 @@
+"""Promotion: the gate decision (pure), the registry actions around it, and progress data.
+
+`decide_promotion` looks only at match results and the configured gates, so every
+combination is tested directly; the actions that follow it (register, promote, reject,
+roll back) touch the registry and the model file. A model is never made current unless
+the file on disk still hashes to the sha256 the registry knows it by: what the mesh then
+distributes is exactly what the gauntlet measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, Sequence
+
+from app.ai.model import ModelFormatError, file_sha256, read_meta
+from app.config import Settings
+from app.config.pipeline import PromotionConfig
+from app.db.registry import ModelEntry, ModelRegistry, ModelStatus, RegistryError
+from app.training.gauntlet import GauntletReport, ProgressCallback, run_gauntlet
+from app.training.sprt import SprtDecision, SprtResult
+
+PROGRESS_FORMAT = 1
+
+
+class PromotionError(RuntimeError):
+    """A promotion or rollback refused: unknown model, wrong state, or a file that changed."""
+
+
+class MatchResult(Protocol):
+    """What the gate reads from a match (app.training.gauntlet.OpponentResult has it)."""
+
+    kind: str
+    wins: int
+    draws: int
+    losses: int
+    sprt: SprtResult | None
+
+
+@dataclass(frozen=True)
+class Gates:
+    min_score_vs_random: float | None = 0.95
+    min_score_vs_heuristic: float | None = 0.5
+    require_sprt_vs_best: bool = True
+
+    @staticmethod
+    def from_config(cfg: PromotionConfig) -> "Gates":
+        return Gates(cfg.min_score_vs_random, cfg.min_score_vs_heuristic, cfg.require_sprt_vs_best)
+
+    def baselines(self) -> list[str]:
+        """The baselines a gauntlet must play for these gates to be decidable."""
+        out = []
+        if self.min_score_vs_random is not None:
+            out.append("random")
+        if self.min_score_vs_heuristic is not None:
+            out.append("heuristic")
+        return out
+
+
+@dataclass(frozen=True)
+class Decision:
+    promote: bool
+    reasons: tuple[str, ...]  # one line per gate, 'pass: ...' or 'fail: ...'
+
+    def summary(self) -> str:
+        return "; ".join(self.reasons)
+
+
+def _score(r: MatchResult) -> float:
+    n = r.wins + r.draws + r.losses
+    return (r.wins + 0.5 * r.draws) / n if n else 0.0
+
+
+def decide_promotion(results: Sequence[MatchResult], gates: Gates, has_best: bool) -> Decision:
+    """Promote only when every configured gate passes. Generation 0 (no current best) is
+    judged on the baselines alone. A gate without games fails: no evidence is not a pass."""
+    by_kind = {r.kind: r for r in results}
+    reasons: list[str] = []
+    ok = True
+    for kind, threshold in (("random", gates.min_score_vs_random), ("heuristic", gates.min_score_vs_heuristic)):
+        if threshold is None:
+            continue
+        r = by_kind.get(kind)
+        if r is None or r.wins + r.draws + r.losses == 0:
+            ok = False
+            reasons.append(f"fail: no games vs {kind} (gate needs score >= {threshold:.2f})")
+            continue
+        score = _score(r)
+        passed = score >= threshold
+        ok &= passed
+        reasons.append(f"{'pass' if passed else 'fail'}: score {score:.3f} vs {kind} "
+                       f"{'>=' if passed else '<'} {threshold:.2f} ({r.wins}W {r.draws}D {r.losses}L)")
+    if not has_best:
+        reasons.append("pass: no current best (generation 0): SPRT gate not applicable")
+    elif gates.require_sprt_vs_best:
+        r = by_kind.get("best")
+        if r is None or r.sprt is None:
+            ok = False
+            reasons.append("fail: no SPRT result vs the current best")
+        elif r.sprt.decision is SprtDecision.ACCEPT:
+            reasons.append(f"pass: SPRT accepts vs best after {r.sprt.games} games (LLR {r.sprt.llr:+.2f})")
+        else:
+            ok = False
+            what = "rejects" if r.sprt.decision is SprtDecision.REJECT else "undecided at the game cap"
+            reasons.append(f"fail: SPRT {what} vs best after {r.sprt.games} games (LLR {r.sprt.llr:+.2f}, "
+                           f"score {_score(r):.3f})")
+    return Decision(ok, tuple(reasons))
+
+
+# --- registry actions ----------------------------------------------------------------------
+
+
+def verify_model_file(entry: ModelEntry) -> None:
+    """Refuse a model whose file is gone or no longer hashes to its registry sha256."""
+    path = Path(entry.path)
+    if not path.is_file():
+        raise PromotionError(f"model {entry.sha256[:12]}: file {path} is missing")
+    actual = file_sha256(path)
+    if actual != entry.sha256:
+        raise PromotionError(
+            f"refusing model {entry.sha256[:12]}: file {path} has sha256 {actual[:12]}, "
+            f"not the registry's {entry.sha256[:12]} (file replaced or corrupt)")
+
+
+def register_candidate(registry: ModelRegistry, model_path: str | Path) -> ModelEntry:
+    """Register a model file as a candidate, lineage from its sidecar; the file must match it."""
+    path = Path(model_path)
+    if not path.is_file():
+        raise PromotionError(f"{path}: model file not found")
+    try:
+        meta = read_meta(path)
+    except ModelFormatError as exc:
+        raise PromotionError(str(exc)) from None
+    actual = file_sha256(path)
+    if actual != meta.sha256:
+        raise PromotionError(f"{path}: sha256 {actual[:12]} does not match its sidecar ({str(meta.sha256)[:12]})")
+    return registry.register(actual, path.resolve(), meta.generation, meta.parent_sha256, meta.dataset_sha256)
+
+
+def promote_model(registry: ModelRegistry, sha256: str, reason: str) -> ModelEntry:
+    entry = registry.require(sha256)
+    verify_model_file(entry)
+    try:
+        return registry.promote(sha256, reason)
+    except RegistryError as exc:
+        raise PromotionError(str(exc)) from None
+
+
+def reject_model(registry: ModelRegistry, sha256: str, reason: str) -> ModelEntry:
+    try:
+        return registry.reject(sha256, reason)
+    except RegistryError as exc:
+        raise PromotionError(str(exc)) from None
+
+
+def rollback_model(registry: ModelRegistry, to_sha256: str, reason: str) -> list[str]:
+    """Make an earlier promoted model current again (its file verified); returns those rolled back."""
+    entry = registry.require(to_sha256)
+    verify_model_file(entry)
+    try:
+        return registry.rollback(to_sha256, reason)
+    except RegistryError as exc:
+        raise PromotionError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class PromotionOutcome:
+    entry: ModelEntry  # the candidate's registry row after the decision
+    decision: Decision
+    report: GauntletReport
+
+
+def evaluate_candidate(
+    model_path: str | Path, settings: Settings, registry: ModelRegistry,
+    workers: int | None = None, seed: int = 0, progress: ProgressCallback | None = None,
+    games_per_baseline: int | None = None,
+) -> PromotionOutcome:
+    """Register, play the gauntlet the gates need, decide, and promote or reject."""
+    entry = register_candidate(registry, model_path)
+    if entry.status is not ModelStatus.CANDIDATE:
+        raise PromotionError(f"model {entry.sha256[:12]} is already {entry.status.value}: {entry.reason}")
+    gates = Gates.from_config(settings.promotion)
+    best = registry.current_best()
+    report = run_gauntlet(
+        model_path, gates.baselines(), None if best is None else best.path, settings, registry,
+        workers=workers, seed=seed, progress=progress, games_per_baseline=games_per_baseline)
+    decision = decide_promotion(report.results, gates, has_best=best is not None)
+    if decision.promote:
+        entry = promote_model(registry, entry.sha256, decision.summary())
+    else:
+        entry = reject_model(registry, entry.sha256, decision.summary())
+    return PromotionOutcome(registry.require(entry.sha256), decision, report)
+
+
+def progress_report(registry: ModelRegistry) -> dict:
+    """Elo by generation for operators (served as /progress). Shape (format 1):
+
+    {"format": 1, "anchor": "random", "current_best": sha256 | null,
+     "models": [{"generation", "sha256", "status", "reason", "elo", "elo_low", "elo_high",
+                 "parent_sha256", "dataset_sha256", "created_at", "promoted_at", "current"}, ...]
+                 ordered by generation then registration,
+     "baselines": [{"player", "elo", "elo_low", "elo_high", "games"}, ...] strongest first}
+
+    Elo values are null until the model has rated games.
+    """
+    best = registry.current_best()
+    models = [{
+        "generation": m.generation, "sha256": m.sha256, "status": m.status.value, "reason": m.reason,
+        "elo": m.elo, "elo_low": m.elo_low, "elo_high": m.elo_high,
+        "parent_sha256": m.parent_sha256, "dataset_sha256": m.dataset_sha256,
+        "created_at": m.created_at, "promoted_at": m.promoted_at,
+        "current": best is not None and m.sha256 == best.sha256,
+    } for m in registry.models()]
+    baselines = [{"player": r.player, "elo": r.elo, "elo_low": r.elo_low, "elo_high": r.elo_high, "games": r.games}
+                 for r in registry.ratings() if not r.player.startswith("model:")]
+    return {"format": PROGRESS_FORMAT, "anchor": "random",
+            "current_best": None if best is None else best.sha256,
+            "models": models, "baselines": baselines}

@@ -1,0 +1,308 @@
+"""Self-play: worker processes play many games at once and one writer stores them.
+
+    summary = run_selfplay(games=200, simulations=64, db_path="games.db", model_path=None,
+                           workers=2, seed=1, node_id="n1", settings=settings,
+                           progress=lambda done: ..., should_stop=lambda: False)
+
+Each worker is a `multiprocessing` spawn process with one torch thread. It plays
+`settings.selfplay.concurrent_games` games concurrently, so each search round sends one
+batch of that many leaves to the evaluator (the network, or a uniform prior when
+`model_path` is None), and sends every finished game to the caller's process. There one
+thread writes each game to the ReplayDB in its own transaction: SQLite wants one writer,
+and a kill at any moment leaves whole games only. `workers=0` plays in the calling process
+(no spawn; tests, benchmarks, tiny runs).
+
+It is safe to call from a thread (the daemons and the gauntlet do): it installs no signal
+handlers and keeps no global state. `should_stop()` is polled between games and search
+rounds; on True the workers drop unfinished games and the call returns what was stored.
+Workers exit on their own when the writer dies (they poll their parent's pid).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+import traceback
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import multiprocessing as mp
+import numpy as np
+
+from app.ai.evaluators import Evaluator, NetworkEvaluator, UniformEvaluator
+from app.ai.mcts import SearchTree, choose_action, run_searches, temperature_for_ply
+from app.ai.model import load_model, read_meta
+from app.config import Settings
+from app.db.replay_db import GameRecord, MoveRecord, ReplayDB
+from app.games import get_game
+from app.log import get_logger
+
+log = get_logger(__name__)
+
+_POLL_SECONDS = 0.2
+_JOIN_SECONDS = 10.0
+
+
+class SelfplayError(RuntimeError):
+    """A self-play worker failed; carries the worker's traceback text."""
+
+
+@dataclass(frozen=True)
+class SelfplaySummary:
+    games: int
+    positions: int
+    seconds: float
+    first_player_wins: int
+    second_player_wins: int
+    draws: int
+    model_sha256: str | None
+    db_path: str
+    stopped: bool = False  # ended early by should_stop
+
+    @property
+    def games_per_second(self) -> float:
+        return self.games / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def positions_per_second(self) -> float:
+        return self.positions / self.seconds if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "games_per_second": round(self.games_per_second, 3),
+                "positions_per_second": round(self.positions_per_second, 3)}
+
+
+def search_settings(settings: Settings, simulations: int, evaluator: str) -> dict:
+    """What GameRecord.search records: enough to know how a game's targets were made."""
+    s = settings.search
+    return {
+        "simulations": simulations, "c_puct": s.c_puct, "dirichlet_alpha": s.dirichlet_alpha,
+        "dirichlet_fraction": s.dirichlet_fraction, "temperature_moves": s.temperature_moves,
+        "evaluator": evaluator,
+    }
+
+
+def play_games(
+    n_games: int,
+    evaluator: Evaluator,
+    settings: Settings,
+    simulations: int,
+    rng: np.random.Generator,
+    model_sha256: str | None = None,
+    node_id: str = "",
+    config: dict | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> Iterator[GameRecord]:
+    """Play `n_games` self-play games, `concurrent_games` at a time; yield each as it ends."""
+    game = get_game(settings.node.game)
+    concurrent = max(1, min(settings.selfplay.concurrent_games, n_games))
+    search = search_settings(settings, simulations, "uniform" if model_sha256 is None else "network")
+    config = dict(config or {}, concurrent_games=concurrent)
+    started = 0
+    slots: list[_Slot] = []
+
+    def new_slot() -> _Slot:
+        nonlocal started
+        started += 1
+        return _Slot(SearchTree(game.initial_state(), game.num_actions), [], time.time())
+
+    slots = [new_slot() for _ in range(concurrent)]
+    while slots:
+        if should_stop is not None and should_stop():
+            return
+        results = run_searches([s.tree for s in slots], evaluator, simulations, settings.search, rng, add_noise=True)
+        still: list[_Slot] = []
+        for slot, result in zip(slots, results):
+            ply = len(slot.moves)
+            action = choose_action(result.visits, temperature_for_ply(ply, settings.search.temperature_moves), rng)
+            slot.moves.append(MoveRecord(action, result.visits.astype(np.float32).tolist(), result.root_value))
+            slot.tree.advance(action)
+            final = slot.tree.root_state
+            if not final.is_terminal:
+                still.append(slot)
+                continue
+            yield GameRecord(
+                uid=uuid.uuid4().hex, game=game.name, moves=slot.moves, winner=final.winner,
+                model_sha256=model_sha256, node_id=node_id, search=search, config=config,
+                started_at=slot.started_at, finished_at=time.time(),
+            )
+            if started < n_games:
+                still.append(new_slot())
+        slots = still
+
+
+@dataclass
+class _Slot:
+    tree: SearchTree
+    moves: list[MoveRecord]
+    started_at: float
+
+
+def run_selfplay(
+    games: int,
+    simulations: int,
+    db_path: str | Path,
+    model_path: str | Path | None = None,
+    workers: int = 1,
+    seed: int | None = None,
+    node_id: str = "",
+    settings: Settings | None = None,
+    progress: Callable[[int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> SelfplaySummary:
+    """Play `games` games into the ReplayDB at `db_path`; see the module docstring."""
+    if games < 0 or simulations < 1 or workers < 0:
+        raise ValueError(f"need games >= 0, simulations >= 1, workers >= 0; got {games}, {simulations}, {workers}")
+    settings = settings or Settings()
+    model_sha256 = None
+    if model_path is not None:
+        model_sha256 = read_meta(model_path).sha256  # fail fast, before any process starts
+    seeds = np.random.SeedSequence(seed).spawn(max(1, workers))
+    shares = _split(games, max(1, workers))
+    db = ReplayDB(db_path)
+    tally = _Tally()
+    start = time.perf_counter()
+    stopped = False
+    try:
+        def store(record: GameRecord) -> None:
+            if db.add_game(record):
+                tally.add(record)
+            if progress is not None:
+                progress(tally.games)
+
+        if workers == 0:
+            evaluator = _make_evaluator(model_path, model_sha256, settings)
+            rng = np.random.default_rng(seeds[0])
+            for record in play_games(games, evaluator, settings, simulations, rng, model_sha256,
+                                     node_id, {"worker": 0}, should_stop):
+                store(record)
+            stopped = tally.games < games
+        else:
+            stopped = _run_workers(shares, seeds, simulations, model_path, model_sha256, node_id,
+                                   settings, store, should_stop)
+    finally:
+        db.close()
+    seconds = time.perf_counter() - start
+    summary = SelfplaySummary(
+        games=tally.games, positions=tally.positions, seconds=seconds,
+        first_player_wins=tally.wins[0], second_player_wins=tally.wins[1], draws=tally.draws,
+        model_sha256=model_sha256, db_path=str(db_path), stopped=stopped,
+    )
+    log.info("selfplay_done", **summary.to_json())
+    return summary
+
+
+class _Tally:
+    def __init__(self) -> None:
+        self.games = 0
+        self.positions = 0
+        self.wins = [0, 0]
+        self.draws = 0
+
+    def add(self, record: GameRecord) -> None:
+        self.games += 1
+        self.positions += len(record.moves)
+        if record.winner is None:
+            self.draws += 1
+        else:
+            self.wins[record.winner] += 1
+
+
+def _split(total: int, parts: int) -> list[int]:
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def _make_evaluator(model_path, model_sha256: str | None, settings: Settings) -> Evaluator:
+    game = get_game(settings.node.game)
+    if model_path is None:
+        return UniformEvaluator(game)
+    net, _ = load_model(model_path, expect_game=game.name, expect_sha256=model_sha256)
+    return NetworkEvaluator(net)
+
+
+def _run_workers(shares, seeds, simulations, model_path, model_sha256, node_id, settings,
+                 store: Callable[[GameRecord], None], should_stop) -> bool:
+    """Spawn one process per share, store what they send; True when stopped early."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    stop = ctx.Event()
+    procs = []
+    for i, (share, seq) in enumerate(zip(shares, seeds)):
+        if share == 0:
+            continue
+        proc = ctx.Process(
+            target=_worker_main, name=f"selfplay-{i}", daemon=True,
+            args=(i, share, seq, simulations, None if model_path is None else str(model_path),
+                  model_sha256, node_id, settings.model_dump(mode="json"), results, stop, os.getpid()),
+        )
+        proc.start()
+        procs.append(proc)
+    finished: set[int] = set()
+    errors: list[str] = []
+    stopped = False
+    try:
+        while True:
+            if not stopped and should_stop is not None and should_stop():
+                stopped = True
+                stop.set()
+            try:
+                kind, worker, payload = results.get(timeout=_POLL_SECONDS)
+            except queue.Empty:
+                if all(not p.is_alive() for p in procs):
+                    break  # every worker has exited and the pipe is drained
+                continue
+            if kind == "game":
+                store(GameRecord.from_json(payload))
+            elif kind == "done":
+                finished.add(worker)
+            elif kind == "error":
+                errors.append(f"worker {worker}: {payload}")
+                stop.set()
+    finally:
+        stop.set()
+        for proc in procs:
+            proc.join(_JOIN_SECONDS)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(_JOIN_SECONDS)
+        results.close()
+        results.cancel_join_thread()
+    for i, proc in enumerate(procs):
+        if proc.exitcode not in (0, None) and not errors:
+            errors.append(f"{proc.name} exited with code {proc.exitcode}")
+    if errors:
+        raise SelfplayError("; ".join(errors))
+    return stopped
+
+
+def _worker_main(worker: int, n_games: int, seed_seq, simulations: int, model_path: str | None,
+                 model_sha256: str | None, node_id: str, settings_data: dict, results, stop,
+                 parent_pid: int) -> None:
+    """Entry point of a spawned worker: one torch thread, games out through `results`."""
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        settings = Settings.model_validate(settings_data)
+        evaluator = _make_evaluator(model_path, model_sha256, settings)
+        rng = np.random.default_rng(seed_seq)
+
+        def should_stop() -> bool:
+            return stop.is_set() or os.getppid() != parent_pid
+
+        config = {"worker": worker, "seed_entropy": str(seed_seq.entropy)}
+        for record in play_games(n_games, evaluator, settings, simulations, rng, model_sha256,
+                                 node_id, config, should_stop):
+            results.put(("game", worker, record.to_json()))
+            if should_stop():
+                break
+        if os.getppid() != parent_pid:
+            # Nobody reads the queue any more; a full pipe must not hold this exit forever.
+            results.cancel_join_thread()
+            return
+        results.put(("done", worker, None))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
+        results.put(("error", worker, traceback.format_exc()))

@@ -1,0 +1,166 @@
+"""Self-play speed, measured side by side in one run; prints ONE JSON object.
+
+- ceiling: raw network evaluations per second at the search's batch size (no search);
+- MCTS self-play with the default net: simulations/s, network evaluations/s and positions
+  (moves played)/s over `--concurrent` games at once, and their ratio to the ceiling (the
+  share of the network's throughput the search keeps; aim >= 0.6 at 64+ games);
+- the same search with the uniform evaluator (pure search overhead, no network);
+- random playouts/s of the vectorised engine vs a pure-Python loop of `state.play`, and of
+  open_spiel's connect_four when it is importable.
+
+    python scripts/bench_selfplay.py [--concurrent 64] [--sims 64] [--moves 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from app.ai.evaluators import NetworkEvaluator, UniformEvaluator  # noqa: E402
+from app.ai.mcts import SearchTree, choose_action, run_searches, temperature_for_ply  # noqa: E402
+from app.ai.model import Architecture, new_model, predict  # noqa: E402
+from app.config import Settings  # noqa: E402
+from app.games import get_game  # noqa: E402
+from app.games.connect4_playouts import random_playouts  # noqa: E402
+
+
+def ceiling(net, states, seconds: float) -> float:
+    planes = np.stack([s.planes() for s in states])
+    legal = np.stack([s.legal_mask() for s in states])
+    predict(net, planes, legal)  # warm-up
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        predict(net, planes, legal)
+        n += len(states)
+    return n / (time.perf_counter() - start)
+
+
+def selfplay_speed(game, evaluator, concurrent: int, sims: int, moves: int, settings: Settings, seed: int) -> dict:
+    """Play `moves` plies in each of `concurrent` games (finished games restart)."""
+    rng = np.random.default_rng(seed)
+    trees = [SearchTree(game.initial_state()) for _ in range(concurrent)]
+    plies = [0] * concurrent
+    run_searches(trees, evaluator, 1, settings.search, rng)  # expand roots outside the timing
+    evals_before = evaluator.positions
+    played = 0
+    start = time.perf_counter()
+    for _ in range(moves):
+        results = run_searches(trees, evaluator, sims, settings.search, rng, add_noise=True)
+        for i, (tree, result) in enumerate(zip(trees, results)):
+            action = choose_action(result.visits, temperature_for_ply(plies[i], settings.search.temperature_moves), rng)
+            tree.advance(action)
+            plies[i] += 1
+            played += 1
+            if tree.root_state.is_terminal:
+                trees[i], plies[i] = SearchTree(game.initial_state()), 0
+    seconds = time.perf_counter() - start
+    return {
+        "sims_per_s": round(played * sims / seconds, 1),
+        "evals_per_s": round((evaluator.positions - evals_before) / seconds, 1),
+        "positions_per_s": round(played / seconds, 2),
+        "seconds": round(seconds, 2),
+    }
+
+
+def playout_speed(games: int, repeats: int) -> dict:
+    rng = np.random.default_rng(0)
+    zeros = np.zeros(games, dtype=np.uint64)
+    random_playouts(zeros, zeros, rng)  # warm-up
+    start = time.perf_counter()
+    for _ in range(repeats):
+        outcome = random_playouts(zeros, zeros, rng)
+    numpy_rate = games * repeats / (time.perf_counter() - start)
+
+    game = get_game("connect4")
+    pyrng = random.Random(0)
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < 1.0:
+        state = game.initial_state()
+        while not state.is_terminal:
+            state = state.play(pyrng.choice(state.legal_moves()))
+        n += 1
+    python_rate = n / (time.perf_counter() - start)
+
+    out = {
+        "numpy_games_per_s": round(numpy_rate),
+        "python_loop_games_per_s": round(python_rate),
+        "first_player_win_rate": round(float((outcome == 1).mean()), 4),
+        "draw_rate": round(float((outcome == 0).mean()), 4),
+        "batch": games,
+    }
+    try:
+        import pyspiel  # type: ignore[import-not-found]
+    except ImportError:
+        out["open_spiel"] = "absent (pyspiel not importable)"
+        return out
+    sp_game = pyspiel.load_game("connect_four")
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < 1.0:
+        st = sp_game.new_initial_state()
+        while not st.is_terminal():
+            st.apply_action(pyrng.choice(st.legal_actions()))
+        n += 1
+    sp_rate = n / (time.perf_counter() - start)
+    out["open_spiel_games_per_s"] = round(sp_rate)
+    out["numpy_over_open_spiel"] = round(numpy_rate / sp_rate, 2)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--concurrent", type=int, default=64)
+    ap.add_argument("--sims", type=int, default=64)
+    ap.add_argument("--moves", type=int, default=6, help="plies timed per game")
+    ap.add_argument("--channels", type=int, default=None)
+    ap.add_argument("--blocks", type=int, default=None)
+    ap.add_argument("--playout-batch", type=int, default=20000)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    settings = Settings()
+    game = get_game(settings.node.game)
+    arch = Architecture(args.channels or settings.model.channels, args.blocks or settings.model.blocks,
+                        game.plane_shape, game.num_actions)
+    net = new_model(arch, seed=0).eval()
+
+    # Positions a few plies in, like the leaves the search actually evaluates.
+    rng = random.Random(0)
+    states = []
+    while len(states) < args.concurrent:
+        s = game.initial_state()
+        for _ in range(rng.randrange(4, 12)):
+            if s.is_terminal:
+                break
+            s = s.play(rng.choice(s.legal_moves()))
+        if not s.is_terminal:
+            states.append(s)
+    ceiling_rate = ceiling(net, states, seconds=3.0)
+    net_play = selfplay_speed(game, NetworkEvaluator(net), args.concurrent, args.sims, args.moves, settings, 1)
+    uniform_play = selfplay_speed(game, UniformEvaluator(game), args.concurrent, args.sims, args.moves * 3, settings, 2)
+    playouts = playout_speed(args.playout_batch, repeats=5)
+    print(json.dumps({
+        "machine": {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
+                    "torch_threads": torch.get_num_threads()},
+        "net": {"channels": arch.channels, "blocks": arch.blocks},
+        "concurrent_games": args.concurrent,
+        "simulations": args.sims,
+        "ceiling_net_evals_per_s": round(ceiling_rate, 1),
+        "mcts_network": net_play,
+        "mcts_sims_over_ceiling": round(net_play["sims_per_s"] / ceiling_rate, 3),
+        "mcts_evals_over_ceiling": round(net_play["evals_per_s"] / ceiling_rate, 3),
+        "mcts_uniform": uniform_play,
+        "random_playouts": playouts,
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""PUCT search on real positions: wins, blocks, terminal states, noise, reuse, batching."""
+
+from __future__ import annotations
+
+import random
+from functools import lru_cache
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from app.ai.evaluators import NetworkEvaluator, RolloutEvaluator, UniformEvaluator
+from app.ai.mcts import SearchTree, choose_action, run_searches, search, temperature_for_ply
+from app.ai.model import Architecture, new_model
+from app.config import SearchConfig
+from app.games import get_game
+from tests.conftest import PONS_DIR
+
+GAME = get_game("connect4")
+CFG = SearchConfig()
+
+
+def winning_moves(state) -> list[int]:
+    return [m for m in state.legal_moves() if state.play(m).is_terminal and state.play(m).winner is not None]
+
+
+def opponent_can_win(state) -> bool:
+    return any(winning_moves(state))
+
+
+@lru_cache(maxsize=1)
+def pons_positions() -> tuple[list, list]:
+    """(positions with an immediate win, [(position, its one move that does not allow an
+    immediate loss)]), from Pons' benchmark positions that he scores as not lost.
+
+    His files hold no immediate wins, so those are made from the block positions: any other
+    move there hands the opponent a win.
+    """
+    wins, blocks = [], []
+    for path in sorted(PONS_DIR.glob("Test_*")):
+        for line in path.read_text().splitlines():
+            moves, score = line.split()
+            state = GAME.parse(moves)
+            if int(score) < 0 or len(state.legal_moves()) < 3 or winning_moves(state):
+                continue
+            safe = [m for m in state.legal_moves() if not opponent_can_win(state.play(m))]
+            if len(safe) != 1:
+                continue
+            blocks.append((state, safe[0]))
+            wins.append(state.play(next(m for m in state.legal_moves() if m != safe[0])))
+            if len(blocks) >= 6:
+                return wins, blocks
+    return wins, blocks
+
+
+def test_pons_files_give_enough_tactical_positions() -> None:
+    wins, blocks = pons_positions()
+    assert len(wins) >= 4 and len(blocks) >= 4
+
+
+@pytest.mark.parametrize("kind", ["uniform", "rollout"])
+def test_finds_an_immediate_win(kind: str) -> None:
+    rng = np.random.default_rng(0)
+    evaluator = UniformEvaluator(GAME) if kind == "uniform" else RolloutEvaluator(GAME, 8, rng)
+    for state in pons_positions()[0]:
+        result = search(state, evaluator, 48, CFG, rng)
+        assert result.best_action in winning_moves(state), state.to_text()
+        assert result.proven == 1.0 and result.root_value == 1.0
+
+
+@pytest.mark.parametrize("kind", ["uniform", "rollout"])
+def test_blocks_an_immediate_loss(kind: str) -> None:
+    rng = np.random.default_rng(1)
+    evaluator = UniformEvaluator(GAME) if kind == "uniform" else RolloutEvaluator(GAME, 8, rng)
+    for state, block in pons_positions()[1]:
+        result = search(state, evaluator, 150, CFG, rng)
+        assert result.best_action == block, (state.to_text(), result.counts)
+
+
+def test_a_lost_position_is_proven_lost() -> None:
+    # The first player has 4,5,6 on the bottom row with both ends open: a double threat.
+    state = GAME.parse("4455661")
+    result = search(state, UniformEvaluator(GAME), 200, CFG, np.random.default_rng(0))
+    assert result.proven == -1.0 and result.root_value == -1.0
+
+
+def test_last_move_draw_is_exact_and_needs_no_evaluation() -> None:
+    rng = random.Random(3)
+    while True:
+        moves, state = [], GAME.initial_state()
+        while not state.is_terminal:
+            moves.append(rng.choice(state.legal_moves()))
+            state = state.play(moves[-1])
+        if state.winner is None:
+            break
+    before = GAME.initial_state()
+    for m in moves[:-1]:
+        before = before.play(m)
+    evaluator = UniformEvaluator(GAME)
+    result = search(before, evaluator, 10, CFG, np.random.default_rng(0))
+    assert result.proven == 0.0 and result.root_value == 0.0
+    assert result.counts.sum() == 10 and result.visits[moves[-1]] == 1.0
+    assert evaluator.positions == 1  # only the root; the terminal child is valued exactly
+
+
+def test_terminal_root_is_refused() -> None:
+    with pytest.raises(ValueError, match="finished game"):
+        search(GAME.parse("1212121"), UniformEvaluator(GAME), 8, CFG)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10**6), st.integers(0, 30), st.integers(1, 40))
+def test_visits_are_a_distribution_over_legal_moves(seed: int, plies: int, sims: int) -> None:
+    r = random.Random(seed)
+    state = GAME.initial_state()
+    for _ in range(plies):
+        nxt = state.play(r.choice(state.legal_moves()))
+        if nxt.is_terminal:
+            break
+        state = nxt
+    result = search(state, UniformEvaluator(GAME), sims, CFG, np.random.default_rng(seed), add_noise=True)
+    assert result.counts.sum() == sims
+    assert abs(result.visits.sum() - 1.0) < 1e-9
+    assert np.all(result.visits[~state.legal_mask()] == 0)
+    assert -1.0 <= result.root_value <= 1.0
+    assert state.legal_mask()[result.best_action]
+
+
+def test_noise_changes_the_root_only_and_is_never_stored() -> None:
+    state = GAME.parse("44")
+    noisy_cfg = SearchConfig(dirichlet_alpha=0.05, dirichlet_fraction=0.9)
+    plain = search(SearchTree(state), UniformEvaluator(GAME), 64, noisy_cfg, np.random.default_rng(0))
+    tree = SearchTree(state)
+    noisy = run_searches([tree], UniformEvaluator(GAME), 64, noisy_cfg, np.random.default_rng(0), add_noise=True)[0]
+    uniform = state.legal_mask() / state.legal_mask().sum()
+    assert np.allclose(noisy.prior, uniform) and np.allclose(plain.prior, uniform)
+    assert not np.array_equal(noisy.counts, plain.counts)  # the root was steered by the noise
+    action = int(np.argmax(noisy.counts))
+    tree.advance(action)
+    child = tree.root_state
+    assert np.allclose(tree.root_prior(), child.legal_mask() / child.legal_mask().sum())
+
+
+def test_tree_reuse_keeps_the_subtree_visits() -> None:
+    tree = SearchTree(GAME.parse("4"))
+    evaluator = UniformEvaluator(GAME)
+    first = run_searches([tree], evaluator, 100, CFG, np.random.default_rng(0))[0]
+    action = first.best_action
+    tree.advance(action)
+    kept = tree.root_counts().sum()
+    assert kept == first.counts[action] - 1  # every visit but the one that expanded the child
+    second = run_searches([tree], evaluator, 30, CFG, np.random.default_rng(0))[0]
+    assert second.counts.sum() == kept + 30
+    assert tree.root_state.to_text() == "4" + GAME.action_to_text(action)
+
+
+def test_leaves_of_many_trees_share_one_evaluator_call_per_round() -> None:
+    class Recording(UniformEvaluator):
+        sizes: list[int] = []
+
+        def evaluate(self, states):
+            self.sizes.append(len(states))
+            return super().evaluate(states)
+
+    evaluator = Recording(GAME)
+    trees = [SearchTree(GAME.parse(text)) for text in ["", "4", "44", "443", "4433", "12", "7", "1"]]
+    results = run_searches(trees, evaluator, 20, CFG, np.random.default_rng(0))
+    assert evaluator.sizes[0] == len(trees)  # roots, together
+    assert len(evaluator.sizes) <= 20 + 1
+    assert max(evaluator.sizes) == len(trees)
+    assert all(r.counts.sum() == 20 for r in results)
+
+
+def test_virtual_loss_batches_one_tree_and_still_finds_the_win() -> None:
+    evaluator = UniformEvaluator(GAME)
+    state = pons_positions()[0][0]
+    result = search(state, evaluator, 64, CFG, np.random.default_rng(0), leaves_per_round=8)
+    assert result.counts.sum() == 64
+    assert result.best_action in winning_moves(state)
+    assert evaluator.batches < 64
+
+
+def test_network_evaluator_masks_illegal_moves() -> None:
+    torch.manual_seed(0)
+    arch = Architecture(8, 1, GAME.plane_shape, GAME.num_actions)
+    evaluator = NetworkEvaluator(new_model(arch, seed=0))
+    states = [GAME.parse("444444"), GAME.parse(""), GAME.parse("1111112")]
+    priors, values = evaluator.evaluate(states)
+    assert priors.shape == (3, 7) and values.shape == (3,)
+    assert np.allclose(priors.sum(axis=1), 1.0)
+    assert priors[0, 3] == 0 and priors[2, 0] == 0
+    assert np.all(np.abs(values) <= 1.0)
+    result = search(states[0], evaluator, 16, CFG, np.random.default_rng(0))
+    assert result.visits[3] == 0 and result.counts.sum() == 16
+
+
+def test_choose_action_and_temperature_schedule() -> None:
+    rng = np.random.default_rng(0)
+    visits = np.array([0.0, 0.1, 0.6, 0.0, 0.3, 0.0, 0.0])
+    assert choose_action(visits, 0.0, rng) == 2
+    picks = [choose_action(visits, 1.0, rng) for _ in range(3000)]
+    assert set(picks) <= {1, 2, 4}
+    assert abs(picks.count(2) / 3000 - 0.6) < 0.05
+    ties = {choose_action(np.array([0.5, 0, 0, 0, 0, 0, 0.5]), 0.0, rng) for _ in range(50)}
+    assert ties == {0, 6}
+    assert temperature_for_ply(0, 10) == 1.0 and temperature_for_ply(9, 10) == 1.0
+    assert temperature_for_ply(10, 10) == 0.0
+    with pytest.raises(ValueError):
+        choose_action(np.zeros(7), 1.0, rng)

@@ -1,0 +1,130 @@
+"""The leader's work queue on a real SQLite file, and its pure token rules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.coordination.p2p.schemas import ClaimInfo, Token
+from app.coordination.p2p.work_queue import WorkQueue
+from app.coordination.p2p.work_rules import TRAINING_KIND, WorkSpec, fits, state_after_lapse, token_refusal
+
+pytestmark = pytest.mark.timeout(60)
+
+SPECS = [WorkSpec("demo", "a"), WorkSpec("demo", "b"), WorkSpec(TRAINING_KIND, "gen1", {"gen": 1})]
+
+
+@pytest.fixture
+def queue(tmp_path: Path):  # type: ignore[no-untyped-def]
+    q = WorkQueue(tmp_path / "q.db", max_attempts=2, default_ttl=10.0)
+    q.rebuild(1, SPECS, [], [], now=0.0)
+    yield q
+    q.close()
+
+
+def test_claim_renew_complete_and_stale_tokens(queue: WorkQueue) -> None:
+    g = queue.claim("w1", {}, None, term=1, now=1.0)
+    assert g is not None and g.token == Token(term=1, seq=1) and g.ttl == 10.0 and g.item.attempts == 1
+    iid = g.item.item_id
+    assert queue.renew("w1", iid, g.token, 1, True, 5.0) == (None, 10.0)
+    assert queue.renew("w2", iid, g.token, 1, True, 5.0)[0] == "claim held by another node"
+    assert queue.renew("w1", iid, Token(term=1, seq=99), 1, True, 5.0)[0].startswith("stale token")
+    assert queue.finish("w1", iid, Token(term=0, seq=1), 1, True, 6.0, ok=True).startswith("stale term")
+    assert queue.finish("w1", iid, g.token, 1, False, 6.0, ok=True).startswith("not the leader")
+    assert queue.finish("w1", iid, g.token, 1, True, 6.0, ok=True) is None
+    assert queue.finish("w1", iid, g.token, 1, True, 6.0, ok=True) is not None  # twice: stale
+    assert queue.summary()["done"] == 1
+    assert queue.recently_completed() == [iid]
+    assert queue.finish("w1", "demo:nope", g.token, 1, True, 6.0, ok=True) == "unknown work item"
+
+
+def test_seq_increases_and_kinds_filter(queue: WorkQueue) -> None:
+    t = queue.claim("w", {}, [TRAINING_KIND], 1, 0.0)
+    assert t is not None and t.item.kind == TRAINING_KIND
+    assert queue.claim("w", {}, [TRAINING_KIND], 1, 0.0) is None
+    a = queue.claim("w", {}, None, 1, 0.0)
+    b = queue.claim("w", {}, None, 1, 0.0)
+    assert a and b and {a.token.seq, b.token.seq} == {2, 3}
+    assert queue.claim("w", {}, None, 1, 0.0) is None
+
+
+def test_expired_claim_is_reassigned_and_late_completion_refused(queue: WorkQueue) -> None:
+    g1 = queue.claim("w1", {}, ["demo"], 1, 0.0)
+    assert g1 is not None
+    assert queue.renew("w1", g1.item.item_id, g1.token, 1, True, 10.5)[0] == "claim expired"
+    g2 = queue.claim("w2", {}, ["demo"], 1, 11.0)
+    assert g2 is not None and g2.item.item_id == g1.item.item_id and g2.item.attempts == 2
+    assert queue.finish("w1", g1.item.item_id, g1.token, 1, True, 12.0, ok=True) is not None
+    assert queue.finish("w2", g2.item.item_id, g2.token, 1, True, 12.0, ok=True) is None
+
+
+def test_attempts_are_capped(queue: WorkQueue) -> None:
+    for _ in range(2):
+        g = queue.claim("w", {}, [TRAINING_KIND], 1, 0.0)
+        assert g is not None
+        assert queue.finish("w", g.item.item_id, g.token, 1, True, 1.0, ok=False, error="boom") is None
+    assert queue.claim("w", {}, [TRAINING_KIND], 1, 2.0) is None
+    assert queue.summary()["failed"] == 1
+    assert queue.item(f"{TRAINING_KIND}:gen1")["state"] == "failed"
+
+
+def test_new_term_voids_old_claims_and_folds_in_gossip(queue: WorkQueue) -> None:
+    g = queue.claim("w1", {}, ["demo"], 1, 0.0)
+    assert g is not None
+    queue.rebuild(
+        2, SPECS, in_flight=[ClaimInfo(item_id="demo:b", token=Token(term=1, seq=7), attempts=2)],
+        completed=["demo:a"], now=1.0,
+    )
+    assert queue.finish("w1", g.item.item_id, g.token, 2, True, 1.5, ok=True).startswith("stale term")
+    assert queue.item("demo:a")["state"] == "done"
+    b = queue.item("demo:b")
+    assert b["state"] == "pending" and b["attempts"] == 2
+    g2 = queue.claim("w2", {}, ["demo"], 2, 2.0)
+    assert g2 is not None and g2.token.term == 2 and g2.item.item_id == "demo:b"
+
+
+def test_reconcile_adds_wanted_and_drops_unwanted_pending(queue: WorkQueue) -> None:
+    queue.reconcile([WorkSpec("demo", "a"), WorkSpec("demo", "c")], now=1.0)
+    assert queue.item("demo:b") is None and queue.item("demo:c")["state"] == "pending"
+    queue.reconcile(None, now=2.0)  # no source: nothing pruned
+    assert queue.item("demo:c") is not None
+
+
+def test_requirements_must_fit(tmp_path: Path) -> None:
+    q = WorkQueue(tmp_path / "r.db", 3, 5.0)
+    try:
+        q.rebuild(1, [WorkSpec("train", "x", requirements={"needs_gpu": True, "min_memory_gb": 8})], [], [], 0.0)
+        assert q.claim("cpu", {"gpus": 0, "memory_gb": 64}, None, 1, 0.0) is None
+        assert q.claim("small", {"gpus": 1, "memory_gb": 4}, None, 1, 0.0) is None
+        assert q.claim("gpu", {"gpus": 1, "memory_gb": 16}, None, 1, 0.0) is not None
+    finally:
+        q.close()
+
+
+def test_fits_and_lapse_rules() -> None:
+    assert fits({}, {})
+    assert not fits({"min_cpus": 4}, {"cpus": 2}) and fits({"min_cpus": 4}, {"cpus": 4})
+    assert [state_after_lapse(a, 3) for a in (1, 2, 3, 4)] == ["pending", "pending", "failed", "failed"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    can=st.booleans(), cur=st.integers(0, 4), tt=st.integers(0, 4), ts=st.integers(0, 4),
+    state=st.sampled_from([None, "pending", "claimed", "done", "failed"]), it=st.integers(0, 4),
+    iseq=st.integers(0, 4), holder=st.sampled_from(["w1", "w2"]), exp=st.one_of(st.none(), st.floats(0, 10)),
+    now=st.floats(0, 10),
+)
+def test_token_refusal_accepts_only_the_exact_live_claim(
+    can: bool, cur: int, tt: int, ts: int, state: str | None, it: int, iseq: int, holder: str,
+    exp: float | None, now: float,
+) -> None:
+    reason = token_refusal(
+        can_mutate=can, current_term=cur, token_term=tt, token_seq=ts, item_state=state, item_term=it,
+        item_seq=iseq, claimed_by=holder, node_id="w1", expires_at=exp, now=now,
+    )
+    accepted = (can and tt == cur and state == "claimed" and it == tt and iseq == ts and holder == "w1"
+                and exp is not None and now < exp)
+    assert (reason is None) == accepted

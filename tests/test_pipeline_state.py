@@ -1,0 +1,73 @@
+"""The loop's persisted stage machine: every transition, and what a restart reads back."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from app.training import pipeline_state as ps
+from app.training.pipeline_state import PipelineState, PipelineStateError, PipelineStateStore, Stage
+
+SHA = "a" * 64
+
+STEPS = {
+    "export": lambda s: ps.exported(s, "d", SHA, s.export_mark + 10),
+    "start": lambda s: ps.training_started(s, "run"),
+    "trained": lambda s: ps.trained(s, "c.safetensors", SHA),
+    "fail": ps.training_failed,
+    "evaluated": lambda s: ps.evaluated(s, {"random": 1.0}),
+    "promote": lambda s: ps.decided(s, True),
+    "reject": lambda s: ps.decided(s, False),
+}
+
+
+def test_one_generation_end_to_end(tmp_path) -> None:
+    store = PipelineStateStore(tmp_path / "state.json")
+    state = store.load()
+    assert state == PipelineState()
+    assert not ps.should_export(state, 9, 10) and ps.should_export(state, 10, 10)
+    for step in ("export", "start", "trained", "evaluated", "promote"):
+        state = STEPS[step](state)
+        store.save(state)
+        assert store.load() == state
+    assert state.stage is Stage.COLLECTING and state.generation == 2
+    assert state.best_sha256 == SHA and state.best_generation == 1 and state.promoted == 1
+    assert not ps.should_export(state, 19, 10) and ps.should_export(state, 20, 10)
+
+
+def test_restart_mid_training_resumes_the_same_generation() -> None:
+    state = STEPS["start"](STEPS["export"](PipelineState()))
+    again = ps.training_started(state, "run")  # what a restarted train daemon does
+    assert again.generation == state.generation == 1 and again.stage is Stage.TRAINING
+
+
+def test_wrong_stage_is_refused() -> None:
+    with pytest.raises(PipelineStateError, match="generation 1 is collecting, not training"):
+        ps.trained(PipelineState(), "c", SHA)
+    with pytest.raises(PipelineStateError):
+        ps.decided(PipelineState(), True)
+
+
+def test_unreadable_state_file_is_named(tmp_path) -> None:
+    path = tmp_path / "state.json"
+    path.write_text("{not json")
+    with pytest.raises(PipelineStateError, match=str(path)):
+        PipelineStateStore(path).load()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(sorted(STEPS)), max_size=40))
+def test_generations_only_move_forward(steps: list[str]) -> None:
+    state = PipelineState()
+    for step in steps:
+        before = state
+        try:
+            state = STEPS[step](state)
+        except PipelineStateError:
+            assert state == before
+            continue
+        assert state.generation >= before.generation
+        assert state.decided == state.generation - 1
+        assert state.export_mark >= before.export_mark
+        if state.generation > before.generation:
+            assert step in ("promote", "reject") and state.stage is Stage.COLLECTING
