@@ -15,14 +15,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
-
-from app.ai.model import ModelFormatError  # noqa: E402
-from app.config import ConfigError, load_settings  # noqa: E402
-from app.db.replay_db import ReplayDBError  # noqa: E402
-from app.log import configure_logging  # noqa: E402
-from app.training.selfplay import SelfplayError, run_selfplay  # noqa: E402
-
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -47,6 +39,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # Imported after parsing, so a usage error answers at once instead of after torch loads.
+    import torch
+
+    from app.ai.model import ModelFormatError
+    from app.config import ConfigError, load_settings
+    from app.db.replay_db import ReplayDBError
+    from app.log import configure_logging
+    from app.training.selfplay import SelfplayError, run_selfplay
+
     torch.set_num_threads(1)
     try:
         settings = load_settings(args.config)

@@ -57,8 +57,18 @@ def test_expired_claim_is_reassigned_and_late_completion_refused(queue: WorkQueu
     assert queue.renew("w1", g1.item.item_id, g1.token, 1, True, 10.5)[0] == "claim expired"
     g2 = queue.claim("w2", {}, ["demo"], 1, 11.0)
     assert g2 is not None and g2.item.item_id == g1.item.item_id and g2.item.attempts == 2
+    assert g2.token.seq > g1.token.seq
     assert queue.finish("w1", g1.item.item_id, g1.token, 1, True, 12.0, ok=True) is not None
     assert queue.finish("w2", g2.item.item_id, g2.token, 1, True, 12.0, ok=True) is None
+
+
+def test_seq_is_never_reused_so_an_old_token_of_the_same_worker_stays_stale(queue: WorkQueue) -> None:
+    g1 = queue.claim("w1", {}, ["demo"], 1, 0.0)
+    assert g1 is not None
+    g2 = queue.claim("w1", {}, ["demo"], 1, 20.0)  # g1 lapsed; the same worker gets it back
+    assert g2 is not None and g2.item.item_id == g1.item.item_id and g2.token.seq > g1.token.seq
+    assert queue.finish("w1", g1.item.item_id, g1.token, 1, True, 21.0, ok=True).startswith("stale token")
+    assert queue.finish("w1", g2.item.item_id, g2.token, 1, True, 21.0, ok=True) is None
 
 
 def test_attempts_are_capped(queue: WorkQueue) -> None:

@@ -99,3 +99,14 @@ def test_playout_values_shape_and_range() -> None:
     assert np.all(np.abs(values) <= 1.0)
     with pytest.raises(ValueError):
         playout_values(states, 0, np.random.default_rng(0))
+
+
+def test_generic_rollout_fallback_agrees_with_the_vectorised_engine() -> None:
+    from app.ai.evaluators import RolloutEvaluator
+
+    state = random_state(99, 12)
+    evaluator = RolloutEvaluator(GAME, rollouts_per_leaf=1500, rng=np.random.default_rng(5))
+    slow = evaluator._generic_values([state])[0]  # the path a game without vector playouts takes
+    priors, fast = evaluator.evaluate([state])
+    assert abs(slow - fast[0]) < 4 / np.sqrt(1500)
+    assert np.allclose(priors[0], state.legal_mask() / state.legal_mask().sum())

@@ -127,13 +127,13 @@ def test_a_failing_worker_is_reported(tmp_path: Path, tiny_model) -> None:
 def test_cli_plays_into_a_db(tmp_path: Path) -> None:
     db = tmp_path / "games.db"
     proc = subprocess.run(
-        [PY, str(REPO / "scripts" / "selfplay.py"), "--games", "24", "--sims", "32", "--uniform",
+        [PY, str(REPO / "scripts" / "selfplay.py"), "--games", "12", "--sims", "16", "--uniform",
          "--db", str(db), "--workers", "1", "--seed", "5", "--json"],
         capture_output=True, text=True, timeout=50, cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
-    assert '"games": 24' in proc.stdout
-    assert_complete_games(db, expected=24)
+    assert '"games": 12' in proc.stdout
+    assert_complete_games(db, expected=12)
 
 
 def test_cli_rejects_bad_arguments(tmp_path: Path) -> None:

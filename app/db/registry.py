@@ -274,7 +274,8 @@ class ModelRegistry:
             return [_entry(r) for r in session.scalars(select(ModelRow).order_by(ModelRow.generation, ModelRow.id))]
 
     def current_best(self) -> ModelEntry | None:
-        """The promoted model made current most recently (rolled-back ones are not promoted)."""
+        """The promoted model made current most recently; promotions only move to newer
+        generations and rollback demotes the newer ones, so this is also the newest promoted."""
         with Session(self.engine) as session:
             row = session.scalar(
                 select(ModelRow).where(ModelRow.status == ModelStatus.PROMOTED.value)
@@ -325,14 +326,21 @@ class ModelRegistry:
                 raise RegistryError(
                     f"{self.path}: generation {row.generation} already has promoted model "
                     f"{rival.sha256[:12]}; roll it back first")
+            best = session.scalar(select(ModelRow).where(ModelRow.status == ModelStatus.PROMOTED.value)
+                                  .order_by(ModelRow.current_seq.desc()).limit(1))
+            if best is not None and best.generation > row.generation:
+                raise RegistryError(
+                    f"{self.path}: model {sha256[:12]} is generation {row.generation}, older than the "
+                    f"current best's ({best.generation}): a stale candidate")
             self._change(session, row, ModelStatus.PROMOTED, reason, now)
             row.promoted_at = now
             self._make_current(session, row, now)
             return _entry(row)
 
     def rollback(self, to_sha256: str, reason: str) -> list[str]:
-        """Make an earlier promoted model current again; every model made current after it
-        is marked rolled_back. Returns the sha256s rolled back."""
+        """Make an earlier promoted model current again: every promoted model of a later
+        generation is marked rolled_back (oldest first in the returned sha256s). Rolling
+        "forward" to a rolled-back model restores it the same way."""
         now = time.time()
         with Session(self.engine) as session, session.begin():
             target = self._row(session, to_sha256)
@@ -341,8 +349,8 @@ class ModelRegistry:
                     f"{self.path}: model {to_sha256[:12]} is {target.status} and was never promoted; "
                     "rollback only goes to an earlier promoted model")
             later = list(session.scalars(select(ModelRow).where(
-                ModelRow.status == ModelStatus.PROMOTED.value, ModelRow.sha256 != to_sha256,
-                ModelRow.current_seq > (target.current_seq or 0))))
+                ModelRow.status == ModelStatus.PROMOTED.value, ModelRow.generation > target.generation)
+                .order_by(ModelRow.generation)))
             for row in later:
                 self._change(session, row, ModelStatus.ROLLED_BACK, f"rolled back to {to_sha256[:12]}: {reason}", now)
             if target.status != ModelStatus.PROMOTED.value:

@@ -34,7 +34,7 @@ import numpy as np
 
 from app.ai.evaluators import Evaluator, NetworkEvaluator, UniformEvaluator
 from app.ai.mcts import SearchTree, choose_action, run_searches, temperature_for_ply
-from app.ai.model import load_model, read_meta
+from app.ai.model import ModelFormatError, load_model, read_meta
 from app.config import Settings
 from app.db.replay_db import GameRecord, MoveRecord, ReplayDB
 from app.games import get_game
@@ -159,6 +159,8 @@ def run_selfplay(
     settings = settings or Settings()
     model_sha256 = None
     if model_path is not None:
+        if not Path(model_path).is_file():
+            raise ModelFormatError(f"{model_path}: model file not found")
         model_sha256 = read_meta(model_path).sha256  # fail fast, before any process starts
     seeds = np.random.SeedSequence(seed).spawn(max(1, workers))
     shares = _split(games, max(1, workers))
@@ -270,7 +272,7 @@ def _run_workers(shares, seeds, simulations, model_path, model_sha256, node_id, 
                 proc.join(_JOIN_SECONDS)
         results.close()
         results.cancel_join_thread()
-    for i, proc in enumerate(procs):
+    for proc in procs:
         if proc.exitcode not in (0, None) and not errors:
             errors.append(f"{proc.name} exited with code {proc.exitcode}")
     if errors:

@@ -31,16 +31,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", choices=["lan", "wan", "fast"])
     p.add_argument("--demo-work", type=int, default=0, metavar="N",
                    help="leader schedules N demo items (+ N//4 training items); for tests and demos")
+    p.add_argument("--demo-ttl", type=float, default=None, help="claim TTL of the demo items")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
 
-def demo_work_source(n: int):  # type: ignore[no-untyped-def]
+def demo_work_source(n: int, ttl: float | None = None):  # type: ignore[no-untyped-def]
     """N generic items and N//4 training items, all wanted until someone completes them."""
 
     def source(view: ClusterView) -> list[WorkSpec]:
-        specs = [WorkSpec("demo", f"{i:04d}", {"i": i}) for i in range(n)]
-        specs += [WorkSpec(TRAINING_KIND, f"gen{i:03d}", {"gen": i}) for i in range(n // 4)]
+        specs = [WorkSpec("demo", f"{i:04d}", {"i": i}, ttl=ttl) for i in range(n)]
+        specs += [WorkSpec(TRAINING_KIND, f"gen{i:03d}", {"gen": i}, ttl=ttl) for i in range(n // 4)]
         return specs
 
     return source
@@ -51,7 +52,7 @@ async def run(args: argparse.Namespace) -> int:
     node = MeshNode(
         settings, node_id=args.node_id, host=args.host, port=args.port, data_dir=args.data_dir,
         peers=args.peers, voters=args.voters, priority=args.priority, profile=args.profile,
-        work_source=demo_work_source(args.demo_work) if args.demo_work else None,
+        work_source=demo_work_source(args.demo_work, args.demo_ttl) if args.demo_work else None,
     )
     configure_logging(node.node_id, args.log_level)
     stop = asyncio.Event()

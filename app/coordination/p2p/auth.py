@@ -26,6 +26,7 @@ TS_HEADER = "X-Mesh-Timestamp"
 NONCE_HEADER = "X-Mesh-Nonce"
 SIG_HEADER = "X-Mesh-Signature"
 WINDOW_S = 300.0
+BODY_KEY = web.RequestKey("mesh_verified_body", bytes)  # the body whose signature was checked
 
 
 class AuthError(Exception):
@@ -161,7 +162,7 @@ def auth_middleware(
     verifier: Verifier, max_body_bytes: int, public: Iterable[tuple[str, str]]
 ) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
     """401 for unsigned/tampered/stale/replayed, 413 for oversized bodies; the verified body
-    is left in request['body'] for handlers."""
+    is left in request[BODY_KEY] for handlers."""
     public_set = {(m.upper(), p) for m, p in public}
 
     @web.middleware
@@ -180,7 +181,7 @@ def auth_middleware(
             verifier.verify(request.method, request.path_qs, request.headers, body)
         except AuthError as exc:
             return json_error(401, str(exc))
-        request["body"] = body
+        request[BODY_KEY] = body
         return await handler(request)
 
     return middleware

@@ -44,6 +44,10 @@ def parse_peer_list(items: list[str] | str | None) -> list[PeerAddr]:
     return [parse_peer(p) for p in items]
 
 
+def host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 @dataclass(frozen=True)
 class TailscalePeer:
     host_name: str
@@ -56,7 +60,9 @@ def parse_tailscale_status(data: Any) -> list[TailscalePeer]:
     """Peers from the `Peer` map of `tailscale status --json`; unknown shapes -> ValueError."""
     if not isinstance(data, dict):
         raise ValueError("tailscale status: top level is not an object")
-    peers = data.get("Peer") or {}
+    peers = data.get("Peer")
+    if peers is None:  # no peers yet (or logged out)
+        peers = {}
     if not isinstance(peers, dict):
         raise ValueError("tailscale status: 'Peer' is not an object")
     out = []
@@ -106,7 +112,7 @@ class TailscaleSource:
             found = parse_tailscale_status(json.loads(out))
         except (ValueError, json.JSONDecodeError) as exc:
             return self._disable(f"tailscale status output unusable: {exc}")
-        return [PeerAddr(f"{p.ips[0]}:{self.port}") for p in found if p.online and p.ips]
+        return [PeerAddr(host_port(p.ips[0], self.port)) for p in found if p.online and p.ips]
 
     def _disable(self, why: str) -> list[PeerAddr]:
         self.enabled = False

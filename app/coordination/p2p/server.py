@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from app.coordination.p2p.auth import Verifier, auth_middleware, json_error
+from app.coordination.p2p.auth import BODY_KEY, Verifier, auth_middleware, json_error
 from app.coordination.p2p.schemas import (
     ClaimRequest,
     ClaimResponse,
@@ -43,7 +43,7 @@ class BadRequest(Exception):
 
 
 def parse_body(request: web.Request, model: type[M]) -> M:
-    raw = request.get("body", b"")
+    raw = request.get(BODY_KEY, b"")
     try:
         data = json.loads(raw) if raw else None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -85,7 +85,6 @@ def build_app(
         middlewares=[error_middleware, auth_middleware(verifier, node.max_body_bytes, [*PUBLIC, *extra_public])],
         client_max_size=node.max_body_bytes,
     )
-    app["node"] = node
 
     async def status(request: web.Request) -> web.Response:
         return ok(node.status())

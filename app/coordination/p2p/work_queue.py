@@ -34,6 +34,9 @@ class WorkQueue:
         self.engine = make_engine(path)
         self.max_attempts = max_attempts
         self.default_ttl = default_ttl
+        # Last seq handed out per term. Released claims clear their row's seq, so the rows
+        # alone cannot tell; a term has one leader process, so memory is enough.
+        self._last_seq: dict[int, int] = {}
 
     def close(self) -> None:
         self.engine.dispose()
@@ -119,16 +122,19 @@ class WorkQueue:
             for row in s.scalars(query):
                 if not fits(row.requirements or {}, capabilities):
                     continue
-                seq = 1 + (
-                    s.scalar(select(func.max(WorkItemRow.claim_seq)).where(WorkItemRow.claim_term == term))
-                    or 0
-                )
+                seq = self._next_seq(s, term)
                 ttl = row.ttl or self.default_ttl
                 row.state, row.attempts = CLAIMED, row.attempts + 1
                 row.claim_term, row.claim_seq, row.claimed_by = term, seq, node_id
                 row.expires_at = now + ttl
                 return ClaimGrant(_out(row), Token(term=term, seq=seq), ttl)
         return None
+
+    def _next_seq(self, s: Session, term: int) -> int:
+        in_db = s.scalar(select(func.max(WorkItemRow.claim_seq)).where(WorkItemRow.claim_term == term)) or 0
+        seq = max(self._last_seq.get(term, 0), in_db) + 1
+        self._last_seq = {term: seq}
+        return seq
 
     def renew(self, node_id: str, iid: str, token: Token, term: int, can_mutate: bool, now: float) -> tuple[str | None, float | None]:
         with Session(self.engine) as s, s.begin():

@@ -1,0 +1,109 @@
+"""The analysis CLI driven like an engine: one line in, one JSON line out, over a real pipe."""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from app.ai.model import Architecture, ModelMeta, new_model, save_model
+from app.games import get_game
+from tests.conftest import REPO
+
+GAME = get_game("connect4")
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory) -> Path:
+    arch = Architecture(8, 1, GAME.plane_shape, GAME.num_actions)
+    path = tmp_path_factory.mktemp("model") / "m.safetensors"
+    save_model(new_model(arch, seed=0), ModelMeta(arch, GAME.name), path)
+    return path
+
+
+class Engine:
+    """The CLI as a subprocess; `ask` writes one line and waits for exactly one answer."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "app.analyze", *args], cwd=REPO, text=True, bufsize=1,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            self.lines.put(line)
+
+    def ask(self, line: str) -> dict:
+        self.proc.stdin.write(line + "\n")  # type: ignore[union-attr]
+        self.proc.stdin.flush()  # type: ignore[union-attr]
+        # The answer must come while stdin is still open: flushed per line, not at exit.
+        return json.loads(self.lines.get(timeout=30))
+
+    def close(self) -> int:
+        self.proc.stdin.close()  # type: ignore[union-attr]
+        return self.proc.wait(20)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def check_answer(answer: dict, moves: str) -> None:
+    state = GAME.parse(moves)
+    assert set(answer) == {"moves", "policy", "value", "best_move"}
+    assert answer["moves"] == moves
+    assert len(answer["policy"]) == 7 and abs(sum(answer["policy"]) - 1.0) < 1e-4
+    assert all(p == 0 for p, legal in zip(answer["policy"], state.legal_mask()) if not legal)
+    assert state.legal_mask()[answer["best_move"]]
+    assert -1.0 <= answer["value"] <= 1.0
+
+
+@pytest.mark.timeout(60)
+def test_search_answers_line_by_line_and_survives_bad_lines(model_path: Path) -> None:
+    engine = Engine("--model", str(model_path), "--sims", "48")
+    try:
+        check_answer(engine.ask("4453"), "4453")
+        bad = engine.ask("44x")
+        assert bad["moves"] == "44x" and "bad character" in bad["error"]
+        full = engine.ask("4444444")
+        assert "column 4 is full" in full["error"]
+        over = engine.ask("1212121")
+        assert "game is over" in over["error"]
+        check_answer(engine.ask(""), "")  # the starting position
+        win = engine.ask("2433354242571")  # from a Pons position: column 6 wins at once
+        check_answer(win, "2433354242571")
+        assert win["best_move"] == 5 and win["value"] == 1.0
+        check_answer(engine.ask("  4453  "), "4453")
+        assert engine.close() == 0
+    finally:
+        engine.kill()
+
+
+@pytest.mark.timeout(60)
+def test_sims_zero_is_the_raw_network(model_path: Path) -> None:
+    engine = Engine("--model", str(model_path), "--sims", "0")
+    try:
+        first = engine.ask("444444")
+        check_answer(first, "444444")
+        assert first["policy"][3] == 0
+        assert engine.ask("444444") == first  # no search, no randomness
+        assert "error" in engine.ask("8")
+        assert engine.close() == 0
+    finally:
+        engine.kill()
+
+
+def test_a_missing_model_is_a_clear_error(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "app.analyze", "--model", str(tmp_path / "no.safetensors")],
+                          cwd=REPO, capture_output=True, text=True, timeout=60, input="")
+    assert proc.returncode == 2
+    assert "model file not found" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,97 @@
+"""Elo by maximum likelihood: recovers known ratings within their intervals; pure properties."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.training.elo import fit_elo, pair_counts
+
+TRUE = {"random": 0.0, "weak": 150.0, "mid": 400.0, "strong": 650.0}
+
+
+def simulate(rng: np.random.Generator, truth: dict[str, float], games_per_pair: int,
+             draw_rate: float = 0.0) -> list[tuple[str, str, float]]:
+    """Round robin under the logistic model; draws replace equal shares of wins and losses."""
+    names = list(truth)
+    games = []
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            p = 1.0 / (1.0 + 10 ** (-(truth[a] - truth[b]) / 400))
+            u = rng.random(games_per_pair)
+            for x in u:
+                if x < p - draw_rate / 2:
+                    games.append((a, b, 1.0))
+                elif x < p + draw_rate / 2:
+                    games.append((a, b, 0.5))
+                else:
+                    games.append((a, b, 0.0))
+    return games
+
+
+def test_recovers_known_ratings_within_intervals() -> None:
+    fit = fit_elo(simulate(np.random.default_rng(7), TRUE, 300, draw_rate=0.1))
+    assert fit.ratings["random"].elo == 0.0
+    for name, elo in TRUE.items():
+        r = fit.ratings[name]
+        assert r.low <= elo <= r.high, f"{name}: true {elo} outside [{r.low:.0f}, {r.high:.0f}]"
+        if name != "random":
+            assert r.high - r.low < 200  # informative, not vacuous
+    order = sorted(TRUE, key=lambda n: fit.ratings[n].elo)
+    assert order == ["random", "weak", "mid", "strong"]
+
+
+@pytest.mark.timeout(60)
+def test_interval_coverage_is_about_95_percent() -> None:
+    rng = np.random.default_rng(11)
+    truth = {"random": 0.0, "a": 200.0, "b": 350.0}
+    covered = total = 0
+    for _ in range(150):
+        fit = fit_elo(simulate(rng, truth, 80), prior_draws=0.0)
+        for name in ("a", "b"):
+            r = fit.ratings[name]
+            covered += r.low <= truth[name] <= r.high
+            total += 1
+    assert 0.89 <= covered / total <= 0.99
+
+
+def test_a_clean_sweep_gets_a_finite_rating() -> None:
+    fit = fit_elo([("random", "x", 0.0)] * 40)
+    x = fit.ratings["x"]
+    assert 300 < x.elo < 2000 and x.low < x.elo < x.high
+    assert x.games == 40
+
+
+def test_players_not_connected_to_the_anchor_are_unrated() -> None:
+    fit = fit_elo([("random", "a", 0.0), ("b", "c", 1.0)])
+    assert set(fit.ratings) == {"random", "a"}
+    assert fit.unrated == ["b", "c"]
+    assert fit_elo([]).ratings["random"].elo == 0.0
+
+
+def test_scores_outside_0_1_are_rejected() -> None:
+    with pytest.raises(ValueError, match="outside"):
+        fit_elo([("random", "a", 2.0)])
+
+
+games_strategy = st.lists(
+    st.tuples(st.sampled_from(["random", "a", "b", "c"]), st.sampled_from(["random", "a", "b", "c"]),
+              st.sampled_from([0.0, 0.5, 1.0])),
+    min_size=1, max_size=60,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(games_strategy, st.randoms(use_true_random=False))
+def test_order_and_orientation_do_not_matter(games: list, rnd) -> None:
+    shuffled = list(games)
+    rnd.shuffle(shuffled)
+    flipped = [(b, a, 1.0 - s) for a, b, s in shuffled]
+    one, two = fit_elo(games), fit_elo(flipped)
+    assert set(one.ratings) == set(two.ratings)
+    for name, r in one.ratings.items():
+        assert two.ratings[name].elo == pytest.approx(r.elo, abs=1e-6)
+        assert r.low <= r.elo <= r.high
+    assert pair_counts(games) == pair_counts([(a, b, s) for a, b, s in games])

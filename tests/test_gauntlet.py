@@ -1,0 +1,127 @@
+"""Gauntlet: openings, colours, recording, SPRT early stop and cap, worker processes, the CLI."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.ai.model import Architecture, ModelMeta, new_model, save_model
+from app.config import load_settings
+from app.db.registry import ModelRegistry
+from app.games import get_game
+from app.training.gauntlet import format_table, make_openings, run_gauntlet
+
+REPO = Path(__file__).resolve().parent.parent
+GAME = get_game("connect4")
+
+
+def fast_settings(**gauntlet):
+    return load_settings(None, gauntlet={"opening_plies_min": 2, "opening_plies_max": 4, "net_simulations": 4,
+                                         **gauntlet})
+
+
+def run_cli(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    proc = subprocess.Popen([sys.executable, str(REPO / "scripts" / script), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=REPO)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_openings_are_distinct_undecided_and_in_range() -> None:
+    openings = make_openings(GAME, 100, 2, 4, np.random.default_rng(0))
+    assert len(set(openings)) == 100
+    for opening in openings:
+        assert 2 <= len(opening) <= 4
+        state = GAME.initial_state()
+        for a in opening:
+            state = state.play(a)
+        assert not state.is_terminal
+    # A game with fewer openings than asked repeats rather than fails.
+    assert len(make_openings(GAME, 60, 1, 1, np.random.default_rng(0))) == 60
+
+
+def test_every_game_is_recorded_with_colours_alternated(tmp_path: Path) -> None:
+    with ModelRegistry(tmp_path / "reg.sqlite") as registry:
+        report = run_gauntlet("heuristic:1", ["random"], None, fast_settings(), registry, workers=1,
+                              seed=5, games_per_baseline=10)
+        games = registry.match_games(report.match_id)
+        stored = registry.ratings()
+    [result] = report.results
+    assert (result.kind, result.games, result.stopped) == ("random", 10, "fixed")
+    assert result.wins >= 9 and result.score >= 0.9
+    assert len(games) == 10
+    first_movers = [g.player0 for g in sorted(games, key=lambda g: int(g.uid.rsplit("-", 1)[1]))]
+    assert first_movers == ["heuristic-d1", "random"] * 5
+    openings = [g.moves[:g.opening_plies] for g in sorted(games, key=lambda g: int(g.uid.rsplit("-", 1)[1]))]
+    assert all(openings[i] == openings[i + 1] for i in range(0, 10, 2))  # a pair shares its opening
+    assert len(set(openings)) == 5  # and pairs differ
+    assert len({g.moves for g in games}) == 10  # so no two games are the same game
+    for g in games:
+        state = GAME.parse(g.moves)
+        assert state.is_terminal and state.winner == g.winner
+    names = {r.player for r in report.ratings}
+    assert names == {"heuristic-d1", "random"} == {r.player for r in stored}
+    assert report.ratings[0].player == "heuristic-d1" and report.ratings[0].elo > 0
+
+
+def test_sprt_stops_a_lopsided_match_early(tmp_path: Path) -> None:
+    settings = fast_settings(max_games_vs_best=200, sprt_elo0=0.0, sprt_elo1=35.0)
+    report = run_gauntlet("heuristic:2", [], "random", settings, tmp_path / "reg.sqlite", workers=1, seed=1)
+    best = report.result("best")
+    assert best is not None and best.stopped == "sprt"
+    assert best.sprt.decision.value == "accept"
+    assert best.games < 60
+    assert "accept" in format_table(report)
+
+
+def test_an_undecided_match_runs_to_the_cap(tmp_path: Path) -> None:
+    settings = fast_settings(max_games_vs_best=6)
+    report = run_gauntlet("heuristic:1", [], "heuristic:2", settings, tmp_path / "reg.sqlite", workers=1, seed=2)
+    best = report.result("best")
+    assert (best.stopped, best.games, best.sprt.decision.value) == ("cap", 6, "continue")
+
+
+@pytest.mark.timeout(180)
+def test_worker_processes_play_the_games(tmp_path: Path) -> None:
+    report = run_gauntlet("heuristic:1", ["random"], None, fast_settings(), tmp_path / "reg.sqlite",
+                          workers=2, seed=3, games_per_baseline=6)
+    assert report.results[0].games == 6
+    with ModelRegistry(tmp_path / "reg.sqlite") as registry:
+        assert len(registry.match_games(report.match_id)) == 6
+
+
+@pytest.mark.timeout(180)
+def test_cli_prints_the_table_for_a_model_candidate(tmp_path: Path) -> None:
+    arch = Architecture(8, 1, GAME.plane_shape, GAME.num_actions)
+    model = tmp_path / "cand.safetensors"
+    meta = save_model(new_model(arch, seed=1), ModelMeta(arch, "connect4"), model)
+    config = tmp_path / "node.yaml"
+    config.write_text("gauntlet:\n  net_simulations: 4\n  heuristic_depth: 1\n")
+    proc = run_cli("run_gauntlet.py", "--candidate", str(model), "--baselines", "random,heuristic",
+                   "--games", "4", "--workers", "1", "--config", str(config),
+                   "--registry", str(tmp_path / "reg.sqlite"))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for needle in ("opponent", "W", "D", "L", "score", "random", "heuristic-d1", "Elo", "low", "high",
+                   f"model:{meta.sha256[:12]}:s4"):
+        assert needle in out, f"{needle!r} missing from:\n{out}"
+
+
+def test_cli_bad_input_is_a_clear_error(tmp_path: Path) -> None:
+    proc = run_cli("run_gauntlet.py", "--candidate", "grandmaster", "--registry", str(tmp_path / "r.sqlite"))
+    assert proc.returncode == 2
+    assert "unknown player" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run_cli("run_gauntlet.py", "--candidate", "random", "--best", "current",
+                   "--registry", str(tmp_path / "r.sqlite"))
+    assert proc.returncode == 2 and "no promoted model" in proc.stderr

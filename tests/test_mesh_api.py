@@ -1,0 +1,141 @@
+"""Signing, replay protection and body validation against a real node's HTTP server."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from app.config.base import ConfigError
+from app.coordination.p2p.auth import NONCE_HEADER, SIG_HEADER, TS_HEADER, AuthError, NonceCache, Verifier, load_secret, sign
+from app.coordination.p2p.node import MeshNode
+
+pytestmark = pytest.mark.timeout(60)
+SECRET = b"api-test-secret"
+
+
+@pytest.fixture
+async def node(tmp_path: Path):  # type: ignore[no-untyped-def]
+    n = MeshNode(node_id="solo", host="127.0.0.1", port=0, data_dir=tmp_path, profile="fast", secret=SECRET)
+    n.max_body_bytes = 4096
+    await n.start()
+    try:
+        yield n
+    finally:
+        await n.stop()
+
+
+async def post(addr: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict]:
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"http://{addr}{path}", data=body, headers=headers) as r:
+            return r.status, json.loads(await r.text())
+
+
+GOSSIP = json.dumps({"sender": "x", "states": [], "view": {}}).encode()
+
+
+async def test_signed_request_accepted_and_operator_endpoints_public(node: MeshNode) -> None:
+    status, data = await post(node.addr, "/gossip", GOSSIP, sign(SECRET, "POST", "/gossip", GOSSIP))
+    assert status == 200 and data["sender"] == "solo"
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"http://{node.addr}/status") as r:
+            st = await r.json()
+            assert r.status == 200 and st["node_id"] == "solo" and st["quorum_level"] == "healthy"
+        async with s.get(f"http://{node.addr}/progress") as r:
+            assert r.status == 200 and await r.json() == {"generations": []}
+    node.set_progress_provider(lambda: {"generations": [{"generation": 1, "elo": 12.5}]})
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"http://{node.addr}/progress") as r:
+            assert (await r.json())["generations"][0]["elo"] == 12.5
+
+
+async def test_unsigned_tampered_stale_replayed_are_401(node: MeshNode) -> None:
+    assert (await post(node.addr, "/gossip", GOSSIP, {}))[0] == 401
+    headers = sign(SECRET, "POST", "/gossip", GOSSIP)
+    tampered = GOSSIP.replace(b'"x"', b'"y"')
+    status, data = await post(node.addr, "/gossip", tampered, headers)
+    assert status == 401 and "signature" in data["error"]
+    assert (await post(node.addr, "/vote", GOSSIP, headers))[0] == 401  # signed for another path
+    assert (await post(node.addr, "/gossip", GOSSIP, sign(b"wrong", "POST", "/gossip", GOSSIP)))[0] == 401
+    stale = sign(SECRET, "POST", "/gossip", GOSSIP, now=time.time() - 301)
+    status, data = await post(node.addr, "/gossip", GOSSIP, stale)
+    assert status == 401 and "window" in data["error"]
+    fresh = sign(SECRET, "POST", "/gossip", GOSSIP)
+    assert (await post(node.addr, "/gossip", GOSSIP, fresh))[0] == 200
+    status, data = await post(node.addr, "/gossip", GOSSIP, fresh)
+    assert status == 401 and "replayed" in data["error"]
+
+
+async def test_bad_bodies_are_400_or_413_with_a_message(node: MeshNode) -> None:
+    for body, expect in [
+        (b"{not json", "not valid JSON"),
+        (b"[1, 2]", "JSON object"),
+        (json.dumps({"term": -1, "candidate_id": "a"}).encode(), "term"),
+        (json.dumps({"term": 1, "candidate_id": "a", "surprise": 1}).encode(), "surprise"),
+        (json.dumps({"term": 1, "candidate_id": "bad id!"}).encode(), "candidate_id"),
+    ]:
+        status, data = await post(node.addr, "/vote", body, sign(SECRET, "POST", "/vote", body))
+        assert status == 400 and expect in data["error"], (body, data)
+    big = b"{" + b" " * 5000 + b"}"
+    status, data = await post(node.addr, "/gossip", big, sign(SECRET, "POST", "/gossip", big))
+    assert status == 413 and "larger" in data["error"]
+
+
+async def test_work_endpoints_validate_and_fence(node: MeshNode) -> None:
+    async def until_leader() -> None:
+        import asyncio
+        for _ in range(100):
+            if node.is_leader:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("a lone voter must elect itself")
+
+    await until_leader()
+    body = json.dumps({"node_id": "w", "item_id": "demo:1", "token": {"term": 0, "seq": 1}}).encode()
+    status, data = await post(node.addr, "/work/complete", body, sign(SECRET, "POST", "/work/complete", body))
+    assert status == 409 and "stale term" in data["reason"]
+    body = json.dumps({"node_id": "w"}).encode()
+    status, data = await post(node.addr, "/work/claim", body, sign(SECRET, "POST", "/work/claim", body))
+    assert status == 200 and data["status"] == "no_work"
+
+
+def test_verifier_and_nonce_cache_units() -> None:
+    v = Verifier(SECRET)
+    h = sign(SECRET, "POST", "/a?x=1", b"body", now=1000.0)
+    v.verify("POST", "/a?x=1", h, b"body", now=1000.0)
+    with pytest.raises(AuthError, match="replayed"):
+        v.verify("POST", "/a?x=1", h, b"body", now=1001.0)
+    with pytest.raises(AuthError, match="unsigned"):
+        v.verify("POST", "/a", {TS_HEADER: "1"}, b"", now=1.0)
+    with pytest.raises(AuthError, match="malformed"):
+        v.verify("POST", "/a", {TS_HEADER: "x", NONCE_HEADER: "n", SIG_HEADER: "s"}, b"", now=1.0)
+    cache = NonceCache(window=300, capacity=2)
+    cache.check_and_add("a", 10.0, 10.0)
+    cache.check_and_add("b", 11.0, 11.0)
+    cache.check_and_add("c", 12.0, 12.0)  # evicts "a" and raises the floor past it
+    with pytest.raises(AuthError, match="too old"):
+        cache.check_and_add("a", 10.0, 12.0)
+
+
+def test_load_secret_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MESH_SECRET", raising=False)
+    monkeypatch.delenv("MESH_SECRET_FILE", raising=False)
+    with pytest.raises(ConfigError, match="no mesh secret"):
+        load_secret()
+    f = tmp_path / "s"
+    f.write_text("from-file\n")
+    monkeypatch.setenv("MESH_SECRET_FILE", str(f))
+    assert load_secret() == b"from-file"
+    monkeypatch.setenv("MESH_SECRET", "from-env")
+    assert load_secret() == b"from-env"
+    monkeypatch.delenv("MESH_SECRET")
+    monkeypatch.delenv("MESH_SECRET_FILE")
+    assert load_secret(config_secret="cfg") == b"cfg"
+    generated = load_secret(data_dir=tmp_path / "d", allow_generate=True)
+    assert len(generated) == 64 and load_secret(data_dir=tmp_path / "d", allow_generate=True) == generated
+    (tmp_path / "empty").write_text("")
+    with pytest.raises(ConfigError, match="empty"):
+        load_secret(config_secret_file=tmp_path / "empty")

@@ -1,0 +1,153 @@
+"""Fault tests with real node processes on loopback (fast profile): kill -9, SIGSTOP past the
+lease, a flapping higher-priority node, whole-cluster restart, a claim holder stopped past
+its TTL. Every test kills its process groups in `finally` and checks the history invariant."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from app.config.mesh import PROFILES
+from app.coordination.p2p.auth import sign
+from app.coordination.p2p.client import MeshClient
+from app.coordination.p2p.persist import TermStore
+from app.coordination.p2p.worker import WorkClient
+from tests.mesh_helpers import ROOT, SECRET, Cluster, wait_for
+
+FAST = PROFILES["fast"]
+
+
+@pytest.mark.timeout(120)
+async def test_kill9_failover_flapping_node_and_whole_cluster_restart(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, 5, priorities=[0, 1, 2, 3, 4])
+    cluster.session = aiohttp.ClientSession()
+    try:
+        cluster.start()
+        await cluster.wait_ready()
+        leader_id, term = await cluster.wait_single_leader(15.0)
+
+        # kill -9 the leader: a new leader with a higher term within the profile's bound
+        killed = cluster.by_id(leader_id)
+        killed.kill()
+        t0 = time.monotonic()
+        rest = [n for n in cluster.nodes if n is not killed]
+        new_id, new_term = await cluster.wait_single_leader(FAST.failover_aim * 2, rest)
+        failover = time.monotonic() - t0
+        assert new_term > term and new_id != leader_id
+        assert failover <= FAST.failover_aim, f"failover took {failover:.2f}s"
+
+        # the highest-priority node other than the leader (n4, usually the one just killed)
+        # flaps: it must not take leadership from the healthy leader, nor move the term
+        flapper = max((n for n in cluster.nodes if n.node_id != new_id), key=lambda n: n.node_id)
+        flapper.kill()
+        for _ in range(2):
+            flapper.start()
+
+            async def follows() -> bool:
+                st = await cluster.status(flapper)
+                return bool(st) and st["leader"] == new_id and st["role"] == "follower"
+            await wait_for(follows, 15.0)
+            await asyncio.sleep(FAST.election_timeout_min + FAST.election_timeout_spread)
+            assert await cluster.leaders() == [(new_id, new_term)]
+            flapper.kill()
+        assert await cluster.leaders() == [(new_id, new_term)]
+
+        # whole-cluster restart: terms never go back
+        before = {n.node_id: TermStore(n.data_dir / "mesh_term.json").term for n in cluster.nodes}
+        for n in cluster.nodes:
+            n.kill()
+        cluster.start()
+        await cluster.wait_ready()
+        _, restart_term = await cluster.wait_single_leader(15.0)
+        assert restart_term > max(before.values())
+        for n in cluster.nodes:
+            assert TermStore(n.data_dir / "mesh_term.json").term >= before[n.node_id]
+    finally:
+        cluster.stop()
+        await cluster.session.close()
+    leaders = cluster.check_invariant()
+    assert len(leaders) >= 3  # at least: first, after failover, after restart
+
+
+@pytest.mark.timeout(120)
+async def test_stale_claims_after_sigstop_and_claim_ttl_reassignment(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, 3, extra_args=["--demo-work", "1", "--demo-ttl", "1.5"])
+    cluster.session = aiohttp.ClientSession()
+    client = MeshClient(SECRET.encode(), timeout=2.0)
+    worker: subprocess.Popen | None = None
+    try:
+        cluster.start()
+        await cluster.wait_ready()
+        leader_id, term = await cluster.wait_single_leader(15.0)
+        follower = next(n for n in cluster.nodes if n.node_id != leader_id)
+
+        # -- a claim holder stopped past its TTL: the work is reassigned, its completion is 409
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "tests.mesh_helpers", follower.addr, "w1", "3.0"],
+            cwd=ROOT, env={**os.environ, "MESH_SECRET": SECRET, "PYTHONPATH": str(ROOT)},
+            stdout=subprocess.PIPE, text=True, start_new_session=True,
+        )
+        assert worker.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(worker.stdout.readline), 20.0)
+        os.killpg(worker.pid, signal.SIGSTOP)
+        first = json.loads(line)
+        assert first["claimed"] == "demo:0000" and first["token"]["term"] == term
+        wc = WorkClient(client, "w2", addrs=lambda: [follower.addr])
+
+        async def reclaimed():  # type: ignore[no-untyped-def]
+            return await wc.claim(kinds=["demo"])
+        second = await wait_for(reclaimed, 10.0, interval=0.2)
+        assert second.item.item_id == "demo:0000" and second.item.attempts == 2
+        assert second.token.seq > first["token"]["seq"]
+        os.killpg(worker.pid, signal.SIGCONT)
+        out, _ = await asyncio.wait_for(asyncio.to_thread(worker.communicate), 20.0)
+        late = json.loads(out.strip().splitlines()[-1])
+        assert late["complete_status"] == 409, late
+
+        # -- SIGSTOP the leader past its lease: others elect; on SIGCONT it steps down and
+        #    refuses the stale completion it receives first; the new leader refuses it too
+        old = cluster.by_id(leader_id)
+        old.signal(signal.SIGSTOP)
+        rest = [n for n in cluster.nodes if n is not old]
+        new_id, new_term = await cluster.wait_single_leader(FAST.failover_aim * 2, rest)
+        assert new_term > term
+        body = json.dumps({"node_id": "w2", "item_id": second.item.item_id,
+                           "token": second.token.model_dump()}).encode()
+        async with aiohttp.ClientSession() as s:
+            pending_call = asyncio.ensure_future(s.post(
+                f"http://{old.addr}/work/complete", data=body,
+                headers=sign(SECRET.encode(), "POST", "/work/complete", body),
+                timeout=aiohttp.ClientTimeout(total=10)))
+            await asyncio.sleep(0.3)  # the request waits in the stopped process's socket
+            old.signal(signal.SIGCONT)
+            resp = await pending_call
+            assert resp.status == 409, await resp.text()
+            resp.release()
+
+        async def stepped_down() -> bool:
+            st = await cluster.status(old)
+            return bool(st) and st["role"] == "follower" and st["term"] >= new_term
+        await wait_for(stepped_down, 10.0)
+        assert (await wc.complete(second)).status == 409  # stale term at the new leader
+        assert await cluster.leaders() == [(new_id, new_term)]
+        # a leader change lost no work: the item is claimable again under the new term
+        third = await wait_for(reclaimed, 10.0, interval=0.2)
+        assert third.token.term == new_term and third.item.item_id == "demo:0000"
+        assert (await wc.complete(third)).ok
+    finally:
+        if worker is not None and worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(timeout=10)
+        cluster.stop()
+        await cluster.session.close()
+        await client.close()
+    cluster.check_invariant()

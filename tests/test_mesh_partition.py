@@ -1,0 +1,99 @@
+"""Partitions of 7 voter processes through a fault-injecting TCP proxy (one port per directed
+pair, owned by the test): 4|3 -> only the 4 side leads; 3|3|1 -> nobody leads, nothing is
+mutated, terms do not climb; heal -> one leader. Then the history invariant."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from app.config.mesh import PROFILES
+from app.coordination.p2p.auth import sign
+from tests.mesh_helpers import SECRET, Cluster, PartitionProxy, wait_for
+
+FAST = PROFILES["fast"]
+
+
+async def claim_status(session: aiohttp.ClientSession, addr: str) -> int:
+    body = json.dumps({"node_id": "probe"}).encode()
+    try:
+        async with session.post(
+            f"http://{addr}/work/claim", data=body, headers=sign(SECRET.encode(), "POST", "/work/claim", body),
+            timeout=aiohttp.ClientTimeout(total=2.0),
+        ) as r:
+            return r.status
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return 0
+
+
+async def hold_no_leader(cluster: Cluster, nodes: list, seconds: float) -> set[int]:
+    """Sample for `seconds`: no listed node may be leader; returns the terms seen."""
+    terms: set[int] = set()
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        sts = await cluster.statuses(nodes)
+        assert not [nid for nid, s in sts.items() if s["role"] == "leader"], sts
+        terms |= {s["term"] for s in sts.values()}
+        await asyncio.sleep(0.1)
+    return terms
+
+
+@pytest.mark.timeout(150)
+async def test_partitions_4_3_then_3_3_1_then_heal(tmp_path: Path) -> None:
+    proxy = PartitionProxy(7)
+    cluster = Cluster(tmp_path, 7, priorities=list(range(7)), route=proxy.route,
+                      extra_args=["--demo-work", "4"])
+    cluster.session = aiohttp.ClientSession()
+    try:
+        await proxy.start([n.port for n in cluster.nodes])
+        cluster.start()
+        await cluster.wait_ready(30.0)
+        leader_id, term = await cluster.wait_single_leader(20.0)
+        idx = cluster.ids.index(leader_id)
+
+        # 4|3 with the old leader on the minority side
+        minority = [idx, (idx + 1) % 7, (idx + 2) % 7]
+        majority = [i for i in range(7) if i not in minority]
+        proxy.partition([majority, minority])
+        maj_nodes = [cluster.nodes[i] for i in majority]
+        min_nodes = [cluster.nodes[i] for i in minority]
+        new_id, new_term = await cluster.wait_single_leader(FAST.failover_aim * 3, maj_nodes)
+        assert new_id in {n.node_id for n in maj_nodes} and new_term > term
+
+        async def minority_leaderless() -> bool:
+            sts = await cluster.statuses(min_nodes)
+            return len(sts) == 3 and all(s["role"] != "leader" for s in sts.values())
+        await wait_for(minority_leaderless, FAST.leader_lease * 4)
+        await hold_no_leader(cluster, min_nodes, 1.5)
+        for n in min_nodes:
+            assert await claim_status(cluster.session, n.addr) == 503  # read-only side
+        assert await claim_status(cluster.session, cluster.by_id(new_id).addr) == 200
+
+        # 3|3|1: no side has a quorum of the 7 configured voters
+        proxy.partition([[0, 1, 2], [3, 4, 5], [6]])
+
+        async def nobody_leads() -> bool:
+            sts = await cluster.statuses()
+            return len(sts) == 7 and all(s["role"] != "leader" for s in sts.values())
+        await wait_for(nobody_leads, FAST.leader_lease * 4)
+        before = {nid: s["term"] for nid, s in (await cluster.statuses()).items()}
+        await hold_no_leader(cluster, cluster.nodes, 3.0)
+        after = {nid: s["term"] for nid, s in (await cluster.statuses()).items()}
+        assert after == before  # pre-vote: isolated nodes do not inflate terms
+        for n in cluster.nodes:
+            assert await claim_status(cluster.session, n.addr) == 503  # nothing is mutated
+
+        # heal: exactly one leader, agreed by all
+        proxy.heal()
+        healed_id, healed_term = await cluster.wait_single_leader(FAST.failover_aim * 4)
+        assert healed_term >= new_term
+    finally:
+        cluster.stop()
+        await proxy.stop()
+        await cluster.session.close()
+    cluster.check_invariant()
