@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -118,10 +120,17 @@ def test_cli_prints_the_table_for_a_model_candidate(tmp_path: Path) -> None:
         assert needle in out, f"{needle!r} missing from:\n{out}"
 
 
-def test_cli_bad_input_is_a_clear_error(tmp_path: Path) -> None:
+def test_cli_bad_input_is_a_clear_error(tmp_path: Path, capsys) -> None:
     proc = run_cli("run_gauntlet.py", "--candidate", "grandmaster", "--registry", str(tmp_path / "r.sqlite"))
     assert proc.returncode == 2
     assert "unknown player" in proc.stderr and "Traceback" not in proc.stderr
-    proc = run_cli("run_gauntlet.py", "--candidate", "random", "--best", "current",
-                   "--registry", str(tmp_path / "r.sqlite"))
-    assert proc.returncode == 2 and "no promoted model" in proc.stderr
+    spec = importlib.util.spec_from_file_location("run_gauntlet_cli", REPO / "scripts" / "run_gauntlet.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    capsys.readouterr()
+    assert module.main(["--candidate", "random", "--best", "current", "--registry", str(tmp_path / "r.sqlite")]) == 2
+    assert "no promoted model" in capsys.readouterr().err
+    assert module.main(["--candidate", "heuristic:1", "--baselines", "random", "--games", "2", "--json",
+                        "--quiet", "--registry", str(tmp_path / "r.sqlite")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["results"][0]["games"] == 2 and report["ratings"]

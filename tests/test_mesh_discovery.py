@@ -67,3 +67,20 @@ async def test_tailscale_source_disables_itself_with_one_log_line(tmp_path: Path
         assert await src.peers() == []
     assert not src.enabled
     assert [entry["event"] for entry in logs] == ["tailscale discovery disabled"]
+
+
+def test_mesh_config_section_and_voter_guard(tmp_path: Path) -> None:
+    from app.config import ConfigError, load_settings
+    from app.coordination.p2p.node import MeshNode
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("mesh:\n  profile: fast\n  voters: [a, b, c]\n  priority: 3\n  peers: ['b@h:1']\n")
+    s = load_settings(cfg)
+    assert s.mesh.timing_profile().heartbeat_interval == 0.15 and s.mesh.priority == 3
+    node = MeshNode(s, node_id="a", secret="x")
+    assert node.voters == ["a", "b", "c"] and node.pinned == {"b": "h:1"} and node.priority == 3
+    cfg.write_text("mesh:\n  profile: bogus\n")
+    with pytest.raises(ConfigError, match="unknown profile"):
+        load_settings(cfg)
+    with pytest.raises(ConfigError, match="voters"):
+        MeshNode(node_id="a", peers=["h:1"], secret="x")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -70,6 +71,17 @@ def train_tiny_net(path: Path, seed: int = 0, games: int = 200, epochs: int = 12
 def random_net(path: Path, seed: int, generation: int = 0, parent: str | None = None) -> str:
     meta = save_model(new_model(ARCH, seed=seed), ModelMeta(ARCH, "connect4", generation, parent, "d" * 64), path)
     return str(meta.sha256)
+
+
+def cli_main(*args: str, capsys) -> tuple[int, str, str]:
+    """The CLI's main() in this process (no torch import per call); one test also spawns it."""
+    spec = importlib.util.spec_from_file_location("auto_promote_cli", REPO / "scripts" / "auto_promote.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    capsys.readouterr()
+    rc = module.main(list(args))
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -192,7 +204,7 @@ def test_promotion_refuses_a_file_whose_sha256_changed(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_cli_promote_rollback_and_progress_round_trip(tmp_path: Path) -> None:
+def test_cli_promote_rollback_and_progress_round_trip(tmp_path: Path, capsys) -> None:
     reg_path = tmp_path / "reg.sqlite"
     shas, parent = [], None
     with ModelRegistry(reg_path) as registry:
@@ -201,15 +213,15 @@ def test_cli_promote_rollback_and_progress_round_trip(tmp_path: Path) -> None:
             parent = random_net(path, seed=10 + gen, generation=gen, parent=parent)
             shas.append(register_candidate(registry, path).sha256)
     for sha in shas:
-        proc = run_cli("--registry", str(reg_path), "promote", sha[:10])
-        assert proc.returncode == 0, proc.stderr
+        rc, _, err = cli_main("--registry", str(reg_path), "promote", sha[:10], capsys=capsys)
+        assert rc == 0, err
     proc = run_cli("--registry", str(reg_path), "rollback", shas[0][:10], "--reason", "regression")
     assert proc.returncode == 0, proc.stderr
     assert shas[1][:12] in proc.stdout and shas[2][:12] in proc.stdout
 
-    proc = run_cli("--registry", str(reg_path), "progress")
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
+    rc, out, err = cli_main("--registry", str(reg_path), "progress", capsys=capsys)
+    assert rc == 0, err
+    report = json.loads(out)
     assert report["format"] == 1 and report["current_best"] == shas[0]
     assert [m["generation"] for m in report["models"]] == [0, 1, 2]
     assert [m["status"] for m in report["models"]] == ["promoted", "rolled_back", "rolled_back"]
@@ -223,7 +235,9 @@ def test_cli_promote_rollback_and_progress_round_trip(tmp_path: Path) -> None:
         assert registry.current_best().sha256 == shas[2]
         assert progress_report(registry)["current_best"] == shas[2]
     random_net(tmp_path / "gen1.safetensors", seed=99, generation=1)
-    proc = run_cli("--registry", str(reg_path), "rollback", shas[1][:10])
-    assert proc.returncode == 2 and "refusing" in proc.stderr and "Traceback" not in proc.stderr
-    proc = run_cli("--registry", str(reg_path), "list")
-    assert proc.returncode == 0 and "rolled_back" in proc.stdout
+    rc, _, err = cli_main("--registry", str(reg_path), "rollback", shas[1][:10], capsys=capsys)
+    assert rc == 2 and "refusing" in err
+    rc, _, err = cli_main("--registry", str(reg_path), "promote", "ffff", capsys=capsys)
+    assert rc == 2 and "no model" in err
+    rc, out, _ = cli_main("--registry", str(reg_path), "list", capsys=capsys)
+    assert rc == 0 and "rolled_back" in out

@@ -11,7 +11,6 @@ After the gauntlet, Elo is refitted over every game ever recorded in the registr
 from __future__ import annotations
 
 import math
-import os
 import time
 import uuid
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -278,7 +277,6 @@ def run_gauntlet(
     cfg = settings.gauntlet
     workers = cfg.workers if workers is None else workers
     games_per_baseline = cfg.games_vs_baseline if games_per_baseline is None else games_per_baseline
-    registry = registry_db if isinstance(registry_db, ModelRegistry) else ModelRegistry(registry_db)
     candidate = parse_player_spec(str(candidate_path), cfg, settings.search)
     opponents: list[tuple[str, PlayerSpec]] = []
     for text in baselines:
@@ -288,6 +286,7 @@ def run_gauntlet(
         best = parse_player_spec(str(best_path), cfg, settings.search, game=candidate.game)
         if best.name != candidate.name:
             opponents.append(("best", best))
+    registry = registry_db if isinstance(registry_db, ModelRegistry) else ModelRegistry(registry_db)
     match_id = uuid.uuid4().hex[:16]
     report = GauntletReport(match_id, candidate.name, candidate.sha256)
     rng = np.random.default_rng(seed)
@@ -312,12 +311,12 @@ def run_gauntlet(
             report.results.append(result)
             tasks = _match_tasks(candidate, spec, games, settings, rng)
             _play_match(executor, tasks, result, settings, record_for(spec), is_best, workers, progress)
+        report.ratings = recompute_ratings(registry, cfg.net_simulations)
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
-    report.ratings = recompute_ratings(registry, cfg.net_simulations)
+        if not isinstance(registry_db, ModelRegistry):
+            registry.close()
     report.elapsed_s = time.monotonic() - started
-    if not isinstance(registry_db, ModelRegistry):
-        registry.close()
     return report
 
 
@@ -349,6 +348,3 @@ def format_table(report: GauntletReport) -> str:
         lines.append(f"{short_name(r.player):<28} {r.elo:>7.0f} {r.low:>7.0f} {r.high:>7.0f} {r.games:>6}{mark}")
     return "\n".join(lines)
 
-
-def default_workers() -> int:
-    return max(1, (os.cpu_count() or 2) - 1)

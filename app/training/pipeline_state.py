@@ -108,6 +108,12 @@ def decided(state: PipelineState, promoted: bool, best_path: str | None = None) 
     return replace(base, rejected=state.rejected + 1)
 
 
+def switched_best(state: PipelineState, sha256: str, path: str, generation: int) -> PipelineState:
+    """Self-play now uses the model at `path` (the node's model store copy of the registry's
+    current best; after a rollback that may be an older generation). Any stage."""
+    return replace(state, best_sha256=sha256, best_path=path, best_generation=generation)
+
+
 def to_json(state: PipelineState) -> dict:
     data = asdict(state)
     data["stage"] = state.stage.value

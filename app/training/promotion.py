@@ -181,6 +181,8 @@ def evaluate_candidate(
         raise PromotionError(f"model {entry.sha256[:12]} is already {entry.status.value}: {entry.reason}")
     gates = Gates.from_config(settings.promotion)
     best = registry.current_best()
+    if best is not None:
+        verify_model_file(best)  # the match must be against the model the registry promoted
     report = run_gauntlet(
         model_path, gates.baselines(), None if best is None else best.path, settings, registry,
         workers=workers, seed=seed, progress=progress, games_per_baseline=games_per_baseline)

@@ -15,7 +15,7 @@ import sys
 from app.config import ConfigError, Settings, load_settings
 from app.coordination.p2p.node import ClusterView, MeshNode
 from app.coordination.p2p.work_rules import TRAINING_KIND, WorkSpec
-from app.log import configure_logging, get_logger
+from app.log import configure_logging
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from app.config import Settings
+from app.config import ConfigError, Settings
 from app.config.mesh import PROFILES, TimingProfile
 from app.coordination.p2p.auth import load_secret
 from app.coordination.p2p.client import MeshClient
@@ -76,7 +76,7 @@ class MeshNode:
         self.data_dir = Path(data_dir if data_dir is not None else s.node.data_dir)
         if isinstance(voters, str):
             voters = [v for v in voters.split(",") if v]
-        self.voters = sorted(set(voters if voters is not None else mesh.voters)) or [self.node_id]
+        self.voters = sorted(set(voters if voters is not None else mesh.voters))
         self.priority = mesh.priority if priority is None else priority
         if timing is not None:
             self.timing = timing
@@ -87,6 +87,11 @@ class MeshNode:
         else:
             self.timing = mesh.timing_profile()
         peer_addrs = parse_peer_list(peers if peers is not None else mesh.peers)
+        if not self.voters:
+            if peer_addrs or mesh.tailscale:
+                # Each node defaulting to "I am the only voter" would make every node a leader.
+                raise ConfigError("mesh.voters (or --voters) must list the voter node ids when peers are configured")
+            self.voters = [self.node_id]
         self.pinned = {p.node_id: p.addr for p in peer_addrs if p.node_id}
         self.seeds = [p.addr for p in peer_addrs if not p.node_id]
         self.seed_ids: dict[str, str] = {}  # seed addr -> node id that answered there
@@ -264,12 +269,18 @@ class MeshNode:
     async def _heartbeat_loop(self) -> None:
         while True:
             if self.consensus.role is Role.LEADER:
-                await self.consensus.heartbeat_round()
+                try:
+                    await self.consensus.heartbeat_round()
+                except Exception:  # noqa: BLE001 - keep leading; the lease decides
+                    log.exception("heartbeat round failed")
             await asyncio.sleep(self.timing.heartbeat_interval)
 
     async def _gossip_loop(self) -> None:
         while True:
-            self.gossip_round()
+            try:
+                self.gossip_round()
+            except Exception:  # noqa: BLE001 - one bad round must not end gossip
+                log.exception("gossip round failed")
             await asyncio.sleep(self.timing.gossip_interval)
 
     def _sync_local(self) -> None:

@@ -30,10 +30,12 @@ from app.coordination.p2p.schemas import (
     VoteRequest,
 )
 from app.coordination.p2p.work_rules import TRAINING_KIND
+from app.log import get_logger
 
 if TYPE_CHECKING:
     from app.coordination.p2p.node import MeshNode
 
+log = get_logger(__name__)
 M = TypeVar("M", bound=BaseModel)
 PUBLIC = [("GET", "/status"), ("GET", "/progress")]
 
@@ -75,6 +77,9 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         if exc.status >= 400:
             return json_error(exc.status, exc.reason)
         raise
+    except Exception:  # noqa: BLE001 - logged here, never sent to the client
+        log.exception("request failed", path=request.path)
+        return json_error(500, "internal error")
 
 
 def build_app(

@@ -1,0 +1,133 @@
+"""What the pipeline daemons of one node share: file layout, the persisted stage, wake-ups.
+
+The daemons never call each other. They share this object only for reading the persisted
+`PipelineState` and applying pure transitions to it under one lock, so two daemons cannot
+interleave a read-modify-write; everything else between them goes over the event router.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.config import Settings
+from app.coordination.daemon_registry import DaemonContext
+from app.coordination.event_router import Event
+from app.coordination.events import EventType
+from app.db.replay_db import ReplayDB
+from app.training.pipeline_state import PipelineState, PipelineStateStore
+
+
+@dataclass(frozen=True)
+class NodePaths:
+    """Where a node keeps its files, all under one data directory."""
+
+    data_dir: Path
+
+    @property
+    def games_db(self) -> Path:
+        return self.data_dir / "games.db"
+
+    @property
+    def registry_db(self) -> Path:
+        return self.data_dir / "registry.db"
+
+    @property
+    def dead_letters_db(self) -> Path:
+        return self.data_dir / "dead_letters.db"
+
+    @property
+    def state_file(self) -> Path:
+        return self.data_dir / "pipeline_state.json"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.data_dir / "models"
+
+    @property
+    def datasets_dir(self) -> Path:
+        return self.data_dir / "datasets"
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.data_dir / "runs"
+
+    def model_path(self, sha256: str) -> Path:
+        return self.models_dir / f"{sha256}.safetensors"
+
+
+class PipelineContext:
+    """One per node process; created by the orchestrator and handed to the pipeline runners."""
+
+    def __init__(self, settings: Settings, config_path: Path | None = None) -> None:
+        self.settings = settings
+        self.config_path = config_path  # handed to training subprocesses (model/train sections)
+        self.paths = NodePaths(Path(settings.node.data_dir))
+        self.paths.data_dir.mkdir(parents=True, exist_ok=True)
+        self._store = PipelineStateStore(self.paths.state_file)
+        self._state = self._store.load()
+        self._lock = asyncio.Lock()
+        self._changed = asyncio.Condition()
+
+    @property
+    def node_id(self) -> str:
+        return self.settings.node.node_id
+
+    @property
+    def state(self) -> PipelineState:
+        return self._state
+
+    async def update(self, transition: Callable[[PipelineState], PipelineState]) -> PipelineState:
+        """Apply a pure transition and persist it before anyone sees the new state."""
+        async with self._lock:
+            new = transition(self._state)
+            await asyncio.to_thread(self._store.save, new)
+            self._state = new
+        async with self._changed:
+            self._changed.notify_all()
+        return new
+
+    async def wait_for_change(self, timeout_s: float) -> None:
+        """Return when the state changes or after `timeout_s`, whichever comes first."""
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout_s)
+            except TimeoutError:
+                pass
+
+    def newest_game_id(self) -> int:
+        with ReplayDB(self.paths.games_db) as db:
+            return db.max_id()
+
+
+def wake_on(ctx: DaemonContext, *event_types: EventType) -> asyncio.Event:
+    """An asyncio.Event set whenever one of `event_types` is published.
+
+    The handler only sets a flag, so it never hits the router's handler timeout however long
+    the daemon's real work (training, a gauntlet) takes; the runner's loop does the work.
+    """
+    wake = asyncio.Event()
+
+    async def handler(_event: Event) -> None:
+        wake.set()
+
+    for event_type in event_types:
+        name = f"{ctx.name}.wake.{event_type.value}"
+        ctx.router.unsubscribe(event_type, name)  # a restarted daemon replaces its old handler
+        ctx.router.subscribe(event_type, handler, name=name)
+    return wake
+
+
+async def wait_for_wake(ctx: DaemonContext, wake: asyncio.Event, timeout_s: float) -> bool:
+    """Sleep until woken, stopped or `timeout_s`; True when the daemon should stop."""
+    stop_task = asyncio.ensure_future(ctx.stopping.wait())
+    wake_task = asyncio.ensure_future(wake.wait())
+    try:
+        await asyncio.wait({stop_task, wake_task}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop_task.cancel()
+        wake_task.cancel()
+    wake.clear()
+    return ctx.stopping.is_set()

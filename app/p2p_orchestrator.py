@@ -1,0 +1,118 @@
+"""One node of the cluster: `python -m app.p2p_orchestrator`.
+
+config -> event router + daemon manager (pipeline daemons) + health server (8790) + mesh
+(8770). With no arguments it runs a single-node cluster on SQLite files under ./data until
+stopped; SIGTERM or Ctrl-C drains within 30 s. Stopping and starting again resumes where
+the pipeline was (see app/training/pipeline_state.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from app.config import ConfigError, Settings, load_settings
+from app.coordination.daemon_manager import DaemonManager
+from app.coordination.daemon_registry import load_registry
+from app.coordination.daemon_runners import pipeline_runners
+from app.coordination.event_router import INFRA_RUNNERS, EventRouter
+from app.coordination.health_server import HealthServer
+from app.coordination.metrics import Metrics
+from app.coordination.pipeline_context import PipelineContext
+from app.coordination.progress_display import show_progress
+from app.db.dead_letters import DeadLetterStore
+from app.log import configure_logging, get_logger
+
+DEFAULT_DAEMONS_FILE = Path(__file__).resolve().parent.parent / "daemons.yaml"
+DRAIN_DEADLINE_S = 30.0
+
+log = get_logger(__name__)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m app.p2p_orchestrator", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", type=Path, help="node config YAML (see app/config)")
+    p.add_argument("--daemons", type=Path, default=DEFAULT_DAEMONS_FILE, help="daemons file (default: %(default)s)")
+    p.add_argument("--data-dir", type=Path, help="where this node keeps its files (default ./data)")
+    p.add_argument("--node-id", help="this node's id (default: host name)")
+    p.add_argument("--host", help="address to bind and advertise (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="mesh HTTP port (default 8770)")
+    p.add_argument("--health-port", type=int, help="health server port (default 8790)")
+    p.add_argument("--role", help="which daemons.yaml roles this node runs (default: all)")
+    p.add_argument("--max-generations", type=int, default=0,
+                   help="stop after this many generations were promoted or rejected (0: run until stopped)")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def node_settings(args: argparse.Namespace) -> Settings:
+    """Config file, then command-line overrides of the node section."""
+    settings = load_settings(args.config)
+    overrides = {
+        "data_dir": args.data_dir, "node_id": args.node_id, "host": args.host,
+        "mesh_port": args.port, "health_port": args.health_port, "role": args.role,
+    }
+    node = settings.node.model_copy(update={k: v for k, v in overrides.items() if v is not None})
+    return settings.model_copy(update={"node": node})
+
+
+async def run_node(args: argparse.Namespace, settings: Settings) -> int:
+    pipe = PipelineContext(settings, config_path=args.config.resolve() if args.config else None)
+    metrics = Metrics()
+    dead_letters = DeadLetterStore(pipe.paths.dead_letters_db)
+    router = EventRouter(metrics=metrics, dead_letters=dead_letters)
+    registry = load_registry(args.daemons, {**INFRA_RUNNERS, **pipeline_runners(pipe)})
+    manager = DaemonManager(registry.select(settings.node.role), router=router, settings=settings, metrics=metrics)
+    health = HealthServer(manager, metrics, host=settings.node.host, port=settings.node.health_port)
+    await health.start()
+    manager.install_signal_handlers(deadline_s=DRAIN_DEADLINE_S)
+    metrics.generation.set(pipe.state.best_generation)
+    log.info("node_starting", data_dir=str(pipe.paths.data_dir), health=health.url,
+             generation=pipe.state.generation, stage=pipe.state.stage.value)
+    background = [asyncio.create_task(show_progress(pipe, metrics.training_loss))]
+    if args.max_generations:
+        background.append(asyncio.create_task(_stop_after(pipe, manager, args.max_generations)))
+    try:
+        await manager.start()
+        await manager.wait_stopped()
+    finally:
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        await health.stop()
+        dead_letters.close()
+    log.info("node_stopped", generation=pipe.state.generation, promoted=pipe.state.promoted,
+             rejected=pipe.state.rejected)
+    return 0
+
+
+async def _stop_after(pipe: PipelineContext, manager: DaemonManager, generations: int) -> None:
+    """--max-generations: drain once that many generations have been decided."""
+    while pipe.state.decided < generations:
+        await pipe.wait_for_change(5.0)
+    log.info("max_generations_reached", decided=pipe.state.decided)
+    await manager.drain_and_stop(DRAIN_DEADLINE_S)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = node_settings(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.node.node_id, level=args.log_level)
+    try:
+        return asyncio.run(run_node(args, settings))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a port in use, an unwritable data dir
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
