@@ -89,8 +89,15 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _stop_after(pipe: PipelineContext, manager: DaemonManager, generations: int) -> None:
-    """--max-generations: drain once that many generations have been decided."""
-    while pipe.state.decided < generations:
+    """--max-generations: drain once that many generations have been decided and the last
+    promoted model is installed in the model store (so a restart plays with it)."""
+
+    def done() -> bool:
+        state = pipe.state
+        distributed = state.best_sha256 is None or state.best_path == str(pipe.paths.model_path(state.best_sha256))
+        return state.decided >= generations and distributed
+
+    while not done():
         await pipe.wait_for_change(5.0)
     log.info("max_generations_reached", decided=pipe.state.decided)
     await manager.drain_and_stop(DRAIN_DEADLINE_S)

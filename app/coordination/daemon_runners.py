@@ -73,7 +73,7 @@ async def export_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
                 holdout_fraction=cfg.holdout_fraction, augment=cfg.augment, overwrite=True,
             )
             state = await pipe.update(lambda s: ps.exported(s, str(out), result.dataset_sha256, newest))
-            ctx.log.info("dataset_exported", generation=state.generation, games=result.games, path=str(out))
+            ctx.log.info("dataset_exported", generation=state.generation, games=result.manifest["counts"]["games"], path=str(out))
             await ctx.router.publish(EventType.TRAINING_THRESHOLD_REACHED, {
                 "generation": state.generation, "new_games": new_games, "threshold": threshold})
         ctx.mark_healthy()

@@ -89,5 +89,5 @@ async def run_training(pipe: PipelineContext, state: PipelineState, ctx: DaemonC
     result_file = run_dir / RESULT_NAME
     if result_file.exists():
         result = json.loads(result_file.read_text())
-        final_loss = result.get("final_loss") or result.get("holdout_loss")
+        final_loss = result.get("best_holdout_loss")
     return TrainingOutcome(str(candidate), final_loss=final_loss)

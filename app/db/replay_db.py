@@ -139,14 +139,19 @@ class ReplayDB:
             raise ReplayDBError(f"{self.path}: not a usable replay DB: {exc.orig}") from None
 
     def _check_schema(self, create: bool) -> None:
-        with Session(self.engine) as session, session.begin():
-            row = session.get(SchemaInfo, "schema_version")
-            if row is None:
-                if not create:
-                    raise ReplayDBError(f"{self.path}: no schema version: not a replay DB")
-                session.add(SchemaInfo(key="schema_version", value=str(SCHEMA_VERSION)))
-                return
-            version = int(row.value)
+        for _ in range(2):  # a second opener may create the row between our read and insert
+            try:
+                with Session(self.engine) as session, session.begin():
+                    row = session.get(SchemaInfo, "schema_version")
+                    if row is None:
+                        if not create:
+                            raise ReplayDBError(f"{self.path}: no schema version: not a replay DB")
+                        session.add(SchemaInfo(key="schema_version", value=str(SCHEMA_VERSION)))
+                        return
+                    version = int(row.value)
+                    break
+            except IntegrityError:
+                continue
         if version > SCHEMA_VERSION:
             self.engine.dispose()
             raise ReplayDBError(

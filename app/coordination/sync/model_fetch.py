@@ -1,0 +1,209 @@
+"""Client side of model distribution: fetch a model by sha256 from whichever peer has a good copy.
+
+Each peer is tried in turn: its sidecar must name the sha256 asked for, and its weights are
+streamed into a private temp directory inside the models dir while being hashed. Only bytes
+that hash to the sha256 are renamed into `<models_dir>/<sha256>.safetensors` (weights first,
+then sidecar, as `install_model` does, so a sidecar never names a missing file). A corrupt,
+truncated or stalled download is deleted and the next peer tried; nothing partial ever sits
+under the final name, so self-play can never pick it up.
+
+Renaming out of a temp dir in the same directory (rather than calling `install_model`, which
+copies) keeps a large download from being written twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import aiohttp
+
+from app.ai.model import ModelFormatError, file_sha256, read_meta, sidecar_path
+from app.coordination.p2p.auth import sign
+from app.coordination.p2p.client import MeshClient
+from app.coordination.sync.wire import is_sha256
+from app.log import get_logger
+
+if TYPE_CHECKING:
+    from app.coordination.p2p.node import ClusterView, MeshNode
+
+log = get_logger(__name__)
+CHUNK = 1 << 20
+DEFAULT_MAX_MODEL_BYTES = 4 << 30  # a peer cannot fill our disk with an endless "model"
+_TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+
+class ModelFetchError(RuntimeError):
+    """No peer served a verified copy; the message names the sha256 and every peer's failure."""
+
+    def __init__(self, sha256: str, failures: dict[str, str]) -> None:
+        self.sha256 = sha256
+        self.failures = failures
+        detail = "; ".join(f"{peer}: {why}" for peer, why in failures.items()) or "no peer has it"
+        super().__init__(f"model {sha256}: no verified copy fetched ({detail})")
+
+
+class _PeerFailed(Exception):
+    pass
+
+
+def installed_path(models_dir: str | Path, sha256: str) -> Path:
+    return Path(models_dir) / f"{sha256}.safetensors"
+
+
+def is_installed(models_dir: str | Path, sha256: str) -> bool:
+    """Weights and sidecar present and the weights hash to their name (reads the whole file)."""
+    path = installed_path(models_dir, sha256)
+    return path.is_file() and sidecar_path(path).is_file() and file_sha256(path) == sha256
+
+
+def installed_models(models_dir: str | Path) -> list[str]:
+    """The sha256s this node can serve (for the gossiped inventory); cheap: names, not hashes."""
+    root = Path(models_dir)
+    if not root.is_dir():
+        return []
+    return sorted(
+        p.stem for p in root.glob("*.safetensors") if is_sha256(p.stem) and sidecar_path(p).is_file()
+    )
+
+
+def peers_with_model(
+    view: "ClusterView", sha256: str, addr_of: Callable[[str], str | None] | None = None
+) -> list[str]:
+    """Addresses of ALIVE peers (not this node) whose gossiped inventory lists the model.
+    `addr_of` (e.g. `node.addr_of`) overrides gossiped addresses, e.g. pinned ones."""
+    addrs = []
+    for state in sorted(view.alive(), key=lambda s: s.node_id):
+        if state.node_id == view.self_id:
+            continue
+        models = state.inventory.get("models")
+        if not isinstance(models, list) or sha256 not in models:
+            continue
+        addr = (addr_of(state.node_id) if addr_of else None) or state.addr
+        if addr:
+            addrs.append(addr)
+    return addrs
+
+
+async def fetch_model(
+    client: MeshClient,
+    sha256: str,
+    peer_addrs: list[str],
+    models_dir: str | Path,
+    *,
+    timeout: float = 10.0,
+    max_bytes: int = DEFAULT_MAX_MODEL_BYTES,
+) -> Path:
+    """The installed path of model `sha256`, fetched from the first peer with a verified copy.
+
+    `timeout` bounds the connection and each read (a stalled peer), not the whole transfer,
+    so a large model on a slow link still arrives. Raises ModelFetchError when no peer works.
+    """
+    if not is_sha256(sha256):
+        raise ValueError(f"{sha256!r} is not a sha256 (64 lowercase hex digits)")
+    models_dir = Path(models_dir)
+    if await asyncio.to_thread(is_installed, models_dir, sha256):
+        return installed_path(models_dir, sha256)
+    models_dir.mkdir(parents=True, exist_ok=True)
+    _sweep_staging(models_dir)
+    failures: dict[str, str] = {}
+    stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
+    async with aiohttp.ClientSession(timeout=stream_timeout) as session:
+        for addr in peer_addrs:
+            staging = models_dir / f".fetch-{sha256[:16]}-{secrets.token_hex(4)}"
+            try:
+                staging.mkdir()
+                path = await _fetch_from(client, session, addr, sha256, staging, models_dir, timeout, max_bytes)
+                log.info("model fetched", sha256=sha256, peer=addr)
+                return path
+            except _PeerFailed as exc:
+                failures[addr] = str(exc)
+            except ModelFormatError as exc:
+                failures[addr] = f"bad sidecar: {exc}"
+            except _TRANSPORT_ERRORS as exc:
+                failures[addr] = f"transfer failed: {exc!r}"
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+            log.warning("model fetch from peer rejected", sha256=sha256, peer=addr, reason=failures[addr])
+    raise ModelFetchError(sha256, failures)
+
+
+async def _fetch_from(
+    client: MeshClient, session: aiohttp.ClientSession, addr: str, sha256: str,
+    staging: Path, models_dir: Path, timeout: float, max_bytes: int,
+) -> Path:
+    status, meta = await client.request("GET", addr, f"/models/{sha256}/meta", timeout=timeout)
+    if status != 200 or not isinstance(meta, dict):
+        why = meta.get("error") if isinstance(meta, dict) else str(meta)[:200]
+        raise _PeerFailed(f"meta: HTTP {status}: {why}")
+    if meta.get("sha256") != sha256:
+        raise _PeerFailed(f"its sidecar names {str(meta.get('sha256'))[:16]!r}, not this model")
+    weights = staging / f"{sha256}.safetensors"
+    side = sidecar_path(weights)
+    side.write_text(json.dumps(meta, indent=2, sort_keys=True))
+    read_meta(weights)  # the sidecar must be one this program can read, or it is not installed
+
+    path = f"/models/{sha256}"
+    digest = hashlib.sha256()
+    size = 0
+    async with session.get(f"http://{addr}{path}", headers=sign(client.secret, "GET", path, b"")) as resp:
+        if resp.status != 200:
+            raise _PeerFailed(f"weights: HTTP {resp.status}")
+        if resp.content_length is not None and resp.content_length > max_bytes:
+            raise _PeerFailed(f"weights: {resp.content_length} bytes is over the {max_bytes} limit")
+        with open(weights, "wb") as fh:
+            async for chunk in resp.content.iter_chunked(CHUNK):
+                size += len(chunk)
+                if size > max_bytes:
+                    raise _PeerFailed(f"weights: more than {max_bytes} bytes")
+                digest.update(chunk)
+                fh.write(chunk)
+            if resp.content_length is not None and size != resp.content_length:
+                raise _PeerFailed(f"weights truncated: {size} of {resp.content_length} bytes")
+            fh.flush()
+            os.fsync(fh.fileno())
+    actual = digest.hexdigest()
+    if actual != sha256:
+        raise _PeerFailed(f"weights corrupt: {size} bytes hash to {actual[:16]}")
+    await asyncio.to_thread(_install, weights, models_dir, sha256)
+    return installed_path(models_dir, sha256)
+
+
+def _sweep_staging(models_dir: Path, max_age_s: float = 3600.0) -> None:
+    """Staging dirs left by a process killed mid-download; never read, only removed."""
+    import time
+
+    for stale in models_dir.glob(".fetch-*"):
+        try:
+            if time.time() - stale.stat().st_mtime > max_age_s:
+                shutil.rmtree(stale, ignore_errors=True)
+        except OSError:
+            pass
+
+
+def _install(weights: Path, models_dir: Path, sha256: str) -> None:
+    """Verified staging files -> final names: weights first, so a sidecar never names a missing file."""
+    side = sidecar_path(weights)
+    with open(side, "rb+") as fh:
+        os.fsync(fh.fileno())
+    final = installed_path(models_dir, sha256)
+    os.replace(weights, final)
+    os.replace(side, sidecar_path(final))
+    dir_fd = os.open(models_dir, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+async def fetch_from_mesh(node: "MeshNode", sha256: str, models_dir: str | Path, **kwargs: object) -> Path:
+    """fetch_model from the ALIVE peers whose gossiped inventory lists the model."""
+    peers = peers_with_model(node.cluster_view(), sha256, node.addr_of)
+    return await fetch_model(node.client, sha256, peers, models_dir, **kwargs)  # type: ignore[arg-type]

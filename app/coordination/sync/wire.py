@@ -1,0 +1,61 @@
+"""Wire formats and bounds of the data plane, shared by its servers and clients.
+
+The bounds live here, in one place, because both ends must agree on them: a client that asks
+for more than a server accepts gets a 400, never a silently shortened answer.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_MANIFEST_LIMIT = 5000  # manifest entries per request
+MAX_FETCH_UIDS = 256  # games asked for per fetch request
+DEFAULT_FETCH_BYTES = 4 * 1024 * 1024  # games' JSON per fetch answer (beyond it: deferred)
+MAX_UID_LEN = 64  # the replay DB's uid column
+
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+Uid = Annotated[str, Field(min_length=1, max_length=MAX_UID_LEN)]
+
+
+def is_sha256(value: str) -> bool:
+    """A model's identity is exactly 64 lowercase hex digits; anything else never names a file."""
+    return bool(SHA256_RE.fullmatch(value))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ManifestQuery(_Strict):
+    """Query of GET /games/manifest: rows with id > after, oldest first."""
+
+    after: int = Field(default=0, ge=0)
+    limit: int = Field(default=1000, ge=1, le=MAX_MANIFEST_LIMIT)
+
+
+class Manifest(BaseModel):
+    """Answer of GET /games/manifest. `first` is the uid of the peer's oldest row: a cursor
+    saved against another `first` belongs to a replaced DB and must start over."""
+
+    entries: list[tuple[int, str]]
+    max_id: int = Field(ge=0)
+    first: str | None = None
+
+
+class FetchRequest(_Strict):
+    """Body of POST /games/fetch."""
+
+    uids: list[Uid] = Field(min_length=1, max_length=MAX_FETCH_UIDS)
+
+
+class FetchAnswer(BaseModel):
+    """Answer of POST /games/fetch: the games that fit the byte budget; `deferred` did not fit
+    (ask again), `missing` are not stored on that peer."""
+
+    games: list[dict[str, Any]]
+    deferred: list[str] = []
+    missing: list[str] = []

@@ -1,0 +1,123 @@
+"""Start real orchestrator processes on small settings, and read what they left on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from tests.mesh_helpers import free_ports
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SMALL_CONFIG = {
+    "model": {"channels": 16, "blocks": 1},
+    "search": {"simulations": 16},
+    "selfplay": {"concurrent_games": 32},
+    "train": {"batch_size": 128, "epochs": 2},
+    "gauntlet": {"games_vs_baseline": 8, "max_games_vs_best": 16, "net_simulations": 8},
+    "promotion": {"min_score_vs_random": 0.5, "min_score_vs_heuristic": None},
+}
+
+SMALL_DAEMONS = {
+    "restart": {"base_s": 0.5, "cap_s": 5},
+    "daemons": {
+        "dlq_retry": {},
+        "selfplay": {"critical": True, "stop_timeout_s": 15,
+                     "settings": {"batch_games": 32, "simulations": 16, "workers": 1}},
+        "export": {"critical": True, "settings": {"min_new_games": 60, "poll_s": 0.5}},
+        "train": {"depends_on": ["export"], "critical": True, "stop_timeout_s": 15, "settings": {"poll_s": 0.5}},
+        "gauntlet": {"depends_on": ["train"], "critical": True, "settings": {"poll_s": 0.5}},
+        "promote": {"depends_on": ["gauntlet"], "critical": True, "settings": {"poll_s": 0.5}},
+        "distribution": {"critical": True, "settings": {"poll_s": 0.5}},
+    },
+}
+
+
+@dataclass
+class NodeFiles:
+    root: Path
+    config: Path
+    daemons: Path
+    data_dir: Path
+    health_port: int
+    mesh_port: int
+
+    def state(self) -> dict:
+        path = self.data_dir / "pipeline_state.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def health(self, path: str) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}{path}", timeout=2) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+        except OSError:  # not listening (yet, or any more)
+            return 0, b""
+
+
+def write_node_files(root: Path, node_id: str = "solo", config: dict | None = None,
+                     daemons: dict | None = None) -> NodeFiles:
+    root.mkdir(parents=True, exist_ok=True)
+    health_port, mesh_port = free_ports(2)
+    data_dir = root / "data"
+    cfg = {**(config or SMALL_CONFIG),
+           "node": {"node_id": node_id, "data_dir": str(data_dir), "health_port": health_port, "mesh_port": mesh_port}}
+    (root / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (root / "daemons.yaml").write_text(yaml.safe_dump(daemons or SMALL_DAEMONS))
+    return NodeFiles(root, root / "config.yaml", root / "daemons.yaml", data_dir, health_port, mesh_port)
+
+
+def start_node(files: NodeFiles, *extra: str) -> subprocess.Popen:
+    """The real orchestrator in its own session, so a test can kill everything it started."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    log = open(files.root / "node.log", "ab")
+    return subprocess.Popen(
+        [sys.executable, "-m", "app.p2p_orchestrator", "--config", str(files.config),
+         "--daemons", str(files.daemons), *extra],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+    )
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"{what} not reached within {timeout}s")
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """Cleanup: SIGKILL the node's whole process group, whatever is left of it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def tail(files: NodeFiles, n: int = 4000) -> str:
+    path = files.root / "node.log"
+    return path.read_text(errors="replace")[-n:] if path.exists() else ""
