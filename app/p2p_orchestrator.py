@@ -16,14 +16,19 @@ from pathlib import Path
 from app.config import ConfigError, Settings, load_settings
 from app.coordination.daemon_manager import DaemonManager
 from app.coordination.daemon_registry import load_registry
+from app.coordination.cluster_pipeline import ClusterPipeline
 from app.coordination.daemon_runners import pipeline_runners
 from app.coordination.event_router import INFRA_RUNNERS, EventRouter
 from app.coordination.health_server import HealthServer
 from app.coordination.metrics import Metrics
+from app.coordination.p2p.node import MeshNode
 from app.coordination.pipeline_context import PipelineContext
 from app.coordination.progress_display import show_progress
+from app.coordination.sync import GameSyncServer, model_routes
 from app.db.dead_letters import DeadLetterStore
+from app.db.registry import ModelRegistry
 from app.log import configure_logging, get_logger
+from app.training.promotion import progress_report
 
 DEFAULT_DAEMONS_FILE = Path(__file__).resolve().parent.parent / "daemons.yaml"
 DRAIN_DEADLINE_S = 30.0
@@ -41,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="mesh HTTP port (default 8770)")
     p.add_argument("--health-port", type=int, help="health server port (default 8790)")
     p.add_argument("--role", help="which daemons.yaml roles this node runs (default: all)")
+    p.add_argument("--peers", help="other nodes, host:port or id@host:port, comma separated")
+    p.add_argument("--voters", help="voter node ids, comma separated (required with peers)")
+    p.add_argument("--priority", type=int, help="bully-order priority of this node (higher leads)")
+    p.add_argument("--profile", choices=["lan", "wan", "fast"], help="mesh timing profile")
     p.add_argument("--max-generations", type=int, default=0,
                    help="stop after this many generations were promoted or rejected (0: run until stopped)")
     p.add_argument("--log-level", default="INFO")
@@ -55,7 +64,31 @@ def node_settings(args: argparse.Namespace) -> Settings:
         "mesh_port": args.port, "health_port": args.health_port, "role": args.role,
     }
     node = settings.node.model_copy(update={k: v for k, v in overrides.items() if v is not None})
-    return settings.model_copy(update={"node": node})
+    split = lambda text: [x for x in text.split(",") if x] if text is not None else None  # noqa: E731
+    mesh_overrides = {"peers": split(args.peers), "voters": split(args.voters), "priority": args.priority,
+                      "profile": args.profile}
+    mesh = settings.mesh.model_copy(update={k: v for k, v in mesh_overrides.items() if v is not None})
+    return settings.model_copy(update={"node": node, "mesh": mesh})
+
+
+def build_mesh(settings: Settings, pipe: PipelineContext, export_threshold: int) -> tuple[MeshNode, GameSyncServer]:
+    """The mesh node with the pipeline's endpoints; clustered when there are other voters or peers."""
+    node = MeshNode(settings)
+    games = GameSyncServer(pipe.paths.games_db)
+    node.add_routes(games.routes() + model_routes(pipe.paths.models_dir))
+    if len(node.voters) > 1 or settings.mesh.peers:
+        pipe.cluster = ClusterPipeline(node, pipe, threshold=export_threshold)
+        node.add_routes(pipe.cluster.routes())
+        node.set_work_source(pipe.cluster.work_source)
+        node.set_progress_provider(pipe.cluster.progress)
+    else:
+        node.set_progress_provider(lambda: _local_progress(pipe))
+    return node, games
+
+
+def _local_progress(pipe: PipelineContext) -> dict:
+    with ModelRegistry(pipe.paths.registry_db) as registry:
+        return progress_report(registry)
 
 
 async def run_node(args: argparse.Namespace, settings: Settings) -> int:
@@ -65,13 +98,18 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
     router = EventRouter(metrics=metrics, dead_letters=dead_letters)
     registry = load_registry(args.daemons, {**INFRA_RUNNERS, **pipeline_runners(pipe)})
     manager = DaemonManager(registry.select(settings.node.role), router=router, settings=settings, metrics=metrics)
+    export_spec = registry.specs.get("export")
+    node, games = build_mesh(settings, pipe, int(export_spec.settings["min_new_games"]) if export_spec else 0)
     health = HealthServer(manager, metrics, host=settings.node.host, port=settings.node.health_port)
     await health.start()
+    await node.start()
     manager.install_signal_handlers(deadline_s=DRAIN_DEADLINE_S)
     metrics.generation.set(pipe.state.best_generation)
     log.info("node_starting", data_dir=str(pipe.paths.data_dir), health=health.url,
              generation=pipe.state.generation, stage=pipe.state.stage.value)
     background = [asyncio.create_task(show_progress(pipe, metrics.training_loss))]
+    if pipe.cluster is not None:
+        background.append(asyncio.create_task(pipe.cluster.publish_loop()))
     if args.max_generations:
         background.append(asyncio.create_task(_stop_after(pipe, manager, args.max_generations)))
     try:
@@ -81,7 +119,9 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
+        await node.stop()
         await health.stop()
+        games.close()
         dead_letters.close()
     log.info("node_stopped", generation=pipe.state.generation, promoted=pipe.state.promoted,
              rejected=pipe.state.rejected)
@@ -95,11 +135,11 @@ async def _stop_after(pipe: PipelineContext, manager: DaemonManager, generations
     def done() -> bool:
         state = pipe.state
         distributed = state.best_sha256 is None or state.best_path == str(pipe.paths.model_path(state.best_sha256))
-        return state.decided >= generations and distributed
+        return pipe.decided_generations() >= generations and distributed
 
     while not done():
         await pipe.wait_for_change(5.0)
-    log.info("max_generations_reached", decided=pipe.state.decided)
+    log.info("max_generations_reached", decided=pipe.decided_generations())
     await manager.drain_and_stop(DRAIN_DEADLINE_S)
 
 
@@ -113,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(settings.node.node_id, level=args.log_level)
     try:
         return asyncio.run(run_node(args, settings))
-    except ConfigError as exc:
+    except (ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # a port in use, an unwritable data dir

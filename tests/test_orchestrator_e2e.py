@@ -70,7 +70,7 @@ def test_one_generation_promoted_then_sigterm_drains(tmp_path) -> None:
                    .startswith(str(files.data_dir / "models")), 240, what="a promoted, distributed generation")
         status, body = files.health("/metrics")
         assert status == 200 and b"games_total" in body and b"promotions_total 1.0" in body
-        daemons = {d["name"]: d for d in json.loads(files.health("/daemons")[1])}
+        daemons = {d["name"]: d for d in json.loads(files.health("/daemons")[1])["daemons"]}
         assert set(daemons) >= {"selfplay", "export", "train", "gauntlet", "promote", "distribution"}
 
         proc.send_signal(signal.SIGTERM)

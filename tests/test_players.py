@@ -137,3 +137,11 @@ def test_specs_parse_and_build(tiny_model: Path) -> None:
         parse_player_spec("/nowhere/model.safetensors")
     with pytest.raises(PlayerSpecError, match="kind"):
         make_player(PlayerSpec("oracle"))
+
+
+def test_heuristic_generic_path_uses_only_the_state_interface() -> None:
+    from app.ai.heuristic import heuristic_move
+
+    rng = np.random.default_rng(0)
+    assert heuristic_move(GAME.parse("121212"), 2, rng, game_name="generic") == 0  # take the win
+    assert heuristic_move(GAME.parse("15263"), 2, rng, game_name="generic") == 3  # block the four

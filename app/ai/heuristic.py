@@ -118,9 +118,9 @@ def generic_move_scores(state: GameState, depth: int) -> dict[int, float]:
     return {a: -negamax(state.play(a), max(depth - 1, 0)) for a in state.legal_moves()}
 
 
-def heuristic_move(state: GameState, depth: int, rng: np.random.Generator) -> int:
-    """The heuristic's move: the best score, ties to the column nearest the centre, then at random."""
-    if getattr(state, "mask", None) is not None and type(state).__name__ == "Connect4State":
+def heuristic_move(state: GameState, depth: int, rng: np.random.Generator, game_name: str = "connect4") -> int:
+    """The heuristic's move: the best score, ties to the action nearest the centre, then at random."""
+    if game_name == "connect4":
         scores = connect4_move_scores(state.position, state.mask, depth)  # type: ignore[attr-defined]
     else:
         scores = generic_move_scores(state, depth)

@@ -54,15 +54,16 @@ class RandomPlayer:
 class HeuristicPlayer:
     """Wins when it can, blocks an immediate loss, else shallow negamax preferring the centre."""
 
-    def __init__(self, depth: int = 2, rng: np.random.Generator | None = None) -> None:
+    def __init__(self, depth: int = 2, rng: np.random.Generator | None = None, game_name: str = "connect4") -> None:
         if depth < 1:
             raise ValueError(f"heuristic depth must be >= 1, got {depth}")
         self.depth = depth
+        self.game_name = game_name
         self.rng = rng if rng is not None else np.random.default_rng()
         self.name = f"heuristic-d{depth}"
 
     def select_move(self, state: GameState) -> int:
-        return heuristic_move(state, self.depth, self.rng)
+        return heuristic_move(state, self.depth, self.rng, self.game_name)
 
     def reset(self) -> None:
         pass
@@ -218,7 +219,7 @@ def make_player(spec: PlayerSpec, seed: int | None = None) -> Player:
     if spec.kind == "random":
         return RandomPlayer(rng)
     if spec.kind == "heuristic":
-        return HeuristicPlayer(spec.depth, rng)
+        return HeuristicPlayer(spec.depth, rng, spec.game)
     if spec.kind == "rollout":
         return RolloutMCTSPlayer(spec.game, spec.simulations, search_cfg=search_cfg, rng=rng)
     if spec.kind == "net":

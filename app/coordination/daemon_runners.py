@@ -14,14 +14,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
+from pathlib import Path
 from typing import Any
 
 from app.coordination.daemon_registry import DaemonContext, RunnerEntry
 from app.coordination.events import EventType
+from app.coordination.generation_log import GenerationRecord
 from app.coordination.pipeline_context import PipelineContext, wait_for_wake, wake_on
+from app.coordination.sync import ModelFetchError, fetch_from_mesh, is_installed, sync_from_peers
 from app.coordination.training_job import run_training
 from app.db.registry import ModelRegistry, ModelStatus
-from app.db.replay_db import ReplayDB
 from app.training import pipeline_state as ps
 from app.training.evaluation_record import decide_from_evaluation, evaluation_from_report
 from app.training.export import export_dataset
@@ -57,28 +59,57 @@ async def selfplay_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
 
 
 async def export_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
-    """Turns the newest games into a dataset once enough arrived since the last one."""
+    """Turns the newest games into a dataset when a generation is due: enough new local games
+    on a lone node; a training claim from the leader in a cluster (after pulling peers' games)."""
     wake = wake_on(ctx, EventType.NEW_GAMES_AVAILABLE)
     threshold = int(ctx.settings["min_new_games"])
+    if pipe.cluster is not None and pipe.state.stage is not Stage.COLLECTING and pipe.cluster.current is None:
+        await pipe.update(ps.abandoned)  # a restart lost the claim: the leader reschedules it
     ctx.mark_healthy()
     while True:
-        newest = await asyncio.to_thread(pipe.newest_game_id)
-        state = pipe.state
-        if ps.should_export(state, newest, threshold):
-            new_games = newest - state.export_mark
-            out = pipe.paths.datasets_dir / f"gen_{state.generation:04d}"
-            cfg = pipe.settings.export
-            result = await asyncio.to_thread(
-                export_dataset, [pipe.paths.games_db], out, window_games=cfg.window_games,
-                holdout_fraction=cfg.holdout_fraction, augment=cfg.augment, overwrite=True,
-            )
-            state = await pipe.update(lambda s: ps.exported(s, str(out), result.dataset_sha256, newest))
-            ctx.log.info("dataset_exported", generation=state.generation, games=result.manifest["counts"]["games"], path=str(out))
-            await ctx.router.publish(EventType.TRAINING_THRESHOLD_REACHED, {
-                "generation": state.generation, "new_games": new_games, "threshold": threshold})
+        if pipe.state.stage is Stage.COLLECTING:
+            if pipe.cluster is not None:
+                await _export_claimed_generation(pipe, ctx)
+            else:
+                await _export_if_due(pipe, ctx, threshold)
         ctx.mark_healthy()
         if await wait_for_wake(ctx, wake, ctx.settings["poll_s"]):
             return
+
+
+async def _export_if_due(pipe: PipelineContext, ctx: DaemonContext, threshold: int) -> None:
+    newest = await asyncio.to_thread(pipe.newest_game_id)
+    state = pipe.state
+    if ps.should_export(state, newest, threshold):
+        await _export(pipe, ctx, state.generation, newest, newest - state.export_mark, threshold)
+
+
+async def _export_claimed_generation(pipe: PipelineContext, ctx: DaemonContext) -> None:
+    claim = await pipe.cluster.claim_generation()
+    if claim is None:
+        return
+    reports = await sync_from_peers(pipe.cluster.node, pipe.paths.games_db, pipe.paths.data_dir / "sync",
+                                    budget_s=float(ctx.settings["sync_budget_s"]))
+    ctx.log.info("games_synced", generation=claim.generation, new=sum(r.new for r in reports),
+                 errors=[r.error for r in reports if r.error])
+    newest = await asyncio.to_thread(pipe.newest_game_id)
+    await pipe.update(lambda s: ps.adopt_generation(s, claim.generation))
+    await _export(pipe, ctx, claim.generation, newest, claim.games_mark, 0)
+
+
+async def _export(pipe: PipelineContext, ctx: DaemonContext, generation: int, newest: int,
+                  new_games: int, threshold: int) -> None:
+    out = pipe.paths.datasets_dir / f"gen_{generation:04d}"
+    cfg = pipe.settings.export
+    result = await asyncio.to_thread(
+        export_dataset, [pipe.paths.games_db], out, window_games=cfg.window_games,
+        holdout_fraction=cfg.holdout_fraction, augment=cfg.augment, overwrite=True,
+    )
+    state = await pipe.update(lambda s: ps.exported(s, str(out), result.dataset_sha256, newest))
+    ctx.log.info("dataset_exported", generation=state.generation, games=result.manifest["counts"]["games"],
+                 path=str(out))
+    await ctx.router.publish(EventType.TRAINING_THRESHOLD_REACHED, {
+        "generation": state.generation, "new_games": max(0, new_games), "threshold": threshold})
 
 
 async def train_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
@@ -151,7 +182,8 @@ async def gauntlet_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
 
 
 async def promote_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
-    """Applies the promotion gates to an evaluated candidate and records the decision."""
+    """Applies the promotion gates to an evaluated candidate and records the decision; in a
+    cluster the decision counts only once the leader committed it through a voter quorum."""
     wake = wake_on(ctx, EventType.EVALUATION_COMPLETED)
     ctx.mark_healthy()
     while True:
@@ -159,8 +191,17 @@ async def promote_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
         if state.stage is Stage.EVALUATED:
             gates = Gates.from_config(pipe.settings.promotion)
             decision = decide_from_evaluation(state.evaluation, gates, has_best=state.best_sha256 is not None)
-            await asyncio.to_thread(_record_decision, pipe, state.candidate_sha256, decision.promote, decision.summary())
             generation, sha, path = state.generation, state.candidate_sha256, state.candidate_path
+            if pipe.cluster is not None:
+                if decision.promote:  # installed first, so peers can fetch it once it is committed
+                    await asyncio.to_thread(install_model, path, pipe.paths.models_dir, sha)
+                committed, why = await pipe.cluster.propose(cluster_record(pipe, state, decision))
+                if not committed:
+                    ctx.log.warning("decision_not_committed", generation=generation, why=why)
+                    await asyncio.to_thread(_record_decision, pipe, sha, False, f"not committed: {why}")
+                    await pipe.update(ps.abandoned)
+                    continue
+            await asyncio.to_thread(_record_decision, pipe, sha, decision.promote, decision.summary())
             await pipe.update(lambda s: ps.decided(s, decision.promote))
             if decision.promote:
                 ctx.metrics.promotions_total.inc()
@@ -175,6 +216,15 @@ async def promote_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
             return
 
 
+def cluster_record(pipe: PipelineContext, state: ps.PipelineState, decision) -> GenerationRecord:
+    claim = pipe.cluster.current
+    return GenerationRecord(
+        generation=state.generation, sha256=state.candidate_sha256, promoted=decision.promote,
+        games_mark=claim.games_mark if claim is not None else 0, trained_by=pipe.node_id,
+        reason=decision.summary()[:500],
+    )
+
+
 def _record_decision(pipe: PipelineContext, sha256: str, promote: bool, reason: str) -> None:
     """Idempotent: a restart between the registry write and the state write repeats nothing."""
     with ModelRegistry(pipe.paths.registry_db) as registry:
@@ -185,27 +235,60 @@ def _record_decision(pipe: PipelineContext, sha256: str, promote: bool, reason: 
 
 
 async def distribution_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
-    """Publishes the registry's current best to the node's model store and switches self-play to it."""
+    """Installs the current best model in the node's model store and switches self-play to it:
+    the registry's best on a lone node; in a cluster the newest committed promotion, fetched by
+    sha256 from any peer that has it (a corrupt copy is refused and fetched elsewhere)."""
     wake = wake_on(ctx, EventType.MODEL_PROMOTED)
     ctx.mark_healthy()
     while True:
-        best = await asyncio.to_thread(_current_best, pipe)
-        state = pipe.state
-        if best is not None and state.best_path != str(pipe.paths.model_path(best[0])):
-            sha, src, generation = best
-            path = await asyncio.to_thread(install_model, src, pipe.paths.models_dir, sha)
+        try:
+            target = await _target_best(pipe)
+        except ModelFetchError as exc:
+            ctx.log.warning("model_fetch_failed", error=str(exc))
+            target = None
+        if target is not None:
+            sha, path, generation = target
             await pipe.update(lambda s: ps.switched_best(s, sha, str(path), generation))
+            ctx.metrics.generation.set(generation)
             await ctx.router.publish(EventType.MODEL_DISTRIBUTED, {
                 "generation": generation, "sha256": sha, "node_id": pipe.node_id, "path": str(path)})
+            ctx.log.info("model_switched", generation=generation, sha256=sha[:12])
         ctx.mark_healthy()
         if await wait_for_wake(ctx, wake, ctx.settings["poll_s"]):
             return
+
+
+async def _target_best(pipe: PipelineContext) -> tuple[str, Path, int] | None:
+    """(sha256, installed path, generation) of the model self-play should use, or None."""
+    switched = lambda sha: pipe.state.best_path == str(pipe.paths.model_path(sha))  # noqa: E731
+    if pipe.cluster is None:
+        best = await asyncio.to_thread(_current_best, pipe)
+        if best is None or switched(best[0]):
+            return None
+        sha, src, generation = best
+        return sha, await asyncio.to_thread(install_model, src, pipe.paths.models_dir, sha), generation
+    record = pipe.cluster.target_best()
+    if record is None or record.generation < pipe.state.best_generation or switched(record.sha256):
+        return None
+    if not is_installed(pipe.paths.models_dir, record.sha256):
+        await fetch_from_mesh(pipe.cluster.node, record.sha256, pipe.paths.models_dir)
+    path = pipe.paths.model_path(record.sha256)
+    await asyncio.to_thread(_register_promoted, pipe, path, record.reason)
+    return record.sha256, path, record.generation
 
 
 def _current_best(pipe: PipelineContext) -> tuple[str, str, int] | None:
     with ModelRegistry(pipe.paths.registry_db) as registry:
         best = registry.current_best()
         return None if best is None else (best.sha256, best.path, best.generation)
+
+
+def _register_promoted(pipe: PipelineContext, path: Path, reason: str) -> None:
+    """Record a model the cluster promoted in this node's registry, so /progress agrees."""
+    with ModelRegistry(pipe.paths.registry_db) as registry:
+        entry = register_candidate(registry, path)
+        if entry.status is ModelStatus.CANDIDATE:
+            promote_model(registry, entry.sha256, f"committed by the cluster: {reason}"[:500])
 
 
 def pipeline_runners(pipe: PipelineContext) -> dict[str, RunnerEntry]:
@@ -216,7 +299,7 @@ def pipeline_runners(pipe: PipelineContext) -> dict[str, RunnerEntry]:
     return {
         "selfplay": RunnerEntry(bind(selfplay_daemon), {
             "batch_games": 64, "simulations": 0, "workers": 1, "pause_while_evaluating": True}),
-        "export": RunnerEntry(bind(export_daemon), {**poll, "min_new_games": 2000}),
+        "export": RunnerEntry(bind(export_daemon), {**poll, "min_new_games": 2000, "sync_budget_s": 60.0}),
         "train": RunnerEntry(bind(train_daemon), {**poll, "max_failures": 5}),
         "gauntlet": RunnerEntry(bind(gauntlet_daemon), {**poll, "workers": 1}),
         "promote": RunnerEntry(bind(promote_daemon), dict(poll)),

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from app.config import Settings
 from app.coordination.daemon_registry import DaemonContext
@@ -70,6 +71,7 @@ class PipelineContext:
         self._state = self._store.load()
         self._lock = asyncio.Lock()
         self._changed = asyncio.Condition()
+        self.cluster: Any = None  # a ClusterPipeline when the node is part of a mesh with peers
 
     @property
     def node_id(self) -> str:
@@ -96,6 +98,12 @@ class PipelineContext:
                 await asyncio.wait_for(self._changed.wait(), timeout_s)
             except TimeoutError:
                 pass
+
+    def decided_generations(self) -> int:
+        """Generations promoted or rejected: by this node alone, or by the whole cluster."""
+        if self.cluster is not None:
+            return len(self.cluster.log.records)
+        return self._state.decided
 
     def newest_game_id(self) -> int:
         with ReplayDB(self.paths.games_db) as db:

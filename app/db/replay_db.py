@@ -209,6 +209,11 @@ class ReplayDB:
         with Session(self.engine) as session:
             return int(session.scalar(select(func.coalesce(func.sum(GameRow.length), 0))) or 0)
 
+    def count_by_node(self, node_id: str) -> int:
+        """Games this node created itself (synced copies of other nodes' games excluded)."""
+        with Session(self.engine) as session:
+            return int(session.scalar(select(func.count(GameRow.id)).where(GameRow.node_id == node_id)) or 0)
+
     def uids(self, after_id: int = 0) -> list[str]:
         """Stored uids in insertion order (optionally only rows with id > after_id)."""
         with Session(self.engine) as session:

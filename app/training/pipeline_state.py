@@ -65,6 +65,20 @@ def should_export(state: PipelineState, newest_game_id: int, threshold: int) -> 
     return state.stage is Stage.COLLECTING and newest_game_id - state.export_mark >= threshold
 
 
+def adopt_generation(state: PipelineState, generation: int) -> PipelineState:
+    """Clustered: the leader assigned `generation` to this node (other nodes may have trained
+    the ones in between), so the local counter jumps to it."""
+    _expect(state, Stage.COLLECTING)
+    return replace(state, generation=generation)
+
+
+def abandoned(state: PipelineState) -> PipelineState:
+    """Clustered: the claim on this generation was lost (leader change, lapse, restart), so
+    its work is dropped undecided; the leader schedules the generation again."""
+    return replace(state, stage=Stage.COLLECTING, dataset_dir=None, dataset_sha256=None, run_dir=None,
+                   candidate_path=None, candidate_sha256=None, evaluation={})
+
+
 def exported(state: PipelineState, dataset_dir: str, dataset_sha256: str, newest_game_id: int) -> PipelineState:
     _expect(state, Stage.COLLECTING)
     return replace(state, stage=Stage.EXPORTED, dataset_dir=dataset_dir, dataset_sha256=dataset_sha256,

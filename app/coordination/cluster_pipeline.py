@@ -1,0 +1,207 @@
+"""The pipeline across the mesh: what a node gossips, the leader's side of a generation, and
+the worker's side (claim, renew, propose the decision).
+
+One generation, clustered:
+  leader   schedules `training:generation-<g>` once enough games exist (app/coordination/scheduling)
+  worker   claims it (/work/claim_training), pulls games from peers, exports, trains, runs the
+           gauntlet, installs a promoted candidate in its model store (so peers can fetch it),
+           then proposes the decision: POST /pipeline/decision with its fencing token
+  leader   checks the token, commits `generation/<g>` through a quorum of voters, answers
+  worker   completes the claim, records the decision; every node sees the record in gossip and
+           its distribution daemon fetches a promoted model by sha256 from a peer that has it
+A stale token (the leader changed, the claim lapsed) gets 409 and the worker drops the
+generation; the new leader schedules it again from the same gossiped state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from app.coordination.generation_log import GenerationLog, GenerationRecord, latest_promoted
+from app.coordination.p2p.node import ClusterView, MeshNode
+from app.coordination.p2p.schemas import Token
+from app.coordination.p2p.worker import Claim, WorkClient
+from app.coordination.pipeline_context import PipelineContext
+from app.coordination.scheduling import schedule, summarize
+from app.coordination.sync import installed_models
+from app.db.replay_db import ReplayDB
+from app.log import get_logger
+
+log = get_logger(__name__)
+RECORDS_GOSSIPED = 100
+
+
+class DecisionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    node_id: str = Field(min_length=1, max_length=128)
+    item_id: str = Field(max_length=512)
+    token: Token
+    record: dict[str, Any]
+
+
+@dataclass
+class GenerationClaim:
+    claim: Claim
+    generation: int
+    games_mark: int
+
+
+class ClusterPipeline:
+    def __init__(self, node: MeshNode, pipe: PipelineContext, threshold: int) -> None:
+        self.node = node
+        self.pipe = pipe
+        self.threshold = threshold
+        self.log = GenerationLog(pipe.paths.data_dir / "generations.json")
+        self.work: WorkClient | None = None
+        self.current: GenerationClaim | None = None
+        self._renewer: asyncio.Task | None = None
+        self._claim_lost = asyncio.Event()
+
+    # -- what this node gossips, and what it learns -----------------------------------
+    def inventory(self) -> dict[str, Any]:
+        with ReplayDB(self.pipe.paths.games_db) as db:
+            created = db.count_by_node(self.pipe.node_id)
+            max_id = db.max_id()
+        state = self.pipe.state
+        return {
+            "games_created": created, "games_max_id": max_id,
+            "models": installed_models(self.pipe.paths.models_dir),
+            "best_sha256": state.best_sha256, "best_generation": state.best_generation,
+            "generations": self.log.to_json()[-RECORDS_GOSSIPED:],
+        }
+
+    def absorb(self, view: ClusterView) -> None:
+        """Merge generation records from gossip and from this voter's commit store."""
+        incoming = [GenerationRecord.from_value(r) for s in view.nodes.values()
+                    for r in s.inventory.get("generations", [])]
+        for conflict in self.log.merge(incoming):
+            log.error("generation_record_refused", detail=conflict)
+
+    async def publish_loop(self, interval_s: float = 1.0) -> None:
+        while True:
+            try:
+                self.absorb(self.node.cluster_view())
+                inventory = await asyncio.to_thread(self.inventory)
+                self.node.update_local_state(inventory=inventory)
+            except Exception:  # noqa: BLE001 - gossip content must never stop the node
+                log.exception("inventory_publish_failed")
+            await asyncio.sleep(interval_s)
+
+    # -- leader side -------------------------------------------------------------------
+    def work_source(self, view: ClusterView):
+        self.absorb(view)
+        alive = {s.node_id for s in view.alive()}
+        return schedule(summarize(view.nodes, alive), self.log.records, self.threshold,
+                        ttl=self.node.timing.claim_ttl)
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.post("/pipeline/decision", self._handle_decision)]
+
+    async def _handle_decision(self, request: web.Request) -> web.Response:
+        try:
+            body = DecisionRequest.model_validate_json(await request.read())
+            record = GenerationRecord.from_value(body.record)
+        except (ValidationError, ValueError, KeyError, TypeError) as exc:
+            return web.json_response({"error": f"bad decision request: {exc}"}, status=400)
+        node = self.node
+        if not node.is_leader:
+            return web.json_response({"error": "not the leader", "leader": node.leader_id}, status=503)
+        refusal, _ = node.queue.renew(body.node_id, body.item_id, body.token, node.term,
+                                      node.consensus.can_mutate(), time.time())
+        if refusal is not None:
+            return web.json_response({"error": f"stale claim: {refusal}"}, status=409)
+        existing = node.committed(record.commit_key()) or (
+            self.log.records[record.generation].to_value() if record.generation in self.log.records else None)
+        if existing is not None and existing != record.to_value():
+            return web.json_response({"error": f"generation {record.generation} already decided",
+                                      "record": GenerationRecord.from_value(existing).__dict__}, status=409)
+        if not await node.commit(record.commit_key(), record.to_value()):
+            return web.json_response({"error": "no quorum stored the decision"}, status=503)
+        self.log.merge([record])
+        log.info("generation_committed", generation=record.generation, sha256=record.sha256[:12],
+                 promoted=record.promoted)
+        return web.json_response({"committed": True})
+
+    # -- worker side -------------------------------------------------------------------
+    async def claim_generation(self) -> GenerationClaim | None:
+        if self.current is not None:
+            return self.current
+        if self.work is None:
+            self.work = self.node.work_client()
+        claim = await self.work.claim(training=True)
+        if claim is None:
+            return None
+        payload = claim.item.payload
+        self.current = GenerationClaim(claim, int(payload["generation"]), int(payload["games_mark"]))
+        self._claim_lost.clear()
+        self._renewer = asyncio.create_task(self._renew_loop(claim))
+        log.info("generation_claimed", generation=self.current.generation, item=claim.item.item_id)
+        return self.current
+
+    async def _renew_loop(self, claim: Claim) -> None:
+        while True:
+            await asyncio.sleep(max(0.2, claim.ttl / 3))
+            outcome = await self.work.renew(claim)
+            if outcome.status == 409:
+                log.warning("generation_claim_lost", item=claim.item.item_id, reason=outcome.reason)
+                self._claim_lost.set()
+                return
+
+    def claim_lost(self) -> bool:
+        return self._claim_lost.is_set()
+
+    async def propose(self, record: GenerationRecord) -> tuple[bool, str]:
+        """Ask the leader to commit `record`; (committed, why not). Releases the claim either way."""
+        current = self.current
+        if current is None:
+            return False, "no claim held"
+        body = DecisionRequest(node_id=self.node.node_id, item_id=current.claim.item.item_id,
+                               token=current.claim.token, record=record.__dict__)
+        why = "no answer from a leader"
+        for _ in range(10):
+            if self._claim_lost.is_set():
+                why = "claim lost"
+                break
+            leader = await self.work.find_leader()
+            if leader is not None:
+                try:
+                    status, data = await self.node.client.request("POST", leader, "/pipeline/decision", body)
+                except Exception as exc:  # noqa: BLE001
+                    status, data = 0, {"error": repr(exc)}
+                if status == 200:
+                    self.log.merge([record])
+                    await self.work.complete(current.claim, {"sha256": record.sha256})
+                    self._release()
+                    return True, ""
+                why = data.get("error", str(data)) if isinstance(data, dict) else str(data)
+                if status == 409:
+                    break
+            await asyncio.sleep(0.5)
+        self._release()
+        return False, why
+
+    def abandon(self) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+        self._renewer = None
+        self.current = None
+
+    # -- everyone ----------------------------------------------------------------------
+    def target_best(self) -> GenerationRecord | None:
+        return latest_promoted(self.log.records)
+
+    def progress(self) -> dict[str, Any]:
+        """GET /progress: the decided generations; the same on every node once gossip settles."""
+        records = self.log.to_json()
+        best = self.target_best()
+        return {"format": 1, "current_best": best.sha256 if best else None,
+                "best_generation": best.generation if best else 0, "generations": records}

@@ -1,0 +1,103 @@
+"""The cluster's record of decided generations: one committed value per generation number.
+
+The leader commits `generation/<g>` through a quorum of voters before anyone acts on it, and
+a voter never stores two values for one key. Every node keeps the records it has seen in
+this log and gossips them, so any node can answer /progress, a new leader knows where the
+loop stands, and a node that was away catches up. A gossiped record that contradicts one
+already held is refused and reported, never merged: no node accepts two models for one
+generation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+COMMIT_PREFIX = "generation/"
+
+
+@dataclass(frozen=True)
+class GenerationRecord:
+    generation: int
+    sha256: str  # the candidate's model sha256 (promoted or not)
+    promoted: bool
+    games_mark: int  # cluster-wide games created when this generation's training was scheduled
+    trained_by: str
+    reason: str = ""
+    elo: float | None = None
+
+    def commit_key(self) -> str:
+        return f"{COMMIT_PREFIX}{self.generation}"
+
+    def to_value(self) -> str:
+        """The committed string: canonical JSON, so equal records are equal values."""
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+    @staticmethod
+    def from_value(value: str | dict) -> "GenerationRecord":
+        data = json.loads(value) if isinstance(value, str) else value
+        return GenerationRecord(
+            generation=int(data["generation"]), sha256=str(data["sha256"]), promoted=bool(data["promoted"]),
+            games_mark=int(data["games_mark"]), trained_by=str(data["trained_by"]),
+            reason=str(data.get("reason", "")), elo=data.get("elo"),
+        )
+
+
+def latest(records: dict[int, GenerationRecord]) -> GenerationRecord | None:
+    return records[max(records)] if records else None
+
+
+def latest_promoted(records: dict[int, GenerationRecord]) -> GenerationRecord | None:
+    promoted = [g for g, r in records.items() if r.promoted]
+    return records[max(promoted)] if promoted else None
+
+
+def merge_records(
+    held: dict[int, GenerationRecord], incoming: list[GenerationRecord]
+) -> tuple[dict[int, GenerationRecord], list[str]]:
+    """Pure: `held` plus the new generations of `incoming`; conflicting ones are refused."""
+    merged = dict(held)
+    conflicts = []
+    for record in incoming:
+        mine = merged.get(record.generation)
+        if mine is None:
+            merged[record.generation] = record
+        elif mine != record:
+            conflicts.append(
+                f"generation {record.generation}: holding {mine.sha256[:12]} "
+                f"(promoted={mine.promoted}), refused {record.sha256[:12]} (promoted={record.promoted})"
+            )
+    return merged, conflicts
+
+
+class GenerationLog:
+    """The records this node holds, persisted atomically in one JSON file."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.records: dict[int, GenerationRecord] = {}
+        if self.path.exists():
+            data = json.loads(self.path.read_text())
+            self.records = {int(r["generation"]): GenerationRecord.from_value(r) for r in data}
+
+    def merge(self, incoming: list[GenerationRecord]) -> list[str]:
+        """Merge and persist; returns the conflicts (refused records), if any."""
+        merged, conflicts = merge_records(self.records, incoming)
+        if merged != self.records:
+            self.records = merged
+            self._save()
+        return conflicts
+
+    def to_json(self) -> list[dict]:
+        return [asdict(self.records[g]) for g in sorted(self.records)]
+
+    def _save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
+        with open(tmp, "w") as fh:
+            json.dump(self.to_json(), fh, indent=1)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)
