@@ -2,11 +2,12 @@
 """Run N real mesh nodes on 127.0.0.1 and watch them: a live status table polled from each
 node's GET /status. Ctrl-C (or SIGTERM) stops every node: SIGTERM, then SIGKILL after a grace.
 
-    python scripts/local_cluster.py --nodes 5 --profile fast
-    python scripts/local_cluster.py --nodes 3 --command "python -m app.p2p_orchestrator"
+    python scripts/local_cluster.py --nodes 3                  # full nodes: the training loop
+    python scripts/local_cluster.py --nodes 5 --mesh-only      # the mesh alone
 
 Each node gets its own port and data dir (<data-root>/nK) and all nodes are voters. The
-command receives --node-id --host --port --data-dir --peers --voters --priority --profile.
+command receives --node-id --host --port --data-dir --peers --voters --priority --profile,
+and full orchestrator nodes also --health-port (and --config/--daemons when given).
 """
 
 from __future__ import annotations
@@ -44,7 +45,10 @@ def free_ports(n: int) -> list[int]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=int, default=3)
-    p.add_argument("--command", default=f"{sys.executable} -m app.coordination.p2p")
+    p.add_argument("--mesh-only", action="store_true", help="run bare mesh nodes (python -m app.coordination.p2p)")
+    p.add_argument("--command", default=None, help="node command (default: the orchestrator, or the mesh with --mesh-only)")
+    p.add_argument("--config", default=None, help="node config YAML passed to every orchestrator node")
+    p.add_argument("--daemons", default=None, help="daemons file passed to every orchestrator node")
     p.add_argument("--profile", default="fast", choices=["lan", "wan", "fast"])
     p.add_argument("--base-port", type=int, default=0, help="first port (0: pick free ports)")
     p.add_argument("--data-root", default="data/local_cluster")
@@ -54,6 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.nodes < 1:
         p.error("--nodes must be at least 1")
+    if args.command is None:
+        module = "app.coordination.p2p" if args.mesh_only else "app.p2p_orchestrator"
+        args.command = f"{sys.executable} -m {module}"
     return args
 
 
@@ -63,6 +70,7 @@ class LocalCluster:
         n = args.nodes
         self.ids = [f"n{i}" for i in range(n)]
         self.ports = [args.base_port + i for i in range(n)] if args.base_port else free_ports(n)
+        self.health_ports = free_ports(n)
         self.root = Path(args.data_root)
         self.procs: dict[str, subprocess.Popen] = {}
         self.env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -80,13 +88,22 @@ class LocalCluster:
                 "--node-id", nid, "--host", "127.0.0.1", "--port", str(self.ports[i]),
                 "--data-dir", str(data_dir), "--voters", ",".join(self.ids),
                 "--priority", str(i), "--profile", self.args.profile,
-            ] + (["--peers", peers] if peers else []) + shlex.split(self.args.extra)
+            ] + (["--peers", peers] if peers else []) + self._orchestrator_args(i) + shlex.split(self.args.extra)
             log = open(data_dir / "node.log", "ab")  # noqa: SIM115 - closed when the child exits
             self.procs[nid] = subprocess.Popen(
                 cmd, cwd=ROOT, env=self.env, stdout=log, stderr=log, start_new_session=True
             )
             log.close()
             print(f"started {nid} pid={self.procs[nid].pid} addr={self.addr(i)} data={data_dir}", flush=True)
+
+    def _orchestrator_args(self, i: int) -> list[str]:
+        if "p2p_orchestrator" not in self.args.command:
+            return []
+        extra = ["--health-port", str(self.health_ports[i])]
+        for flag in ("config", "daemons"):
+            if getattr(self.args, flag):
+                extra += [f"--{flag}", getattr(self.args, flag)]
+        return extra
 
     def stop(self, grace: float = 10.0) -> None:
         for proc in self.procs.values():
@@ -112,14 +129,15 @@ class LocalCluster:
 
     def table(self, statuses: dict[str, dict | None]) -> Table:
         t = Table(title=f"mesh: {len(self.ids)} nodes, profile {self.args.profile}")
-        for col in ("node", "pid", "addr", "role", "term", "leader", "quorum", "alive voters", "peers a/s/d", "work"):
+        for col in ("node", "pid", "addr", "role", "term", "leader", "quorum", "alive voters", "peers a/s/d", "work",
+                    "gen", "games"):
             t.add_column(col)
         for i, nid in enumerate(self.ids):
             proc = self.procs[nid]
             st = statuses.get(nid)
             if st is None:
                 state = "exited" if proc.poll() is not None else "no answer"
-                t.add_row(nid, str(proc.pid), self.addr(i), f"[red]{state}[/red]", *[""] * 6)
+                t.add_row(nid, str(proc.pid), self.addr(i), f"[red]{state}[/red]", *[""] * 8)
                 continue
             counts = {k: sum(1 for p in st["peers"] if p["state"] == k) for k in ("alive", "suspect", "dead")}
             role = st["role"]
@@ -131,6 +149,8 @@ class LocalCluster:
                 f"{len(st['voters_alive'])}/{len(st['voters'])}",
                 f"{counts['alive']}/{counts['suspect']}/{counts['dead']}",
                 " ".join(f"{k}={v}" for k, v in work.items()) if work else "",
+                str(st.get("inventory", {}).get("best_generation", "")),
+                str(st.get("inventory", {}).get("games_created", "")),
             )
         return t
 

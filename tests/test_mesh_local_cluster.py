@@ -29,7 +29,7 @@ def alive(pid: int) -> bool:
 @pytest.mark.timeout(60)
 def test_local_cluster_elects_and_ctrl_c_stops_every_node(tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "scripts/local_cluster.py", "--nodes", "3", "--profile", "fast",
+        [sys.executable, "scripts/local_cluster.py", "--nodes", "3", "--profile", "fast", "--mesh-only",
          "--data-root", str(tmp_path), "--interval", "0.2"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )

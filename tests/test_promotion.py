@@ -158,7 +158,7 @@ def trained_model(tmp_path_factory) -> Path:
 
 @pytest.mark.timeout(240)
 def test_a_trained_net_passes_the_gate_vs_random(trained_model: Path, tmp_path: Path) -> None:
-    settings = load_settings(None, gauntlet={"net_simulations": 24},
+    settings = load_settings(None, gauntlet={"net_simulations": 128},
                              promotion={"min_score_vs_random": 0.95, "min_score_vs_heuristic": None})
     with ModelRegistry(tmp_path / "reg.sqlite") as registry:
         outcome = evaluate_candidate(trained_model, settings, registry, workers=1, seed=0, games_per_baseline=20)

@@ -16,10 +16,7 @@ failed first, its exit code and its last log lines. Each worker runs through
 from __future__ import annotations
 
 import argparse
-import collections
-import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -32,12 +29,13 @@ from pathlib import Path
 from typing import Callable, Sequence, TextIO
 
 from app.training.rank_entry import LOG_DIR_ENV
+from app.training.rank_watch import (
+    LAST_LINES, LAUNCH_ID_ENV, POLL_S, RankStatus, RankWatch, first_failure, parse_torchrun_failures,
+    prepare_log_dir, teardown,
+)
 
-LAUNCH_ID_ENV = "LAUNCH_ID"
-POLL_S = 0.1
-LAST_LINES = 30
-_FAILED_LINE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
-_SUMMARY_BLOCK = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+__all__ = ["LaunchError", "LaunchResult", "LaunchSpec", "RankStatus", "build_torchrun_argv", "first_failure",
+           "free_port", "launch", "main", "parse_torchrun_failures"]
 
 
 class LaunchError(RuntimeError):
@@ -74,24 +72,6 @@ class LaunchSpec:
     echo: bool = True
 
 
-@dataclass
-class RankStatus:
-    rank: int
-    state: str = "pending"  # pending | running | exited
-    pid: int | None = None
-    exit_code: int | None = None
-    started_at: float | None = None
-    ended_at: float | None = None  # precise when the rank wrote its exit record, else observed
-    last_line: str = ""
-
-    def describe(self) -> str:
-        if self.state == "exited":
-            return f"rank {self.rank} exited {self.exit_code if self.exit_code is not None else '?'}"
-        if self.state == "running":
-            return f"rank {self.rank} running (pid {self.pid}) {self.last_line[-60:]!r}"
-        return f"rank {self.rank} pending"
-
-
 @dataclass(frozen=True)
 class LaunchResult:
     log_dir: Path
@@ -124,207 +104,6 @@ def build_torchrun_argv(spec: LaunchSpec, port: int | None) -> list[str]:
     return argv
 
 
-def parse_torchrun_failures(text: str) -> dict[int, int]:
-    """{global rank: exit code} from torchrun's failure summary."""
-    return {int(rank): int(code) for rank, _local, code in _SUMMARY_BLOCK.findall(text)}
-
-
-def first_failure(ranks: Sequence[RankStatus]) -> RankStatus | None:
-    """The rank that failed first: the earliest end among non-zero exits, preferring ranks that
-    did not die of the SIGTERM a teardown sends (those are consequences, not causes)."""
-    failed = [r for r in ranks if r.state == "exited" and r.exit_code != 0]
-    causes = ([r for r in failed if r.exit_code not in (None, -signal.SIGTERM)]
-              or [r for r in failed if r.exit_code is not None] or failed)
-    if not causes:
-        return None
-    return min(causes, key=lambda r: (r.ended_at if r.ended_at is not None else float("inf"), r.rank))
-
-
-# ---- the watcher ----------------------------------------------------------------------------
-
-
-def _alive(pid: int) -> bool:
-    """True while `pid` runs (a zombie counts as ended)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        try:
-            os.kill(pid, 0)
-            return not os.path.isdir("/proc")
-        except OSError:
-            return False
-
-
-def _pids_with_env(marker: str) -> list[int]:
-    """Every process whose environment carries our launch id: workers and what they started."""
-    needle = marker.encode()
-    found = []
-    if not os.path.isdir("/proc"):
-        return found
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as fh:
-                    if needle in fh.read():
-                        found.append(int(entry))
-            except OSError:
-                continue
-    return found
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except OSError:
-        pass
-
-
-class _Watch:
-    """State of one launch while it runs: rank logs tailed, pid and exit records read."""
-
-    def __init__(self, spec: LaunchSpec, out: TextIO, on_status: Callable[[list[RankStatus]], None] | None) -> None:
-        self.spec = spec
-        self.out = out
-        self.on_status = on_status
-        first = spec.node_rank * spec.nproc
-        self.ranks = {r: RankStatus(r) for r in range(first, first + spec.nproc)}
-        self.offsets: dict[int, int] = collections.defaultdict(int)
-        self.partial: dict[int, bytes] = collections.defaultdict(bytes)
-        self.tails: dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=LAST_LINES))
-        self.pgids: set[int] = set()
-        self.torchrun_lines: list[str] = []
-        self.failure_seen_at: float | None = None
-
-    def log_path(self, rank: int) -> Path:
-        return self.spec.log_dir / f"rank_{rank}.log"
-
-    def say(self, text: str) -> None:
-        if self.spec.echo:
-            print(text, file=self.out, flush=True)
-
-    def changed(self) -> None:
-        if self.on_status is not None:
-            self.on_status([RankStatus(**vars(r)) for r in self.ranks.values()])
-
-    def poll(self) -> None:
-        for rank, status in self.ranks.items():
-            self._tail(rank)
-            if status.state == "pending":
-                info = _read_json(self.spec.log_dir / f"rank_{rank}.pid")
-                if info:
-                    status.state, status.pid, status.started_at = "running", int(info["pid"]), float(info["started_at"])
-                    self.pgids.add(int(info["pgid"]))
-                    self.say(f"[launcher] rank {rank} started (pid {status.pid})")
-                    self.changed()
-            if status.state == "running":
-                record = _read_json(self.spec.log_dir / f"rank_{rank}.exit.json")
-                if record is not None:
-                    self._ended(status, int(record["exit_code"]), float(record["at"]))
-                elif status.pid is not None and not _alive(status.pid):
-                    record = _read_json(self.spec.log_dir / f"rank_{rank}.exit.json")  # written just before exit
-                    if record is not None:
-                        self._ended(status, int(record["exit_code"]), float(record["at"]))
-                    else:
-                        self._ended(status, None, time.time() - POLL_S)
-
-    def _ended(self, status: RankStatus, code: int | None, at: float) -> None:
-        status.state, status.exit_code, status.ended_at = "exited", code, at
-        self._tail(status.rank)
-        self.say(f"[launcher] rank {status.rank} exited with code {code if code is not None else '?'}")
-        if code != 0 and self.failure_seen_at is None:
-            self.failure_seen_at = time.monotonic()
-        self.changed()
-
-    def _tail(self, rank: int) -> None:
-        path = self.log_path(rank)
-        try:
-            with open(path, "rb") as fh:
-                fh.seek(self.offsets[rank])
-                data = fh.read()
-        except OSError:
-            return
-        if not data:
-            return
-        self.offsets[rank] += len(data)
-        lines = (self.partial[rank] + data).split(b"\n")
-        self.partial[rank] = lines.pop()
-        for raw in lines:
-            line = raw.decode("utf-8", "replace").rstrip("\r")
-            self.tails[rank].append(line)
-            self.ranks[rank].last_line = line
-            self.say(f"[Rank {rank}] {line}")
-
-    def flush_partial(self) -> None:
-        for rank, rest in self.partial.items():
-            if rest:
-                line = rest.decode("utf-8", "replace")
-                self.tails[rank].append(line)
-                self.say(f"[Rank {rank}] {line}")
-        self.partial.clear()
-
-    def on_torchrun_line(self, line: str) -> None:
-        self.torchrun_lines.append(line)
-        if _FAILED_LINE.search(line) and self.failure_seen_at is None:
-            self.failure_seen_at = time.monotonic()
-        self.say(f"[torchrun] {line}")
-
-    def status_line(self, elapsed: float) -> str:
-        return f"[launcher] {elapsed:.0f}s: " + " | ".join(r.describe() for r in self.ranks.values())
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _prepare_log_dir(log_dir: Path) -> None:
-    log_dir.mkdir(parents=True, exist_ok=True)
-    for pattern in ("rank_*.log", "rank_*.pid", "rank_*.exit.json", "torchrun.log"):
-        for stale in log_dir.glob(pattern):
-            stale.unlink(missing_ok=True)
-
-
-def _teardown(proc: subprocess.Popen, watch: _Watch, launch_id: str, grace_s: float) -> None:
-    """SIGTERM torchrun's group and every worker group, SIGKILL whatever outlives `grace_s`
-    (at once when `grace_s` is 0: the grace after a failure has already been given)."""
-    groups = {proc.pid, *watch.pgids}
-    stragglers = [p for p in _pids_with_env(f"{LAUNCH_ID_ENV}={launch_id}") if _alive(p)]
-    if proc.poll() is None or stragglers or any(_group_alive(g) for g in groups):
-        for g in groups:
-            _signal_group(g, signal.SIGTERM)
-        for pid in stragglers:
-            _kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s  # grace_s 0: straight to SIGKILL
-        while time.monotonic() < deadline and (proc.poll() is None or any(_group_alive(g) for g in groups)):
-            time.sleep(0.05)
-        for g in groups:
-            _signal_group(g, signal.SIGKILL)
-        for pid in _pids_with_env(f"{LAUNCH_ID_ENV}={launch_id}"):
-            _kill(pid, signal.SIGKILL)
-    try:
-        proc.wait(timeout=max(grace_s, 2.0))
-    except subprocess.TimeoutExpired:
-        _signal_group(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=5)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except OSError:
-        return False
-
-
-def _kill(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except OSError:
-        pass
-
 
 def launch(spec: LaunchSpec, out: TextIO | None = None,
            on_status: Callable[[list[RankStatus]], None] | None = None) -> LaunchResult:
@@ -334,14 +113,14 @@ def launch(spec: LaunchSpec, out: TextIO | None = None,
     out = out or sys.stdout
     log_dir = Path(spec.log_dir).resolve()
     spec = LaunchSpec(**{**vars(spec), "log_dir": log_dir})
-    _prepare_log_dir(log_dir)
+    prepare_log_dir(log_dir)
     port = spec.master_port or (None if spec.rdzv_endpoint else free_port(spec.master_addr))
     launch_id = uuid.uuid4().hex
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **spec.env,
            LOG_DIR_ENV: str(log_dir), LAUNCH_ID_ENV: launch_id, "PYTHONUNBUFFERED": "1"}
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    watch = _Watch(spec, out, on_status)
+    watch = RankWatch(log_dir, spec.nproc, spec.echo, out, on_status)
     argv = build_torchrun_argv(spec, port)
     watch.say(f"[launcher] {spec.nproc} process(es) on node {spec.node_rank}, port {port}, logs in {log_dir}")
     started = time.monotonic()
@@ -379,20 +158,20 @@ def launch(spec: LaunchSpec, out: TextIO | None = None,
                 watch.say(watch.status_line(now - started))
             time.sleep(POLL_S)
     finally:
-        _teardown(proc, watch, launch_id, 0.0 if grace_used else spec.grace_s)
+        teardown(proc, watch, launch_id, 0.0 if grace_used else spec.grace_s)
         reader.join(timeout=5)
         torchrun_log.close()
         watch.poll()
         watch.flush_partial()
     summary = parse_torchrun_failures("\n".join(watch.torchrun_lines))
     for rank, code in summary.items():
-        status = watch.ranks.get(rank)
-        if status is not None and status.exit_code is None and code != 0:
+        status = watch.ranks.setdefault(rank, RankStatus(rank))  # a rank may die before rank_entry runs
+        if status.exit_code is None and code != 0:
             status.state, status.exit_code = "exited", code
     wall = time.monotonic() - started
     starts = [r.started_at for r in watch.ranks.values() if r.started_at is not None]
-    startup = max(starts) - t0 if len(starts) == len(watch.ranks) else None
-    ranks = list(watch.ranks.values())
+    startup = max(starts) - t0 if len(starts) == spec.nproc else None
+    ranks = [watch.ranks[r] for r in sorted(watch.ranks)]
     if timed_out:
         raise LaunchError(f"run timed out after {spec.timeout_s:.0f}s; logs in {log_dir}")
     failed = first_failure(ranks)

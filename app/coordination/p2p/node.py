@@ -390,6 +390,8 @@ class MeshNode:
             "peers": peers,
             "work": self.queue.summary() if self.is_leader else None,
             "claims_held": [c.model_dump() for c in m.local.claims],
+            # what upper layers gossip about this node (games, models, best generation), minus long lists
+            "inventory": {k: v for k, v in m.local.inventory.items() if not isinstance(v, list)},
         }
 
 

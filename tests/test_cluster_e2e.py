@@ -1,0 +1,125 @@
+"""Three real orchestrator nodes on loopback train together; the leader is killed mid-run and
+the cluster still promotes, losing and duplicating no game, and every node ends on the same
+promoted model (the killed one too, once it is back)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import urllib.request
+
+import pytest
+from app.db.replay_db import ReplayDB
+from tests.orchestrator_helpers import (
+    SMALL_CONFIG, SMALL_DAEMONS, NodeFiles, kill_group, start_node, tail, wait_until, write_node_files,
+)
+
+pytestmark = pytest.mark.slow
+
+IDS = ["n0", "n1", "n2"]
+CONFIG = {**SMALL_CONFIG, "search": {"simulations": 8}, "gauntlet": {**SMALL_CONFIG["gauntlet"], "net_simulations": 4}}
+DAEMONS = {**SMALL_DAEMONS, "daemons": {
+    **SMALL_DAEMONS["daemons"],
+    "selfplay": {"critical": True, "stop_timeout_s": 15, "settings": {"batch_games": 16, "simulations": 8}},
+    "export": {"critical": True, "settings": {"min_new_games": 90, "poll_s": 0.5, "sync_budget_s": 20}},
+}}
+
+
+def _get(port: int, path: str) -> dict | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as resp:
+            return json.loads(resp.read())
+    except OSError:
+        return None
+
+
+def _start(files: NodeFiles, i: int, nodes: list[NodeFiles]):
+    peers = ",".join(f"{IDS[j]}@127.0.0.1:{nodes[j].mesh_port}" for j in range(len(IDS)) if j != i)
+    return start_node(files, "--voters", ",".join(IDS), "--peers", peers, "--priority", str(i),
+                      "--profile", "fast")
+
+
+def _leader(nodes: list[NodeFiles]) -> str | None:
+    for files in nodes:
+        status = _get(files.mesh_port, "/status")
+        if status and status.get("role") == "leader":
+            return status["node_id"]
+    return None
+
+
+def _promoted(files: NodeFiles) -> dict | None:
+    progress = _get(files.mesh_port, "/progress")
+    if not progress:
+        return None
+    promoted = [g for g in progress["generations"] if g["promoted"]]
+    return promoted[-1] if promoted else None
+
+
+@pytest.mark.timeout(600)
+def test_three_nodes_promote_through_a_leader_kill(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("MESH_SECRET", secrets.token_hex(16))
+    nodes = [write_node_files(tmp_path / nid, nid, CONFIG, DAEMONS) for nid in IDS]
+    procs = {nid: _start(files, i, nodes) for i, (nid, files) in enumerate(zip(IDS, nodes))}
+    try:
+        leader = wait_until(lambda: _leader(nodes), 60, what="a leader")
+        # Kill the leader once the cluster is working on its first generation.
+        wait_until(lambda: any(f.state().get("stage", "collecting") != "collecting" for f in nodes), 240,
+                   what="a generation in progress")
+        killed = IDS.index(leader)
+        os.killpg(procs[leader].pid, signal.SIGKILL)
+        procs[leader].wait(timeout=10)
+        survivors = [f for i, f in enumerate(nodes) if i != killed]
+        new_leader = wait_until(lambda: _leader(survivors), 60, what="a new leader")
+        assert new_leader != leader
+
+        record = wait_until(lambda: _promoted(survivors[0]), 420, interval=1.0, what="a promoted generation")
+        procs[leader] = _start(nodes[killed], killed, nodes)  # back, it must catch up
+        assert record["generation"] >= 1
+
+        def all_on_newest() -> bool:
+            newest = max(((_promoted(f) or {}).get("generation", 0), (_promoted(f) or {}).get("sha256"))
+                         for f in nodes)
+            return {f.state().get("best_sha256") for f in nodes} == {newest[1]}
+
+        wait_until(all_on_newest, 120, interval=1.0, what="every node on the newest promoted model")
+    except AssertionError:
+        for files in nodes:
+            print(f"--- {files.root.name}\n{tail(files, 3000)}")
+        raise
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=35)
+            except Exception:  # noqa: BLE001
+                pass
+            kill_group(proc)
+
+    # Same promoted sha everywhere: one model per generation across the cluster.
+    bests = {f.root.name: f.state()["best_sha256"] for f in nodes}
+    generations = [json.loads((f.data_dir / "generations.json").read_text()) for f in nodes]
+    by_generation: dict[int, set[str]] = {}
+    for log in generations:
+        for rec in log:
+            by_generation.setdefault(rec["generation"], set()).add(rec["sha256"])
+    assert all(len(shas) == 1 for shas in by_generation.values()), by_generation
+    final = max(g for g, shas in by_generation.items()
+                if any(r["promoted"] for log in generations for r in log if r["generation"] == g))
+    final_sha = next(iter(by_generation[final]))
+    assert set(bests.values()) == {final_sha}, bests
+
+    # No game lost or duplicated: the union of uids equals the games the nodes created.
+    union: set[str] = set()
+    created = 0
+    for files, nid in zip(nodes, IDS):
+        with ReplayDB(files.data_dir / "games.db") as db:
+            uids = db.uids()
+            assert len(uids) == len(set(uids))
+            assert db.integrity_problems() == []
+            created += db.count_by_node(nid)
+            union |= set(uids)
+    assert len(union) == created
