@@ -27,7 +27,7 @@ from app.training.export import export_dataset
 from app.training.launcher import LaunchSpec, launch
 from app.training.selfplay import run_selfplay
 
-GAMES = 800
+GAMES = 1000
 SIMULATIONS = 32
 EVAL_GAMES = 200
 

@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.coordination.generation_log import GenerationLog, GenerationRecord, latest_promoted
 from app.coordination.p2p.node import ClusterView, MeshNode
 from app.coordination.p2p.schemas import Token
+from app.coordination.p2p.server import BadRequest, parse_body
 from app.coordination.p2p.worker import Claim, WorkClient
 from app.coordination.pipeline_context import PipelineContext
 from app.coordination.scheduling import schedule, summarize
@@ -105,10 +106,12 @@ class ClusterPipeline:
 
     async def _handle_decision(self, request: web.Request) -> web.Response:
         try:
-            body = DecisionRequest.model_validate_json(await request.read())
+            body = parse_body(request, DecisionRequest)  # the body the signature was checked on
             record = GenerationRecord.from_value(body.record)
-        except (ValidationError, ValueError, KeyError, TypeError) as exc:
-            return web.json_response({"error": f"bad decision request: {exc}"}, status=400)
+        except BadRequest as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        except (ValueError, KeyError, TypeError) as exc:
+            return web.json_response({"error": f"bad decision record: {exc}"}, status=400)
         node = self.node
         if not node.is_leader:
             return web.json_response({"error": "not the leader", "leader": node.leader_id}, status=503)

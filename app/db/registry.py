@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import enum
 import json
-import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,8 @@ from typing import Iterable
 from sqlalchemy import Float, Index, Integer, String, Text, create_engine, delete, event, func, select, update
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from app.db.sqlite_files import create_tables, set_sqlite_pragmas
 
 SCHEMA_VERSION = 1
 
@@ -158,14 +159,6 @@ class StoredRating:
     updated_at: float
 
 
-def _set_sqlite_pragmas(dbapi_conn: sqlite3.Connection, _record: object) -> None:
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA synchronous=NORMAL")
-    cur.execute("PRAGMA busy_timeout=10000")
-    cur.close()
-
-
 def _entry(row: ModelRow) -> ModelEntry:
     return ModelEntry(
         sha256=row.sha256, generation=row.generation, path=row.path,
@@ -186,9 +179,9 @@ class ModelRegistry:
             raise RegistryError(f"{self.path}: registry not found")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.engine = create_engine(f"sqlite:///{self.path}", future=True)
-        event.listen(self.engine, "connect", _set_sqlite_pragmas)
+        event.listen(self.engine, "connect", set_sqlite_pragmas)
         try:
-            RegistryBase.metadata.create_all(self.engine)
+            create_tables(RegistryBase.metadata, self.engine)
             self._check_schema()
         except (DatabaseError, OperationalError) as exc:
             self.engine.dispose()

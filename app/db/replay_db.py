@@ -8,7 +8,6 @@ games from a peer inserts nothing twice. WAL mode lets export read while self-pl
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
+
+from app.db.sqlite_files import create_tables, set_sqlite_pragmas
 
 SCHEMA_VERSION = 1
 
@@ -109,15 +110,6 @@ class GameRecord:
         )
 
 
-def _set_sqlite_pragmas(dbapi_conn: sqlite3.Connection, _record: object) -> None:
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA synchronous=NORMAL")
-    cur.execute("PRAGMA foreign_keys=ON")
-    cur.execute("PRAGMA busy_timeout=10000")
-    cur.close()
-
-
 class ReplayDB:
     """One SQLite file of games. Safe for one writer process and many readers."""
 
@@ -129,10 +121,10 @@ class ReplayDB:
         url = f"sqlite:///file:{self.path}?mode=ro&uri=true" if readonly else f"sqlite:///{self.path}"
         self.engine = create_engine(url, future=True)
         if not readonly:
-            event.listen(self.engine, "connect", _set_sqlite_pragmas)
+            event.listen(self.engine, "connect", set_sqlite_pragmas)
         try:
             if not readonly:
-                Base.metadata.create_all(self.engine)
+                create_tables(Base.metadata, self.engine)
             self._check_schema(create=not readonly)
         except (DatabaseError, OperationalError) as exc:
             self.engine.dispose()
