@@ -8,6 +8,17 @@ import sys
 import structlog
 
 
+_NODE: dict[str, object] = {}  # node_id and term, stamped on every line
+
+
+def _add_node_and_term(_logger: object, _method: str, event: dict) -> dict:
+    """Process-wide, not a contextvar: asyncio tasks copy context when created, so a term bound
+    later by the election would never reach the gossip or daemon tasks already running."""
+    for key, value in _NODE.items():
+        event.setdefault(key, value)
+    return event
+
+
 def configure_logging(node_id: str | None = None, level: str = "INFO", json: bool | None = None) -> None:
     """Configure structlog once per process; `json=None` picks JSON unless stderr is a TTY."""
     if json is None:
@@ -16,6 +27,7 @@ def configure_logging(node_id: str | None = None, level: str = "INFO", json: boo
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            _add_node_and_term,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
@@ -26,12 +38,12 @@ def configure_logging(node_id: str | None = None, level: str = "INFO", json: boo
         cache_logger_on_first_use=False,
     )
     if node_id is not None:
-        structlog.contextvars.bind_contextvars(node_id=node_id, term=0)
+        _NODE.update(node_id=node_id, term=_NODE.get("term", 0))
 
 
 def bind_term(term: int) -> None:
     """Called by the election on every term change, so each log line carries the current term."""
-    structlog.contextvars.bind_contextvars(term=term)
+    _NODE["term"] = term
 
 
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:

@@ -130,13 +130,18 @@ def test_warm_start_names_parent_and_bad_checkpoint_is_refused(runs, dataset, tm
     run_dir = tmp_path / "warm"
     proc = subprocess.run(
         [sys.executable, "-m", "app.training.train", "--dataset", str(dataset), "--run-dir", str(run_dir),
-         "--parent", str(parent), "--max-steps", "3", "--batch-size", "32", "--log-every", "1"],
+         "--parent", str(parent), "--max-steps", "5", "--batch-size", "32", "--log-every", "1",
+         "--eval-every", "1", "--patience", "1", "--min-delta", "100"],
         cwd=ROOT, capture_output=True, text=True, timeout=100,
     )
     assert proc.returncode == 0, proc.stderr
     meta = read_meta(run_dir / "candidate.safetensors")
     assert meta.parent_sha256 == parent_meta.sha256 and meta.generation == parent_meta.generation + 1
     assert meta.architecture == parent_meta.architecture
+    # early stopping: no evaluation after the first can beat the best by 100, so patience 1 stops at step 2
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "stopped_early" and result["steps"] == 2 and result["best_step"] == 1
+    assert load_checkpoint(run_dir / "checkpoint.pt")["stopped_early"] is True
     # the first step starts from the parent's weights, so its loss is near the parent's last
     first = step_losses(run_dir)[1]
     assert first < step_losses(runs["A"][0])[1]

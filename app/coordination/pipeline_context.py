@@ -8,6 +8,8 @@ interleave a read-modify-write; everything else between them goes over the event
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +44,10 @@ class NodePaths:
     @property
     def state_file(self) -> Path:
         return self.data_dir / "pipeline_state.json"
+
+    @property
+    def history_file(self) -> Path:
+        return self.data_dir / "pipeline_history.jsonl"
 
     @property
     def models_dir(self) -> Path:
@@ -84,9 +90,12 @@ class PipelineContext:
     async def update(self, transition: Callable[[PipelineState], PipelineState]) -> PipelineState:
         """Apply a pure transition and persist it before anyone sees the new state."""
         async with self._lock:
-            new = transition(self._state)
+            old = self._state
+            new = transition(old)
             await asyncio.to_thread(self._store.save, new)
             self._state = new
+            if (new.stage, new.generation) != (old.stage, old.generation):
+                await asyncio.to_thread(self._append_history, new)
         async with self._changed:
             self._changed.notify_all()
         return new
@@ -98,6 +107,14 @@ class PipelineContext:
                 await asyncio.wait_for(self._changed.wait(), timeout_s)
             except TimeoutError:
                 pass
+
+    def _append_history(self, state: PipelineState) -> None:
+        """One JSON line per stage change: when each generation entered each stage (for
+        operators and scripts/bench_loop.py's time shares)."""
+        line = json.dumps({"t": time.time(), "generation": state.generation, "stage": state.stage.value,
+                           "promoted": state.promoted, "rejected": state.rejected})
+        with open(self.paths.history_file, "a") as fh:
+            fh.write(line + "\n")
 
     def decided_generations(self) -> int:
         """Generations promoted or rejected: by this node alone, or by the whole cluster."""

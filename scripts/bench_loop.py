@@ -1,0 +1,104 @@
+#!/usr/bin/env python
+"""Run the single-node training loop for a fixed wall-clock budget and report what it made.
+
+    python scripts/bench_loop.py --minutes 20
+
+Starts the real orchestrator (configs/bench_loop.yaml by default) on a fresh data dir, stops
+it with SIGTERM when the budget is spent, then measures the last promoted generation against
+random and the heuristic with a fresh gauntlet. Prints one JSON object: games, positions/s,
+generations promoted/rejected, Elo of each generation vs random (anchored at 0), the share of
+wall time each pipeline stage took, and the final model's scores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from app.config import load_settings  # noqa: E402
+from app.db.registry import ModelRegistry, ModelStatus  # noqa: E402
+from app.db.replay_db import ReplayDB  # noqa: E402
+from app.training.gauntlet import run_gauntlet  # noqa: E402
+
+
+def stage_shares(history: list[dict], started: float, ended: float) -> dict[str, float]:
+    """Fraction of the wall time spent in each stage (collecting = waiting for games)."""
+    spans: dict[str, float] = {}
+    stage, since = "collecting", started
+    for event in history:
+        spans[stage] = spans.get(stage, 0.0) + max(0.0, event["t"] - since)
+        stage, since = event["stage"], event["t"]
+    spans[stage] = spans.get(stage, 0.0) + max(0.0, ended - since)
+    total = sum(spans.values()) or 1.0
+    return {k: round(v / total, 3) for k, v in sorted(spans.items())}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--minutes", type=float, default=20.0)
+    p.add_argument("--config", type=Path, default=ROOT / "configs" / "bench_loop.yaml")
+    p.add_argument("--daemons", type=Path, default=ROOT / "configs" / "bench_loop_daemons.yaml")
+    p.add_argument("--data-dir", type=Path, default=None)
+    p.add_argument("--eval-games", type=int, default=40, help="games vs each baseline for the final model")
+    args = p.parse_args()
+    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="bench_loop_"))
+    settings = load_settings(args.config)
+    started = time.time()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.p2p_orchestrator", "--config", str(args.config), "--daemons", str(args.daemons),
+         "--data-dir", str(data_dir), "--port", "0", "--health-port", "0", "--node-id", "bench"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(data_dir.parent / f"{data_dir.name}.log", "w"),
+        start_new_session=True,
+    )
+    try:
+        proc.wait(timeout=args.minutes * 60)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    ended = time.time()
+
+    with ReplayDB(data_dir / "games.db") as db:
+        games, positions = db.count(), db.count_positions()
+    history_file = data_dir / "pipeline_history.jsonl"
+    history = [json.loads(x) for x in history_file.read_text().splitlines()] if history_file.exists() else []
+    with ModelRegistry(data_dir / "registry.db") as registry:
+        models = registry.models()
+        best = registry.current_best()
+    elo = [{"generation": m.generation, "status": m.status.value, "elo": m.elo, "elo_low": m.elo_low,
+            "elo_high": m.elo_high} for m in models]
+    final = {}
+    if best is not None:
+        eval_settings = settings.model_copy(update={"gauntlet": settings.gauntlet.model_copy(
+            update={"games_vs_baseline": args.eval_games, "workers": 2})})
+        report = run_gauntlet(best.path, ["random", "heuristic"], None, eval_settings,
+                              data_dir / "final_eval.db", workers=2, seed=12345)
+        final = {"generation": best.generation,
+                 **{f"score_vs_{r.kind}": round(r.score, 3) for r in report.results},
+                 **{f"wdl_vs_{r.kind}": [r.wins, r.draws, r.losses] for r in report.results}}
+    wall = ended - started
+    print(json.dumps({
+        "minutes": round(wall / 60, 2), "data_dir": str(data_dir), "games": games,
+        "positions_per_second": round(positions / wall, 1),
+        "generations_promoted": sum(m.status is ModelStatus.PROMOTED for m in models),
+        "generations_rejected": sum(m.status is ModelStatus.REJECTED for m in models),
+        "elo_by_generation": elo, "stage_share": stage_shares(history, started, ended),
+        "final_model": final,
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
