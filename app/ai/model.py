@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,6 +19,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
+
+from app.atomic_files import atomic_write_json, replace_durably, temp_sibling
 
 SIDECAR_FORMAT = 1
 
@@ -140,17 +141,6 @@ def sidecar_path(weights_path: str | Path) -> Path:
     return Path(weights_path).with_suffix(".json")
 
 
-def _fsync_replace(tmp: Path, final: Path) -> None:
-    with open(tmp, "rb+") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, final)
-    dir_fd = os.open(final.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def save_model(net: nn.Module, meta: ModelMeta, path: str | Path) -> ModelMeta:
     """Write weights then sidecar, each atomically; returns the meta with its sha256.
 
@@ -164,14 +154,11 @@ def save_model(net: nn.Module, meta: ModelMeta, path: str | Path) -> ModelMeta:
     path.parent.mkdir(parents=True, exist_ok=True)
     module = net.module if hasattr(net, "module") else net  # unwrap DDP
     state = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = temp_sibling(path)
     save_file(state, str(tmp))
-    _fsync_replace(tmp, path)
+    replace_durably(tmp, path)
     meta = ModelMeta(**{**meta.__dict__, "sha256": file_sha256(path)})
-    side = sidecar_path(path)
-    tmp_side = side.with_name(f".{side.name}.tmp{os.getpid()}")
-    tmp_side.write_text(json.dumps(meta.to_json(), indent=2, sort_keys=True))
-    _fsync_replace(tmp_side, side)
+    atomic_write_json(sidecar_path(path), meta.to_json(), indent=2)
     return meta
 
 

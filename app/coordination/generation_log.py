@@ -11,9 +11,10 @@ generation.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from app.atomic_files import atomic_write_json
 
 COMMIT_PREFIX = "generation/"
 
@@ -94,10 +95,4 @@ class GenerationLog:
         return [asdict(self.records[g]) for g in sorted(self.records)]
 
     def _save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
-        with open(tmp, "w") as fh:
-            json.dump(self.to_json(), fh, indent=1)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+        atomic_write_json(self.path, self.to_json(), indent=1)

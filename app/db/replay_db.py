@@ -197,9 +197,13 @@ class ReplayDB:
         with Session(self.engine) as session:
             return int(session.scalar(select(func.count(GameRow.id))) or 0)
 
-    def count_positions(self) -> int:
+    def count_positions(self, node_id: str | None = None) -> int:
+        """Positions (moves) stored; only those of games `node_id` created when given."""
+        stmt = select(func.coalesce(func.sum(GameRow.length), 0))
+        if node_id is not None:
+            stmt = stmt.where(GameRow.node_id == node_id)
         with Session(self.engine) as session:
-            return int(session.scalar(select(func.coalesce(func.sum(GameRow.length), 0))) or 0)
+            return int(session.scalar(stmt) or 0)
 
     def count_by_node(self, node_id: str) -> int:
         """Games this node created itself (synced copies of other nodes' games excluded)."""

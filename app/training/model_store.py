@@ -11,12 +11,8 @@ import os
 import shutil
 from pathlib import Path
 
+from app.atomic_files import fsync_file
 from app.ai.model import ModelFormatError, file_sha256, read_meta, sidecar_path
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb+") as fh:
-        os.fsync(fh.fileno())
 
 
 def install_model(src: str | Path, models_dir: str | Path, sha256: str) -> Path:
@@ -40,8 +36,8 @@ def install_model(src: str | Path, models_dir: str | Path, sha256: str) -> Path:
             raise ModelFormatError(f"{src}: sha256 {actual[:12]} is not the expected {sha256[:12]}; not installed")
         if read_meta(src).sha256 != sha256:
             raise ModelFormatError(f"{sidecar_path(src)}: sidecar names another model than {sha256[:12]}")
-        _fsync_file(tmp)
-        _fsync_file(tmp_side)
+        fsync_file(tmp)
+        fsync_file(tmp_side)
         os.replace(tmp, final)  # weights first: a sidecar never names a missing file
         os.replace(tmp_side, sidecar_path(final))
     finally:

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import enum
 import json
-import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+
+from app.atomic_files import atomic_write_json
 
 
 class Stage(str, enum.Enum):
@@ -153,10 +154,4 @@ class PipelineStateStore:
             raise PipelineStateError(f"{self.path}: unreadable pipeline state: {exc}") from None
 
     def save(self, state: PipelineState) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
-        with open(tmp, "w") as fh:
-            json.dump(to_json(state), fh, indent=2, sort_keys=True)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+        atomic_write_json(self.path, to_json(state), indent=2)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import re
 import time
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from pydantic import ValidationError
 
+from app.atomic_files import atomic_write_json
 from app.coordination.p2p.client import MeshClient
 from app.coordination.sync.wire import MAX_FETCH_UIDS, MAX_MANIFEST_LIMIT, MAX_UID_LEN, FetchAnswer, Manifest
 from app.db.replay_db import GameRecord, GameRow, ReplayDB
@@ -85,16 +85,7 @@ class PeerCursor:
             return 0, None
 
     def save(self, after: int, first: str | None) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
-        try:
-            with open(tmp, "w") as fh:
-                json.dump({"after": after, "first": first, "updated_at": time.time()}, fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        atomic_write_json(self.path, {"after": after, "first": first, "updated_at": time.time()})
 
 
 def stored_uids(db: ReplayDB, uids: list[str]) -> set[str]:
