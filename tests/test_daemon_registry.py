@@ -105,6 +105,15 @@ def test_selected_daemon_with_an_unselected_dependency_is_an_error(tmp_path):
         reg.select("train")
 
 
-def test_the_repository_daemons_yaml_loads_with_the_infrastructure_runners():
-    reg = load_registry(REPO / "daemons.yaml", INFRA_RUNNERS)
-    assert "dlq_retry" in [s.name for s in reg.select("all")]
+def test_the_repository_daemons_yaml_loads_with_every_runner(tmp_path):
+    from app.config import load_settings
+    from app.coordination.daemon_runners import pipeline_runners
+    from app.coordination.pipeline_context import PipelineContext
+
+    pipe = PipelineContext(load_settings(None, node={"data_dir": str(tmp_path)}))
+    reg = load_registry(REPO / "daemons.yaml", {**INFRA_RUNNERS, **pipeline_runners(pipe)})
+    names = [s.name for s in reg.select("all")]
+    assert {"dlq_retry", "selfplay", "export", "train", "gauntlet", "promote", "distribution"} <= set(names)
+    assert names.index("export") < names.index("train") < names.index("gauntlet") < names.index("promote")
+    with pytest.raises(ConfigError, match="daemons.selfplay"):
+        load_registry(REPO / "daemons.yaml", INFRA_RUNNERS)  # a daemon the code has no runner for

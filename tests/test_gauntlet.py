@@ -134,3 +134,19 @@ def test_cli_bad_input_is_a_clear_error(tmp_path: Path, capsys) -> None:
                         "--quiet", "--registry", str(tmp_path / "r.sqlite")]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["results"][0]["games"] == 2 and report["ratings"]
+
+
+def test_should_stop_ends_the_gauntlet_between_games(tmp_path: Path) -> None:
+    from app.training.gauntlet import GauntletStopped
+
+    calls = []
+
+    def stop_after_three() -> bool:
+        calls.append(1)
+        return len(calls) > 3
+
+    with ModelRegistry(tmp_path / "reg.sqlite") as registry:
+        with pytest.raises(GauntletStopped):
+            run_gauntlet("heuristic:1", ["random"], None, fast_settings(), registry, workers=1,
+                         seed=5, games_per_baseline=40, should_stop=stop_after_three)
+        assert 0 < len(registry.match_games()) < 40

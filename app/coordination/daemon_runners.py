@@ -27,7 +27,7 @@ from app.db.registry import ModelRegistry, ModelStatus
 from app.training import pipeline_state as ps
 from app.training.evaluation_record import decide_from_evaluation, evaluation_from_report
 from app.training.export import export_dataset
-from app.training.gauntlet import run_gauntlet
+from app.training.gauntlet import GauntletStopped, run_gauntlet
 from app.training.model_store import install_model
 from app.training.pipeline_state import Stage
 from app.training.promotion import Gates, promote_model, register_candidate, reject_model
@@ -165,10 +165,14 @@ async def gauntlet_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
         state = pipe.state
         if state.stage is Stage.TRAINED:
             gates = Gates.from_config(pipe.settings.promotion)
-            report = await asyncio.to_thread(
-                run_gauntlet, state.candidate_path, gates.baselines(), state.best_path, pipe.settings,
-                pipe.paths.registry_db, workers=ctx.settings["workers"], seed=state.generation,
-            )
+            try:
+                report = await asyncio.to_thread(
+                    run_gauntlet, state.candidate_path, gates.baselines(), state.best_path, pipe.settings,
+                    pipe.paths.registry_db, workers=ctx.settings["workers"], seed=state.generation,
+                    should_stop=ctx.stopping.is_set,
+                )
+            except GauntletStopped:
+                return  # draining: the stage stays TRAINED and the next start plays it again
             evaluation = evaluation_from_report(report)
             passed = decide_from_evaluation(evaluation, gates, has_best=state.best_sha256 is not None).promote
             state = await pipe.update(lambda s: ps.evaluated(s, evaluation))

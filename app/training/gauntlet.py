@@ -31,6 +31,10 @@ from app.training.sprt import SprtDecision, SprtResult, sprt_decision
 ProgressCallback = Callable[[dict], None]
 
 
+class GauntletStopped(RuntimeError):
+    """`should_stop` asked the gauntlet to end early (a draining node); no report is made."""
+
+
 @dataclass(frozen=True)
 class GameTask:
     index: int
@@ -202,7 +206,7 @@ def _match_tasks(candidate: PlayerSpec, opponent: PlayerSpec, games: int, settin
 def _play_match(
     executor, tasks: list[GameTask], result: OpponentResult, settings: Settings,
     record: Callable[[GameTask, GameOutcome], None], sequential_test: bool, workers: int,
-    progress: ProgressCallback | None,
+    progress: ProgressCallback | None, should_stop: Callable[[], bool] | None = None,
 ) -> None:
     """Submit tasks a few at a time; stop early when the SPRT decides (best only)."""
     cfg = settings.gauntlet
@@ -212,6 +216,8 @@ def _play_match(
     in_flight = max(1, 2 * workers)
     try:
         while True:
+            if should_stop is not None and should_stop():
+                raise GauntletStopped("gauntlet stopped on request; its games so far are recorded")
             while not decided and len(pending) < in_flight:
                 task = next(queue, None)
                 if task is None:
@@ -269,6 +275,7 @@ def run_gauntlet(
     seed: int = 0,
     progress: ProgressCallback | None = None,
     games_per_baseline: int | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> GauntletReport:
     """Play the candidate against each baseline (fixed games) and the best (SPRT), record
     every game in the registry, refit Elo. `candidate_path` may also be a baseline spec
@@ -310,7 +317,8 @@ def run_gauntlet(
             result = OpponentResult(spec.name, kind)
             report.results.append(result)
             tasks = _match_tasks(candidate, spec, games, settings, rng)
-            _play_match(executor, tasks, result, settings, record_for(spec), is_best, workers, progress)
+            _play_match(executor, tasks, result, settings, record_for(spec), is_best, workers, progress,
+                        should_stop)
         report.ratings = recompute_ratings(registry, cfg.net_simulations)
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
