@@ -25,6 +25,7 @@ import torch  # noqa: E402
 from app.ai.model import ModelFormatError  # noqa: E402
 from app.ai.players import PlayerSpecError  # noqa: E402
 from app.config import ConfigError, load_settings  # noqa: E402
+from app.config.paths import NodePaths
 from app.db.registry import ModelRegistry, RegistryError  # noqa: E402
 from app.training.gauntlet import format_table  # noqa: E402
 from app.training.promotion import (  # noqa: E402
@@ -34,7 +35,7 @@ from app.training.promotion import (  # noqa: E402
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--registry", type=Path, default=None, help="registry SQLite (default: <data_dir>/registry.sqlite)")
+    ap.add_argument("--registry", type=Path, default=None, help="registry SQLite (default: <data_dir>/registry.db, the node's own)")
     ap.add_argument("--config", type=Path, default=None, help="node config YAML")
     sub = ap.add_subparsers(dest="command", required=True)
     ev = sub.add_parser("evaluate", help="register a candidate, run the gauntlet, apply the gates")
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     try:
         settings = load_settings(args.config)
-        registry_path = args.registry or settings.node.data_dir / "registry.sqlite"
+        registry_path = args.registry or NodePaths(settings.node.data_dir).registry_db
         with ModelRegistry(registry_path) as registry:
             return _run(args, settings, registry)
     except (ConfigError, ModelFormatError, PlayerSpecError, RegistryError, PromotionError, ValueError) as exc:

@@ -1,7 +1,7 @@
 """Play a candidate against baselines (and optionally the current best); print W/D/L, score, Elo.
 
     python scripts/run_gauntlet.py --candidate data/models/gen3.safetensors --baselines random,heuristic
-    python scripts/run_gauntlet.py --candidate A.safetensors --best current --registry data/registry.sqlite
+    python scripts/run_gauntlet.py --candidate A.safetensors --best current --registry data/registry.db
     python scripts/run_gauntlet.py --candidate heuristic:3 --baselines random,rollout:100 --games 20
 
 Players: random, heuristic[:depth], rollout[:simulations], or a .safetensors model path.
@@ -23,6 +23,7 @@ import torch  # noqa: E402
 from app.ai.model import ModelFormatError  # noqa: E402
 from app.ai.players import PlayerSpecError  # noqa: E402
 from app.config import ConfigError, load_settings  # noqa: E402
+from app.config.paths import NodePaths
 from app.db.registry import ModelRegistry, RegistryError  # noqa: E402
 from app.games import GameError  # noqa: E402
 from app.training.gauntlet import format_table, run_gauntlet  # noqa: E402
@@ -33,7 +34,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--candidate", required=True, help="model path or baseline spec")
     ap.add_argument("--baselines", default="random,heuristic", help="comma-separated baseline specs ('' for none)")
     ap.add_argument("--best", default=None, help="model path of the current best, or 'current' (from the registry)")
-    ap.add_argument("--registry", type=Path, default=None, help="registry SQLite (default: <data_dir>/registry.sqlite)")
+    ap.add_argument("--registry", type=Path, default=None, help="registry SQLite (default: <data_dir>/registry.db, the node's own)")
     ap.add_argument("--games", type=int, default=None, help="games per baseline (default: config)")
     ap.add_argument("--workers", type=int, default=None, help="worker processes (default: config; 1 = in this process)")
     ap.add_argument("--seed", type=int, default=0)
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     try:
         settings = load_settings(args.config)
-        registry_path = args.registry or settings.node.data_dir / "registry.sqlite"
+        registry_path = args.registry or NodePaths(settings.node.data_dir).registry_db
         baselines = [b.strip() for b in args.baselines.split(",") if b.strip()]
         with ModelRegistry(registry_path) as registry:
             best = args.best

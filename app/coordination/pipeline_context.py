@@ -11,58 +11,16 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from app.config import Settings
+from app.config.paths import NodePaths
 from app.coordination.daemon_registry import DaemonContext
 from app.coordination.event_router import Event
 from app.coordination.events import EventType
 from app.db.replay_db import ReplayDB
 from app.training.pipeline_state import PipelineState, PipelineStateStore
-
-
-@dataclass(frozen=True)
-class NodePaths:
-    """Where a node keeps its files, all under one data directory."""
-
-    data_dir: Path
-
-    @property
-    def games_db(self) -> Path:
-        return self.data_dir / "games.db"
-
-    @property
-    def registry_db(self) -> Path:
-        return self.data_dir / "registry.db"
-
-    @property
-    def dead_letters_db(self) -> Path:
-        return self.data_dir / "dead_letters.db"
-
-    @property
-    def state_file(self) -> Path:
-        return self.data_dir / "pipeline_state.json"
-
-    @property
-    def history_file(self) -> Path:
-        return self.data_dir / "pipeline_history.jsonl"
-
-    @property
-    def models_dir(self) -> Path:
-        return self.data_dir / "models"
-
-    @property
-    def datasets_dir(self) -> Path:
-        return self.data_dir / "datasets"
-
-    @property
-    def runs_dir(self) -> Path:
-        return self.data_dir / "runs"
-
-    def model_path(self, sha256: str) -> Path:
-        return self.models_dir / f"{sha256}.safetensors"
 
 
 class PipelineContext:
