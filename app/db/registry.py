@@ -11,17 +11,19 @@ Rows cross the API as frozen dataclasses, never live ORM objects.
 
 from __future__ import annotations
 
-import enum
 import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from sqlalchemy import Float, Index, Integer, String, Text, create_engine, delete, event, func, select, update
+from sqlalchemy import create_engine, delete, event, func, select, update
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.orm import Session
 
+from app.db.registry_tables import (
+    MatchGameRow, ModelRow, ModelStatus, RatingRow, RegistryBase, RegistrySchemaInfo, StatusHistoryRow,
+)
 from app.db.sqlite_files import create_tables, set_sqlite_pragmas
 
 SCHEMA_VERSION = 1
@@ -29,78 +31,6 @@ SCHEMA_VERSION = 1
 
 class RegistryError(RuntimeError):
     """A registry file that cannot be used, or an action its state forbids; names the path."""
-
-
-class ModelStatus(str, enum.Enum):
-    CANDIDATE = "candidate"
-    PROMOTED = "promoted"
-    REJECTED = "rejected"
-    ROLLED_BACK = "rolled_back"
-
-
-class RegistryBase(DeclarativeBase):
-    pass
-
-
-class RegistrySchemaInfo(RegistryBase):
-    __tablename__ = "schema_info"
-    key: Mapped[str] = mapped_column(String(64), primary_key=True)
-    value: Mapped[str] = mapped_column(Text)
-
-
-class ModelRow(RegistryBase):
-    __tablename__ = "models"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    sha256: Mapped[str] = mapped_column(String(64), unique=True, index=True)
-    generation: Mapped[int] = mapped_column(Integer, index=True)
-    path: Mapped[str] = mapped_column(Text)
-    parent_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    dataset_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    elo: Mapped[float | None] = mapped_column(Float, nullable=True)
-    elo_low: Mapped[float | None] = mapped_column(Float, nullable=True)
-    elo_high: Mapped[float | None] = mapped_column(Float, nullable=True)
-    status: Mapped[str] = mapped_column(String(16), default=ModelStatus.CANDIDATE.value)
-    reason: Mapped[str] = mapped_column(Text, default="")
-    created_at: Mapped[float] = mapped_column(Float)
-    updated_at: Mapped[float] = mapped_column(Float)
-    promoted_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # first promotion
-    current_since: Mapped[float | None] = mapped_column(Float, nullable=True)  # last made current
-    current_seq: Mapped[int | None] = mapped_column(Integer, nullable=True)  # orders "made current"
-
-
-class StatusHistoryRow(RegistryBase):
-    __tablename__ = "status_history"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    sha256: Mapped[str] = mapped_column(String(64), index=True)
-    old_status: Mapped[str | None] = mapped_column(String(16), nullable=True)
-    new_status: Mapped[str] = mapped_column(String(16))
-    reason: Mapped[str] = mapped_column(Text)
-    at: Mapped[float] = mapped_column(Float)
-
-
-class MatchGameRow(RegistryBase):
-    __tablename__ = "match_games"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    uid: Mapped[str] = mapped_column(String(64), unique=True)
-    match_id: Mapped[str] = mapped_column(String(64), index=True)
-    game: Mapped[str] = mapped_column(String(32))
-    player0: Mapped[str] = mapped_column(String(128))  # moved first
-    player1: Mapped[str] = mapped_column(String(128))
-    winner: Mapped[int] = mapped_column(Integer)  # 0, 1, or -1 for a draw
-    moves: Mapped[str] = mapped_column(Text)  # the game's notation, opening included
-    opening_plies: Mapped[int] = mapped_column(Integer)
-    created_at: Mapped[float] = mapped_column(Float)
-    __table_args__ = (Index("ix_match_games_players", "player0", "player1"),)
-
-
-class RatingRow(RegistryBase):
-    __tablename__ = "ratings"
-    player: Mapped[str] = mapped_column(String(128), primary_key=True)
-    elo: Mapped[float] = mapped_column(Float)
-    elo_low: Mapped[float] = mapped_column(Float)
-    elo_high: Mapped[float] = mapped_column(Float)
-    games: Mapped[int] = mapped_column(Integer)
-    updated_at: Mapped[float] = mapped_column(Float)
 
 
 @dataclass(frozen=True)
