@@ -241,3 +241,10 @@ def test_cli_promote_rollback_and_progress_round_trip(tmp_path: Path, capsys) ->
     assert rc == 2 and "no model" in err
     rc, out, _ = cli_main("--registry", str(reg_path), "list", capsys=capsys)
     assert rc == 0 and "rolled_back" in out
+
+
+def test_the_first_generation_faces_no_heuristic_gate() -> None:
+    gates = Gates(min_score_vs_random=0.9, min_score_vs_heuristic=0.5)
+    first, later = gates.for_generation(1, heuristic_from=2), gates.for_generation(2, heuristic_from=2)
+    assert first.baselines() == ["random"] and later.baselines() == ["random", "heuristic"]
+    assert later is gates

@@ -60,3 +60,6 @@ class PromotionConfig(StrictModel):
     min_score_vs_random: float | None = 0.95  # None disables the gate
     min_score_vs_heuristic: float | None = 0.5
     require_sprt_vs_best: bool = True  # the SPRT vs the current best must accept
+    # The first network learns from uniform-prior self-play and cannot yet be expected to hold
+    # the heuristic; the heuristic gate applies from this generation on.
+    heuristic_gate_from_generation: int = 2

@@ -164,7 +164,7 @@ async def gauntlet_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
     while True:
         state = pipe.state
         if state.stage is Stage.TRAINED:
-            gates = Gates.from_config(pipe.settings.promotion)
+            gates = generation_gates(pipe, state.generation)
             try:
                 report = await asyncio.to_thread(
                     run_gauntlet, state.candidate_path, gates.baselines(), state.best_path, pipe.settings,
@@ -193,7 +193,7 @@ async def promote_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
     while True:
         state = pipe.state
         if state.stage is Stage.EVALUATED:
-            gates = Gates.from_config(pipe.settings.promotion)
+            gates = generation_gates(pipe, state.generation)
             decision = decide_from_evaluation(state.evaluation, gates, has_best=state.best_sha256 is not None)
             generation, sha, path = state.generation, state.candidate_sha256, state.candidate_path
             if pipe.cluster is not None:
@@ -293,6 +293,11 @@ def _register_promoted(pipe: PipelineContext, path: Path, reason: str) -> None:
         entry = register_candidate(registry, path)
         if entry.status is ModelStatus.CANDIDATE:
             promote_model(registry, entry.sha256, f"committed by the cluster: {reason}"[:500])
+
+
+def generation_gates(pipe: PipelineContext, generation: int) -> Gates:
+    cfg = pipe.settings.promotion
+    return Gates.from_config(cfg).for_generation(generation, cfg.heuristic_gate_from_generation)
 
 
 def pipeline_runners(pipe: PipelineContext) -> dict[str, RunnerEntry]:

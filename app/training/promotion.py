@@ -47,6 +47,12 @@ class Gates:
     def from_config(cfg: PromotionConfig) -> "Gates":
         return Gates(cfg.min_score_vs_random, cfg.min_score_vs_heuristic, cfg.require_sprt_vs_best)
 
+    def for_generation(self, generation: int, heuristic_from: int) -> "Gates":
+        """The gates a given generation faces: no heuristic gate before `heuristic_from`."""
+        if generation >= heuristic_from:
+            return self
+        return Gates(self.min_score_vs_random, None, self.require_sprt_vs_best)
+
     def baselines(self) -> list[str]:
         """The baselines a gauntlet must play for these gates to be decidable."""
         out = []
