@@ -119,6 +119,8 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
+        if pipe.cluster is not None:
+            await pipe.cluster.release_for_shutdown()
         await node.stop()
         await health.stop()
         games.close()

@@ -189,7 +189,11 @@ class ClusterPipeline:
         self._release()
         return False, why
 
-    def abandon(self) -> None:
+    async def release_for_shutdown(self) -> None:
+        """Draining: hand a held claim back now rather than let it lapse at its TTL."""
+        current = self.current
+        if current is not None and self.work is not None:
+            await self.work.fail(current.claim, "node draining")
         self._release()
 
     def _release(self) -> None:

@@ -174,6 +174,9 @@ async def gauntlet_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
             except GauntletStopped:
                 return  # draining: the stage stays TRAINED and the next start plays it again
             evaluation = evaluation_from_report(report)
+            candidate = next((r for r in report.ratings if r.player == report.candidate), None)
+            if candidate is not None:
+                ctx.metrics.elo.labels(str(state.generation)).set(candidate.elo)
             passed = decide_from_evaluation(evaluation, gates, has_best=state.best_sha256 is not None).promote
             state = await pipe.update(lambda s: ps.evaluated(s, evaluation))
             await ctx.router.publish(EventType.EVALUATION_COMPLETED, {
