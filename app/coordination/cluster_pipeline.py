@@ -23,7 +23,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.coordination.generation_log import GenerationLog, GenerationRecord, latest_promoted
+from app.coordination.generation_log import COMMIT_PREFIX, GenerationLog, GenerationRecord, latest_promoted
 from app.coordination.p2p.node import ClusterView, MeshNode
 from app.coordination.p2p.schemas import Token
 from app.coordination.p2p.server import BadRequest, parse_body
@@ -81,6 +81,12 @@ class ClusterPipeline:
         """Merge generation records from gossip and from this voter's commit store."""
         incoming = [GenerationRecord.from_value(r) for s in view.nodes.values()
                     for r in s.inventory.get("generations", [])]
+        # A voter holds what a leader committed through it even if that leader died before
+        # anyone gossiped the record: absorbing it lets the next leader see the generation decided.
+        commits = getattr(self.node, "commits", None)
+        if commits is not None:
+            incoming += [GenerationRecord.from_value(v) for k, v in commits.values.items()
+                         if k.startswith(COMMIT_PREFIX)]
         for conflict in self.log.merge(incoming):
             log.error("generation_record_refused", detail=conflict)
 

@@ -1,0 +1,68 @@
+"""The leader's pure decisions about a generation: when to schedule training, for whom, and
+which decided records a node accepts."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings, strategies as st
+
+from app.coordination.generation_log import GenerationLog, GenerationRecord, latest_promoted, merge_records
+from app.coordination.scheduling import NodeSummary, games_created, schedule, training_spec
+
+SHA = ["a" * 64, "b" * 64, "c" * 64]
+
+
+def record(generation: int, sha: str, promoted: bool = True, mark: int = 0) -> GenerationRecord:
+    return GenerationRecord(generation, sha, promoted, mark, "n0")
+
+
+def nodes(*games: int, gpus: tuple[int, ...] = (), alive: tuple[bool, ...] = ()) -> list[NodeSummary]:
+    return [NodeSummary(f"n{i}", alive[i] if alive else True, g, gpus[i] if gpus else 0) for i, g in enumerate(games)]
+
+
+def test_training_is_scheduled_once_enough_games_exist_cluster_wide() -> None:
+    assert schedule(nodes(30, 30, 39), {}, threshold=100, ttl=60) == []
+    (spec,) = schedule(nodes(30, 30, 40), {}, threshold=100, ttl=60)
+    assert spec.kind == "training" and spec.key == "generation-1" and spec.item_id == "training:generation-1"
+    assert spec.payload == {"generation": 1, "games_mark": 100, "parent_sha256": None}
+    assert spec.requirements == {} and spec.ttl == 60
+
+
+def test_the_next_generation_counts_games_since_the_last_decision() -> None:
+    records = {1: record(1, SHA[0], True, mark=100), 2: record(2, SHA[1], False, mark=250)}
+    assert training_spec(nodes(100, 200), records, threshold=100, ttl=60) is None
+    spec = training_spec(nodes(150, 200), records, threshold=100, ttl=60)
+    assert spec.payload["generation"] == 3 and spec.payload["parent_sha256"] == SHA[0]  # the rejected one is no parent
+
+
+def test_a_live_gpu_node_makes_training_require_a_gpu() -> None:
+    assert training_spec(nodes(50, 50, gpus=(0, 1)), {}, 100, 60).requirements == {"needs_gpu": True}
+    dead_gpu = nodes(50, 50, gpus=(0, 1), alive=(True, False))
+    assert training_spec(dead_gpu, {}, 100, 60).requirements == {}
+    assert games_created(dead_gpu) == 100  # a dead node's games were created all the same
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 6), st.sampled_from(SHA), st.booleans()), max_size=12),
+       st.lists(st.tuples(st.integers(1, 6), st.sampled_from(SHA), st.booleans()), max_size=12))
+def test_merging_never_holds_two_records_for_one_generation(held_raw, incoming_raw) -> None:
+    held: dict[int, GenerationRecord] = {}
+    for g, sha, promoted in held_raw:
+        held.setdefault(g, record(g, sha, promoted))
+    incoming = [record(g, sha, promoted) for g, sha, promoted in incoming_raw]
+    merged, conflicts = merge_records(held, incoming)
+    for g, rec in held.items():
+        assert merged[g] == rec  # what a node holds is never replaced
+    for rec in incoming:
+        assert merged[rec.generation] == rec or any(f"generation {rec.generation}:" in c for c in conflicts)
+    assert set(merged) == set(held) | {r.generation for r in incoming}
+
+
+def test_log_persists_and_refuses_a_contradiction(tmp_path) -> None:
+    log = GenerationLog(tmp_path / "generations.json")
+    assert log.merge([record(1, SHA[0]), record(2, SHA[1], False)]) == []
+    assert latest_promoted(log.records).generation == 1
+    conflicts = log.merge([record(1, SHA[2])])
+    assert conflicts and "refused" in conflicts[0]
+    again = GenerationLog(tmp_path / "generations.json")
+    assert again.records == log.records and again.records[1].sha256 == SHA[0]
+    assert GenerationRecord.from_value(record(3, SHA[1]).to_value()) == record(3, SHA[1])
