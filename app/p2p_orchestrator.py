@@ -107,7 +107,7 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
     metrics.generation.set(pipe.state.best_generation)
     log.info("node_starting", data_dir=str(pipe.paths.data_dir), health=health.url,
              generation=pipe.state.generation, stage=pipe.state.stage.value)
-    background = [asyncio.create_task(show_progress(pipe, metrics.training_loss))]
+    background = [asyncio.create_task(show_progress(pipe, metrics))]
     if pipe.cluster is not None:
         background.append(asyncio.create_task(pipe.cluster.publish_loop()))
     if args.max_generations:

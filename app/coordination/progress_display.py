@@ -10,6 +10,7 @@ import asyncio
 import sys
 from typing import TextIO
 
+from app.coordination.metrics import Metrics
 from app.coordination.pipeline_context import PipelineContext
 from app.training.pipeline_state import PipelineState
 
@@ -36,7 +37,7 @@ def summarize_evaluation(evaluation: dict) -> str:
     )
 
 
-async def show_progress(pipe: PipelineContext, loss_gauge, interval_s: float = 5.0,
+async def show_progress(pipe: PipelineContext, metrics: Metrics, interval_s: float = 5.0,
                         out: TextIO = sys.stdout) -> None:
     """Runs until cancelled."""
     last_line = ""
@@ -46,7 +47,7 @@ async def show_progress(pipe: PipelineContext, loss_gauge, interval_s: float = 5
         if state.evaluation:
             last_gauntlet = summarize_evaluation(state.evaluation)
         games = await asyncio.to_thread(pipe.newest_game_id)
-        loss = loss_gauge._value.get() if loss_gauge is not None else None  # prometheus gauge
+        loss = metrics.registry.get_sample_value("training_loss")
         line = describe(state, games, loss or None, last_gauntlet)
         if line != last_line:
             print(line, file=out, flush=True)

@@ -9,12 +9,13 @@ Loading uses `torch.load(weights_only=True)`: a checkpoint from a peer can never
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from app.atomic_files import replace_durably, temp_sibling
 
 CHECKPOINT_FORMAT = 1
 
@@ -26,21 +27,13 @@ class CheckpointError(RuntimeError):
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = temp_sibling(path)
     try:
         with open(tmp, "wb") as fh:
             torch.save({"format": CHECKPOINT_FORMAT, **state}, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
+        replace_durably(tmp, path)
     finally:
-        os.close(dir_fd)
+        tmp.unlink(missing_ok=True)
     return path
 
 

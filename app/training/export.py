@@ -25,6 +25,7 @@ from typing import Iterable, Sequence
 import numpy as np
 from sqlalchemy.exc import SQLAlchemyError
 
+from app.atomic_files import fsync_dir
 from app.db.replay_db import GameRecord, ReplayDB, ReplayDBError
 from app.games import Game, GameError, get_game
 from app.training.dataset import (
@@ -180,14 +181,6 @@ def read_db(path: Path, window_games: int, lock_timeout_s: float, check_integrit
 # ---- writing ------------------------------------------------------------------------------
 
 
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_npz(path: Path, arrays: Arrays) -> None:
     with open(path, "wb") as fh:
         np.savez_compressed(fh, planes=arrays.planes, policy=arrays.policy, value=arrays.value)
@@ -205,7 +198,7 @@ def _install_dir(tmp: Path, out: Path, overwrite: bool) -> None:
         old = out.with_name(f".{out.name}.old{os.getpid()}")
         os.replace(out, old)
     os.replace(tmp, out)
-    _fsync_path(out.parent)
+    fsync_dir(out.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -299,7 +292,7 @@ def export_dataset(
             fh.write(raw)
             fh.flush()
             os.fsync(fh.fileno())
-        _fsync_path(tmp)
+        fsync_dir(tmp)
         _install_dir(tmp, out, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

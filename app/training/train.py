@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from app.atomic_files import atomic_write_json
 from app.ai.model import Architecture, ModelFormatError, ModelMeta, PolicyValueNet, load_model, new_model, save_model
 from app.config import ConfigError, load_settings
 from app.games import get_game
@@ -129,12 +130,7 @@ class RunWriter:
 
     def json(self, name: str, data: dict) -> None:
         if self.active:
-            tmp = self.run_dir / f".{name}.tmp{os.getpid()}"
-            with open(tmp, "w") as fh:
-                json.dump(data, fh, indent=2, sort_keys=True)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.run_dir / name)
+            atomic_write_json(self.run_dir / name, data, indent=2)
 
 
 def load_resume_state(ctx: DistContext, resume: str | None, run_dir: Path) -> dict[str, Any] | None:
