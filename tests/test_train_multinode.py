@@ -1,5 +1,6 @@
-"""Training across two "nodes" on one CPU machine: two launchers joined by torchrun's c10d
-rendezvous, as a multi-node training claim would run them on two machines."""
+"""Training across two "nodes" on one CPU machine: two launchers joined by torchrun's static
+multi-node rendezvous (node rank 0 hosts the store at its address and a free port), as a
+multi-node training claim runs them on two machines."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -18,32 +21,44 @@ from tests.train_fixtures import make_db
 pytestmark = pytest.mark.slow
 
 
+def _tail(path: Path, n: int = 30) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-n:]) if path.exists() else "(none)"
+
+
 @pytest.mark.timeout(240)
 def test_two_launchers_rendezvous_and_train_as_one_job(tmp_path) -> None:
     make_db(tmp_path / "games.db", 40)
     dataset = tmp_path / "dataset"
     export_dataset([tmp_path / "games.db"], dataset, augment=False)
-    endpoint = f"127.0.0.1:{free_port()}"
-    procs = []
+    port = free_port()
+    procs: list[subprocess.Popen] = []
     try:
         for node_rank in (0, 1):
             run_dir = tmp_path / f"node{node_rank}"
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "app.training.launcher", "--nproc", "1", "--nnodes", "2",
-                 "--node-rank", str(node_rank), "--rdzv-endpoint", endpoint, "--rdzv-id", "two-nodes",
-                 "--log-dir", str(run_dir / "logs"), "--module", "app.training.train", "--",
-                 "--dataset", str(dataset), "--run-dir", str(run_dir), "--max-steps", "6",
-                 "--channels", "8", "--blocks", "1", "--batch-size", "32"],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True))
-        outputs = [p.communicate(timeout=200)[0] for p in procs]
+            run_dir.mkdir()
+            with open(run_dir / "launcher.out", "w") as out:  # files, not pipes: nothing blocks on a full pipe
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "app.training.launcher", "--nproc", "1", "--nnodes", "2",
+                     "--node-rank", str(node_rank), "--master-addr", "127.0.0.1", "--master-port", str(port),
+                     "--timeout-s", "150", "--log-dir", str(run_dir / "logs"), "--module", "app.training.train",
+                     "--", "--dataset", str(dataset), "--run-dir", str(run_dir), "--max-steps", "6",
+                     "--channels", "8", "--blocks", "1", "--batch-size", "32"],
+                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+        deadline = time.monotonic() + 180
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.2)
     finally:
         for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-2000:] for o in outputs)
-    # Global rank 0 (on whichever node) wrote the one result; it saw a world of two processes.
-    results = [json.loads((tmp_path / f"node{i}" / "result.json").read_text())
-               for i in (0, 1) if (tmp_path / f"node{i}" / "result.json").exists()]
-    assert len(results) == 1, "exactly one node's rank 0 writes the result"
-    assert results[0]["world_size"] == 2 and results[0]["steps"] == 6
+    report = "\n".join(
+        f"--- node {i}: launcher\n{_tail(tmp_path / f'node{i}' / 'launcher.out')}\n"
+        f"--- node {i}: torchrun\n{_tail(tmp_path / f'node{i}' / 'logs' / 'torchrun.log')}"
+        for i in (0, 1))
+    assert [p.returncode for p in procs] == [0, 0], report
+    # Node rank 0 holds global rank 0: it alone writes the result, having trained in a world of two.
+    assert (tmp_path / "node0" / "result.json").exists(), report
+    assert not (tmp_path / "node1" / "result.json").exists(), "only global rank 0 writes the result"
+    result = json.loads((tmp_path / "node0" / "result.json").read_text())
+    assert result["world_size"] == 2 and result["steps"] == 6

@@ -122,7 +122,8 @@ def launch(spec: LaunchSpec, out: TextIO | None = None,
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     watch = RankWatch(log_dir, spec.nproc, spec.echo, out, on_status)
     argv = build_torchrun_argv(spec, port)
-    watch.say(f"[launcher] {spec.nproc} process(es) on node {spec.node_rank}, port {port}, logs in {log_dir}")
+    where = f"rendezvous {spec.rdzv_endpoint}" if spec.rdzv_endpoint else f"store {spec.master_addr}:{port}"
+    watch.say(f"[launcher] {spec.nproc} process(es) on node {spec.node_rank} of {spec.nnodes}, {where}, logs in {log_dir}")
     started = time.monotonic()
     t0 = time.time()
     torchrun_log = open(log_dir / "torchrun.log", "w")
