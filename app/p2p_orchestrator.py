@@ -25,6 +25,7 @@ from app.coordination.p2p.node import MeshNode
 from app.coordination.pipeline_context import PipelineContext
 from app.coordination.progress_display import show_progress
 from app.coordination.sync import GameSyncServer, model_routes
+from app.coordination.sync.dataset_server import dataset_routes
 from app.db.dead_letters import DeadLetterStore
 from app.db.registry import ModelRegistry
 from app.log import configure_logging, get_logger
@@ -76,6 +77,7 @@ def build_mesh(settings: Settings, pipe: PipelineContext, export_threshold: int)
     node = MeshNode(settings)
     games = GameSyncServer(pipe.paths.games_db)
     node.add_routes(games.routes() + model_routes(pipe.paths.models_dir))
+    node.add_routes(dataset_routes(pipe.paths.datasets_dir))  # joiners of a spanned training run
     if len(node.voters) > 1 or settings.mesh.peers:
         pipe.cluster = ClusterPipeline(node, pipe, threshold=export_threshold)
         node.add_routes(pipe.cluster.routes())

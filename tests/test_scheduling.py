@@ -23,7 +23,7 @@ def test_training_is_scheduled_once_enough_games_exist_cluster_wide() -> None:
     assert schedule(nodes(30, 30, 39), {}, threshold=100, ttl=60) == []
     (spec,) = schedule(nodes(30, 30, 40), {}, threshold=100, ttl=60)
     assert spec.kind == "training" and spec.key == "generation-1" and spec.item_id == "training:generation-1"
-    assert spec.payload == {"generation": 1, "games_mark": 100, "parent_sha256": None}
+    assert spec.payload == {"generation": 1, "games_mark": 100, "parent_sha256": None, "nnodes": 1}
     assert spec.requirements == {} and spec.ttl == 60
 
 

@@ -23,13 +23,14 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.coordination.gauntlet_shards import ShardBoard
 from app.coordination.generation_log import COMMIT_PREFIX, GenerationLog, GenerationRecord, latest_promoted
 from app.coordination.p2p.node import ClusterView, MeshNode
 from app.coordination.p2p.schemas import Token
 from app.coordination.p2p.server import BadRequest, parse_body
 from app.coordination.p2p.worker import Claim, WorkClient
 from app.coordination.pipeline_context import PipelineContext
-from app.coordination.scheduling import schedule, summarize
+from app.coordination.scheduling import gauntlet_specs, schedule, summarize
 from app.coordination.sync import installed_models
 from app.db.replay_db import ReplayDB
 from app.log import get_logger
@@ -63,6 +64,8 @@ class ClusterPipeline:
         self.current: GenerationClaim | None = None
         self._renewer: asyncio.Task | None = None
         self._claim_lost = asyncio.Event()
+        self.gauntlet = ShardBoard(pipe.paths.data_dir / "gauntlet_results.json")  # spread gauntlets
+        self.rendezvous: dict[str, Any] | None = None  # gossiped while this node hosts a spanned run
 
     # -- what this node gossips, and what it learns -----------------------------------
     def inventory(self) -> dict[str, Any]:
@@ -75,6 +78,8 @@ class ClusterPipeline:
             "models": installed_models(self.pipe.paths.models_dir),
             "best_sha256": state.best_sha256, "best_generation": state.best_generation,
             "generations": self.log.to_json()[-RECORDS_GOSSIPED:],
+            **self.gauntlet.inventory(),
+            **({"train_rendezvous": self.rendezvous} if self.rendezvous is not None else {}),
         }
 
     def absorb(self, view: ClusterView) -> None:
@@ -104,8 +109,12 @@ class ClusterPipeline:
     def work_source(self, view: ClusterView):
         self.absorb(view)
         alive = {s.node_id for s in view.alive()}
+        train = self.pipe.settings.train
         return schedule(summarize(view.nodes, alive), self.log.records, self.threshold,
-                        ttl=self.node.timing.claim_ttl)
+                        ttl=self.node.timing.claim_ttl, max_nodes=train.max_nodes,
+                        span_cpu_nodes=train.span_cpu_nodes) + gauntlet_specs(
+            {nid: s.inventory for nid, s in view.nodes.items()}, alive, self.log.records,
+            ttl=self.node.timing.claim_ttl)
 
     def routes(self) -> list[web.RouteDef]:
         return [web.post("/pipeline/decision", self._handle_decision)]
@@ -202,11 +211,27 @@ class ClusterPipeline:
             await self.work.fail(current.claim, "node draining")
         self._release()
 
+    def announce_rendezvous(self, rendezvous: dict[str, Any] | None) -> None:
+        """Gossip (or, with None, stop gossiping) the rendezvous of the spanned run this node
+        hosts; the leader turns it into join items (scheduling.join_specs)."""
+        self.rendezvous = rendezvous
+        inventory = {k: v for k, v in self.node.membership.local.inventory.items() if k != "train_rendezvous"}
+        if rendezvous is not None:
+            inventory["train_rendezvous"] = rendezvous
+        self.node.update_local_state(inventory=inventory)
+
+    def work_client(self) -> WorkClient:
+        """The node's one WorkClient: every claim it holds (training or join) is gossiped together."""
+        if self.work is None:
+            self.work = self.node.work_client()
+        return self.work
+
     def _release(self) -> None:
         if self._renewer is not None:
             self._renewer.cancel()
         self._renewer = None
         self.current = None
+        self.rendezvous = None
 
     # -- everyone ----------------------------------------------------------------------
     def target_best(self) -> GenerationRecord | None:

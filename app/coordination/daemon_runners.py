@@ -19,9 +19,12 @@ from typing import Any
 
 from app.coordination.daemon_registry import DaemonContext, RunnerEntry
 from app.coordination.events import EventType
+from app.coordination.gauntlet_shards import gauntlet_shards_daemon
+from app.coordination.gauntlet_spread import spread_gauntlet
 from app.coordination.generation_log import GenerationRecord
 from app.coordination.pipeline_context import PipelineContext, wait_for_wake, wake_on
 from app.coordination.sync import ModelFetchError, fetch_from_mesh, is_installed, sync_from_peers
+from app.coordination.train_join import train_join_daemon
 from app.coordination.training_job import run_training
 from app.db.registry import ModelRegistry, ModelStatus
 from app.training import pipeline_state as ps
@@ -166,11 +169,13 @@ async def gauntlet_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
         if state.stage is Stage.TRAINED:
             gates = generation_gates(pipe, state.generation)
             try:
-                report = await asyncio.to_thread(
+                report = await (spread_gauntlet(  # cluster: baseline games spread over the nodes
+                    pipe, state, gates.baselines(), ctx.settings["workers"], ctx.stopping.is_set,
+                ) if pipe.cluster is not None else asyncio.to_thread(
                     run_gauntlet, state.candidate_path, gates.baselines(), state.best_path, pipe.settings,
                     pipe.paths.registry_db, workers=ctx.settings["workers"], seed=state.generation,
                     should_stop=ctx.stopping.is_set,
-                )
+                ))
             except GauntletStopped:
                 return  # draining: the stage stays TRAINED and the next start plays it again
             evaluation = evaluation_from_report(report)
@@ -313,7 +318,9 @@ def pipeline_runners(pipe: PipelineContext) -> dict[str, RunnerEntry]:
             "batch_games": 64, "simulations": 0, "workers": 1, "pause_while_evaluating": True}),
         "export": RunnerEntry(bind(export_daemon), {**poll, "min_new_games": 2000, "sync_budget_s": 60.0}),
         "train": RunnerEntry(bind(train_daemon), {**poll, "max_failures": 5}),
+        "train_join": RunnerEntry(bind(train_join_daemon), {"poll_s": 2.0}),
         "gauntlet": RunnerEntry(bind(gauntlet_daemon), {**poll, "workers": 1}),
+        "gauntlet_shards": RunnerEntry(bind(gauntlet_shards_daemon), {"poll_s": 2.0, "workers": 1}),
         "promote": RunnerEntry(bind(promote_daemon), dict(poll)),
         "distribution": RunnerEntry(bind(distribution_daemon), dict(poll)),
     }

@@ -16,8 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from app.coordination.gauntlet_plan import GAUNTLET_KIND, REQUEST_KEY, RESULTS_KEY, GauntletRequest, shards_of
 from app.coordination.generation_log import GenerationRecord, latest, latest_promoted
-from app.coordination.p2p.work_rules import TRAINING_KIND, WorkSpec
+from app.coordination.p2p.work_rules import TRAINING_JOIN_KIND, TRAINING_KIND, WorkSpec
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,8 @@ class NodeSummary:
     alive: bool
     games_created: int
     gpus: int
+    # `train_rendezvous` this node gossips while it holds the training claim it names, else None
+    rendezvous: dict[str, Any] | None = None
 
 
 def summarize(nodes: Mapping[str, Any], alive_ids: set[str]) -> list[NodeSummary]:
@@ -37,6 +40,7 @@ def summarize(nodes: Mapping[str, Any], alive_ids: set[str]) -> list[NodeSummary
             node_id=nid, alive=nid in alive_ids,
             games_created=int(state.inventory.get("games_created", 0) or 0),
             gpus=int(state.capabilities.get("gpus", 0) or 0),
+            rendezvous=held_rendezvous(state.inventory, [c.item_id for c in getattr(state, "claims", [])]),
         )
         for nid, state in nodes.items()
     ]
@@ -49,9 +53,11 @@ def games_created(nodes: list[NodeSummary]) -> int:
 
 
 def training_spec(
-    nodes: list[NodeSummary], records: dict[int, GenerationRecord], threshold: int, ttl: float
+    nodes: list[NodeSummary], records: dict[int, GenerationRecord], threshold: int, ttl: float,
+    max_nodes: int = 1, span_cpu_nodes: bool = False,
 ) -> WorkSpec | None:
-    """The training item for the next generation, or None while too few new games exist."""
+    """The training item for the next generation, or None while too few new games exist;
+    its payload's `nnodes` says how many nodes the claimant should span (span_nnodes)."""
     last = latest(records)
     mark = last.games_mark if last else 0
     total = games_created(nodes)
@@ -63,14 +69,101 @@ def training_spec(
     return WorkSpec(
         kind=TRAINING_KIND, key=f"generation-{generation}",
         payload={"generation": generation, "games_mark": total,
-                 "parent_sha256": best.sha256 if best else None},
+                 "parent_sha256": best.sha256 if best else None,
+                 "nnodes": span_nnodes(nodes, max_nodes, span_cpu_nodes)},
         requirements={"needs_gpu": True} if needs_gpu else {},
         priority=10, ttl=ttl,
     )
 
 
 def schedule(
-    nodes: list[NodeSummary], records: dict[int, GenerationRecord], threshold: int, ttl: float
+    nodes: list[NodeSummary], records: dict[int, GenerationRecord], threshold: int, ttl: float,
+    max_nodes: int = 1, span_cpu_nodes: bool = False,
 ) -> list[WorkSpec]:
-    spec = training_spec(nodes, records, threshold, ttl)
-    return [] if spec is None else [spec]
+    spec = training_spec(nodes, records, threshold, ttl, max_nodes, span_cpu_nodes)
+    return [] if spec is None else [spec, *join_specs(nodes, spec)]
+
+
+# -- one generation's training across several nodes ------------------------------------------
+RENDEZVOUS_KEYS = ("generation", "item_id", "master_addr", "master_port", "nnodes", "dataset_sha256",
+                   "parent_sha256", "run_id")
+
+
+def span_nnodes(nodes: list[NodeSummary], max_nodes: int, span_cpu_nodes: bool) -> int:
+    """How many nodes one generation's training spans: the live GPU nodes when any is alive,
+    else every live node if CPU nodes may span, else one; never more than `max_nodes`."""
+    alive = [n for n in nodes if n.alive]
+    gpu = [n for n in alive if n.gpus > 0]
+    eligible = len(gpu) if gpu else (len(alive) if span_cpu_nodes else 1)
+    return max(1, min(max_nodes, eligible))
+
+
+def held_rendezvous(inventory: Mapping[str, Any], claimed_item_ids: list[str]) -> dict[str, Any] | None:
+    """The node's gossiped `train_rendezvous` when well formed and naming a claim the node still
+    gossips as held: a claimant that lost its claim no longer draws joiners, even if its
+    inventory lags."""
+    rdzv = inventory.get("train_rendezvous")
+    if not isinstance(rdzv, dict) or any(k not in rdzv for k in RENDEZVOUS_KEYS):
+        return None
+    if rdzv["item_id"] not in claimed_item_ids:
+        return None
+    return {k: rdzv[k] for k in RENDEZVOUS_KEYS}
+
+
+def join_specs(nodes: list[NodeSummary], training: WorkSpec) -> list[WorkSpec]:
+    """Items `training_join:generation-<g>-rank-<k>` (k = 1..nnodes-1) for the live node that
+    gossips a rendezvous for `training`: any other node may claim one and join as rank k."""
+    hosts = sorted((n for n in nodes if n.alive and n.rendezvous is not None
+                    and n.rendezvous["item_id"] == training.item_id
+                    and n.rendezvous["generation"] == training.payload["generation"]),
+                   key=lambda n: n.node_id)
+    if not hosts:
+        return []
+    host = hosts[0]
+    rdzv = host.rendezvous
+    assert rdzv is not None
+    generation = int(rdzv["generation"])
+    requirements = {**training.requirements, "exclude_nodes": [host.node_id]}
+    return [
+        WorkSpec(kind=TRAINING_JOIN_KIND, key=f"generation-{generation}-rank-{rank}",
+                 payload={**rdzv, "claimant": host.node_id, "node_rank": rank},
+                 requirements=requirements, priority=training.priority, ttl=training.ttl)
+        for rank in range(1, int(rdzv["nnodes"]))
+    ]
+
+
+# -- gauntlet games spread over the nodes -----------------------------------------------------
+def gauntlet_specs(
+    inventories: Mapping[str, Mapping[str, Any]], alive_ids: set[str],
+    records: dict[int, GenerationRecord], ttl: float,
+) -> list[WorkSpec]:
+    """Items `gauntlet:generation-<g>-<baseline>-<k>` for every live node's gauntlet request of
+    an undecided generation, less the shards whose result some node (alive or not) already
+    gossips for that candidate. Any node may claim them (POST /work/claim, kinds ["gauntlet"])."""
+    published = {
+        (iid, r.get("candidate_sha256"))
+        for inv in inventories.values() if isinstance(inv.get(RESULTS_KEY), Mapping)
+        for iid, r in inv[RESULTS_KEY].items() if isinstance(r, Mapping)
+    }
+    specs: list[WorkSpec] = []
+    for nid in sorted(alive_ids & set(inventories)):
+        raw = inventories[nid].get(REQUEST_KEY)
+        if not isinstance(raw, Mapping):
+            continue
+        try:
+            request = GauntletRequest.from_json(raw)
+        except (KeyError, ValueError, TypeError, AttributeError):
+            continue  # malformed gossip schedules nothing
+        if request.claimant != nid or request.generation in records:
+            continue
+        for shard in shards_of(request):
+            if (shard.item_id, request.candidate_sha256) in published:
+                continue
+            specs.append(WorkSpec(
+                kind=GAUNTLET_KIND, key=shard.item_key,
+                payload={"generation": request.generation, "candidate_sha256": request.candidate_sha256,
+                         "baseline": shard.baseline, "kind": shard.kind, "games": shard.games, "seed": shard.seed,
+                         "net_simulations": request.net_simulations, "claimant": nid},
+                priority=5, ttl=ttl,
+            ))
+    return specs

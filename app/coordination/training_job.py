@@ -5,6 +5,12 @@ its cores and crash without touching the node. The child gets SIGTERM if this pr
 (Linux parent-death signal), and the launcher tears its ranks down on SIGTERM, so a
 `kill -9` of the orchestrator leaves no training processes behind. Stopping the daemon
 stops the run; its checkpoint stays in the run dir and the next start resumes it.
+
+Spanning: when the training claim asks for several nodes (payload `nnodes`), the claimant
+picks a free port on its mesh host, gossips the rendezvous, and runs node rank 0 of a static
+multi-node launch (so the checkpoint and candidate land here, as on a lone run); the joiners
+(app/coordination/train_join.py) run the other node ranks with the same command builder. If
+they do not all arrive within `train.join_timeout_s`, the claimant trains alone.
 """
 
 from __future__ import annotations
@@ -14,11 +20,15 @@ import ctypes
 import json
 import signal
 import sys
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from app.coordination.daemon_registry import DaemonContext
 from app.coordination.pipeline_context import PipelineContext
+from app.training.launcher import JOIN_TIMEOUT_EXIT, free_port
 from app.training.pipeline_state import PipelineState
 from app.training.train import CANDIDATE_NAME, RESULT_NAME
 
@@ -33,6 +43,17 @@ class TrainingOutcome:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class SpanArgs:
+    """This node's place in a static multi-node launch (rank 0 hosts the store)."""
+
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    join_timeout_s: float
+
+
 def _die_with_parent() -> None:
     """preexec_fn: ask the kernel to SIGTERM this child when its parent dies."""
     try:
@@ -42,24 +63,31 @@ def _die_with_parent() -> None:
         pass  # not Linux: the orchestrator's own shutdown still stops the run
 
 
-def training_command(pipe: PipelineContext, state: PipelineState, nproc: int) -> list[str]:
-    run_dir = Path(state.run_dir)
-    cmd = [sys.executable, "-m", "app.training.launcher", "--nproc", str(nproc),
-           "--log-dir", str(run_dir / "logs"), "--module", "app.training.train", "--",
-           "--dataset", str(state.dataset_dir), "--run-dir", str(run_dir), "--resume", "auto",
-           "--generation", str(state.generation)]
+def launcher_command(pipe: PipelineContext, *, run_dir: Path, dataset_dir: str | Path, generation: int,
+                     parent: str | Path | None, nproc: int, span: SpanArgs | None = None) -> list[str]:
+    """The launcher command line of one node's part of a training run (the whole run when alone)."""
+    cmd = [sys.executable, "-m", "app.training.launcher", "--nproc", str(nproc), "--log-dir", str(run_dir / "logs")]
+    if span is not None:
+        cmd += ["--nnodes", str(span.nnodes), "--node-rank", str(span.node_rank), "--master-addr", span.master_addr,
+                "--master-port", str(span.master_port), "--join-timeout-s", str(span.join_timeout_s)]
+    cmd += ["--module", "app.training.train", "--", "--dataset", str(dataset_dir), "--run-dir", str(run_dir),
+            "--resume", "auto", "--generation", str(generation)]
     if pipe.config_path is not None:
         cmd += ["--config", str(pipe.config_path)]
-    if state.best_path is not None:
-        cmd += ["--parent", state.best_path]
+    if parent is not None:
+        cmd += ["--parent", str(parent)]
     return cmd
 
 
-async def run_training(pipe: PipelineContext, state: PipelineState, ctx: DaemonContext) -> TrainingOutcome:
-    run_dir = Path(state.run_dir)
+def training_command(pipe: PipelineContext, state: PipelineState, nproc: int, span: SpanArgs | None = None) -> list[str]:
+    return launcher_command(pipe, run_dir=Path(state.run_dir), dataset_dir=state.dataset_dir,
+                            generation=state.generation, parent=state.best_path, nproc=nproc, span=span)
+
+
+async def run_launcher(cmd: list[str], run_dir: Path, ctx: DaemonContext) -> int:
+    """Run the launcher until it ends or the daemon stops (SIGTERM, then SIGKILL after a grace);
+    its output is appended to `<run_dir>/launcher.log`. Returns its exit code."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    cmd = training_command(pipe, state, int(pipe.settings.train.nproc))
-    ctx.log.info("training_started", generation=state.generation, run_dir=str(run_dir))
     with open(run_dir / "launcher.log", "ab") as log_file:
         proc = await asyncio.create_subprocess_exec(
             *cmd, stdout=log_file, stderr=asyncio.subprocess.STDOUT, preexec_fn=_die_with_parent)
@@ -81,13 +109,80 @@ async def run_training(pipe: PipelineContext, state: PipelineState, ctx: DaemonC
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode
+
+
+def launcher_log_tail(run_dir: Path, n: int = 4000) -> str:
+    path = run_dir / "launcher.log"
+    return path.read_text(errors="replace")[-n:] if path.exists() else ""
+
+
+async def _train(pipe: PipelineContext, state: PipelineState, ctx: DaemonContext,
+                 span: SpanArgs | None) -> tuple[TrainingOutcome, int]:
+    run_dir = Path(state.run_dir)
+    cmd = training_command(pipe, state, int(pipe.settings.train.nproc), span)
+    code = await run_launcher(cmd, run_dir, ctx)
     candidate = run_dir / CANDIDATE_NAME
-    if proc.returncode != 0 or not candidate.exists():
-        tail = (run_dir / "launcher.log").read_text(errors="replace")[-4000:]
-        return TrainingOutcome(str(candidate), error=f"launcher exit code {proc.returncode}: {tail}")
+    if code != 0 or not candidate.exists():
+        return TrainingOutcome(str(candidate), error=f"launcher exit code {code}: {launcher_log_tail(run_dir)}"), code
     final_loss = None
     result_file = run_dir / RESULT_NAME
     if result_file.exists():
         result = json.loads(result_file.read_text())
         final_loss = result.get("best_holdout_loss")
-    return TrainingOutcome(str(candidate), final_loss=final_loss)
+    return TrainingOutcome(str(candidate), final_loss=final_loss), code
+
+
+def claimed_nnodes(pipe: PipelineContext, state: PipelineState) -> int:
+    """How many nodes the training claim for this generation asks to span (1 when alone)."""
+    current = getattr(pipe.cluster, "current", None)
+    if current is None or current.generation != state.generation:
+        return 1
+    return max(1, int(current.claim.item.payload.get("nnodes", 1) or 1))
+
+
+def rendezvous_record(state: PipelineState, item_id: str, master_addr: str, master_port: int,
+                      nnodes: int) -> dict[str, Any]:
+    """What the claimant gossips as `train_rendezvous` (see scheduling.RENDEZVOUS_KEYS)."""
+    return {"generation": state.generation, "item_id": item_id, "master_addr": master_addr,
+            "master_port": master_port, "nnodes": nnodes, "dataset_sha256": state.dataset_sha256,
+            "parent_sha256": state.best_sha256, "run_id": uuid.uuid4().hex}
+
+
+async def run_training(pipe: PipelineContext, state: PipelineState, ctx: DaemonContext) -> TrainingOutcome:
+    Path(state.run_dir).mkdir(parents=True, exist_ok=True)
+    nnodes = claimed_nnodes(pipe, state)
+    ctx.log.info("training_started", generation=state.generation, run_dir=str(state.run_dir), nnodes=nnodes)
+    if nnodes > 1:
+        cluster = pipe.cluster
+        host = cluster.node.addr.rsplit(":", 1)[0]
+        return await train_spanned(pipe, state, ctx, nnodes, host, cluster.announce_rendezvous,
+                                   cluster.current.claim.item.item_id)
+    return (await _train(pipe, state, ctx, None))[0]
+
+
+async def train_spanned(pipe: PipelineContext, state: PipelineState, ctx: DaemonContext, nnodes: int,
+                        master_addr: str, announce: Callable[[dict[str, Any] | None], None],
+                        item_id: str) -> TrainingOutcome:
+    """Node rank 0 of an `nnodes` run: announce the rendezvous, train, stop announcing; when the
+    joiners never came, train alone (resuming the run dir's checkpoint, if any)."""
+    timeout = float(pipe.settings.train.join_timeout_s)
+    try:
+        port = free_port(master_addr)
+    except OSError as exc:  # the advertised host is not bindable here: nobody could join it
+        ctx.log.warning("training_alone", generation=state.generation,
+                        why=f"no port on {master_addr} for the rendezvous ({exc}): training on this node alone")
+        return (await _train(pipe, state, ctx, None))[0]
+    announce(rendezvous_record(state, item_id, master_addr, port, nnodes))
+    ctx.log.info("training_rendezvous", generation=state.generation, nnodes=nnodes,
+                 master=f"{master_addr}:{port}", join_timeout_s=timeout)
+    try:
+        outcome, code = await _train(pipe, state, ctx, SpanArgs(nnodes, 0, master_addr, port, timeout))
+    finally:
+        announce(None)
+    if code == JOIN_TIMEOUT_EXIT and not ctx.stopping.is_set():
+        ctx.log.warning("training_alone", generation=state.generation,
+                        why=f"{nnodes - 1} joiner(s) did not arrive within {timeout:.0f}s: training on this node alone")
+        outcome, _ = await _train(pipe, state, ctx, None)
+    return outcome

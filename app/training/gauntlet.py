@@ -253,6 +253,28 @@ def _play_match(
             fut.cancel()
 
 
+def _executor(workers: int):
+    return (_InlineExecutor() if workers <= 1 else
+            ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_worker_init))
+
+
+def play_fixed_match(
+    candidate: PlayerSpec, opponent: PlayerSpec, games: int, settings: Settings, seed: int,
+    record: Callable[[GameTask, GameOutcome], None], workers: int = 1,
+    should_stop: Callable[[], bool] | None = None,
+) -> OpponentResult:
+    """One fixed-size match without SPRT: a shard of a baseline match that another node plays.
+    Openings (and so the games) follow from `seed`; the candidate takes each side once per pair."""
+    executor = _executor(workers)
+    result = OpponentResult(opponent.name, opponent.kind)
+    try:
+        tasks = _match_tasks(candidate, opponent, games, settings, np.random.default_rng(seed))
+        _play_match(executor, tasks, result, settings, record, False, workers, None, should_stop)
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+    return result
+
+
 def recompute_ratings(registry: ModelRegistry, net_simulations: int, anchor: str = "random") -> list[Rating]:
     """Refit Elo over every recorded game and store it; a model's registry Elo is the rating
     of its network player at the configured search budget."""
@@ -308,8 +330,7 @@ def run_gauntlet(
                 opening_plies=outcome.opening_plies, created_at=time.time())])
         return record
 
-    executor = (_InlineExecutor() if workers <= 1 else
-                ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_worker_init))
+    executor = _executor(workers)
     try:
         for kind, spec in opponents:
             is_best = kind == "best"

@@ -16,6 +16,7 @@ failed first, its exit code and its last log lines. Each worker runs through
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import socket
@@ -34,8 +35,11 @@ from app.training.rank_watch import (
     prepare_log_dir, teardown,
 )
 
-__all__ = ["LaunchError", "LaunchResult", "LaunchSpec", "RankStatus", "build_torchrun_argv", "first_failure",
-           "free_port", "launch", "main", "parse_torchrun_failures"]
+__all__ = ["JOIN_TIMEOUT_EXIT", "LaunchError", "LaunchResult", "LaunchSpec", "RankStatus", "RendezvousTimeout",
+           "build_torchrun_argv", "first_failure", "free_port", "launch", "main", "parse_torchrun_failures"]
+
+JOIN_TIMEOUT_EXIT = 3  # exit code of the CLI when the other nodes never joined the rendezvous
+_JOIN_DEADLINE_MARGIN_S = 15.0  # our own deadline beyond torchrun's, should torchrun not give up
 
 
 class LaunchError(RuntimeError):
@@ -48,6 +52,11 @@ class LaunchError(RuntimeError):
         self.exit_code = exit_code
         self.last_lines = list(last_lines)
         self.log_path = log_path
+
+
+class RendezvousTimeout(LaunchError):
+    """A multi-node run whose other nodes did not all arrive within `join_timeout_s`: no rank
+    started here, so nothing was trained and the caller may run alone instead."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,8 @@ class LaunchSpec:
     status_every_s: float = 15.0  # 0 disables the periodic status line
     timeout_s: float | None = None
     echo: bool = True
+    # Multi-node static rendezvous: give up when not every node joined within this long.
+    join_timeout_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,10 @@ def build_torchrun_argv(spec: LaunchSpec, port: int | None) -> list[str]:
                  "--rdzv-id", spec.rdzv_id or "selfplay-mesh"]
     else:
         argv += ["--master-addr", spec.master_addr, "--master-port", str(port)]
+        if spec.join_timeout_s and str(spec.nnodes) != "1":
+            # The static rendezvous's TCPStore waits this long for the other nodes (rank 0) or
+            # for rank 0's store to listen (the others), then torchrun fails.
+            argv += ["--rdzv-conf", f"timeout={max(1, math.ceil(spec.join_timeout_s))}"]
     argv += ["-m", "app.training.rank_entry", *spec.target]
     return argv
 
@@ -141,6 +156,9 @@ def launch(spec: LaunchSpec, out: TextIO | None = None,
     reader = threading.Thread(target=read_torchrun, name="torchrun-output", daemon=True)
     reader.start()
     timed_out = False
+    join_timed_out = False
+    join_deadline = (spec.join_timeout_s + _JOIN_DEADLINE_MARGIN_S
+                     if spec.join_timeout_s and str(spec.nnodes) != "1" and not spec.rdzv_endpoint else None)
     grace_used = False
     last_status = started
     try:
@@ -153,6 +171,9 @@ def launch(spec: LaunchSpec, out: TextIO | None = None,
                 break
             if spec.timeout_s is not None and now - started > spec.timeout_s:
                 timed_out = True
+                break
+            if join_deadline is not None and not watch.ranks and now - started > join_deadline:
+                join_timed_out = True
                 break
             if spec.status_every_s and now - last_status >= spec.status_every_s:
                 last_status = now
@@ -175,6 +196,12 @@ def launch(spec: LaunchSpec, out: TextIO | None = None,
     ranks = [watch.ranks[r] for r in sorted(watch.ranks)]
     if timed_out:
         raise LaunchError(f"run timed out after {spec.timeout_s:.0f}s; logs in {log_dir}")
+    if join_deadline is not None and not ranks and (join_timed_out or proc.returncode != 0):
+        tail = watch.torchrun_lines[-LAST_LINES:]
+        raise RendezvousTimeout(
+            f"not all {spec.nnodes} nodes joined the rendezvous at {spec.master_addr}:{port} within "
+            f"{spec.join_timeout_s:.0f}s; no rank started; torchrun: " + " | ".join(tail[-2:]),
+            None, proc.returncode, tail, log_dir / "torchrun.log")
     failed = first_failure(ranks)
     if failed is None and proc.returncode != 0:
         tail = watch.torchrun_lines[-LAST_LINES:]
@@ -207,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grace-s", type=float, default=5.0)
     p.add_argument("--status-every", type=float, default=15.0)
     p.add_argument("--timeout-s", type=float)
+    p.add_argument("--join-timeout-s", type=float,
+                   help=f"multi-node: exit {JOIN_TIMEOUT_EXIT} when the other nodes did not join within this long")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--module", default="app.training.train", help="python module to run (default: the trainer)")
     group.add_argument("--script", type=Path, help="python script to run instead of a module")
@@ -222,10 +251,13 @@ def main(argv: list[str] | None = None) -> int:
                       node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
                       rdzv_endpoint=args.rdzv_endpoint, rdzv_backend=args.rdzv_backend, rdzv_id=args.rdzv_id,
                       max_restarts=args.max_restarts, grace_s=args.grace_s, status_every_s=args.status_every,
-                      timeout_s=args.timeout_s)
+                      timeout_s=args.timeout_s, join_timeout_s=args.join_timeout_s)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through launch()'s teardown
     try:
         result = launch(spec)
+    except RendezvousTimeout as exc:
+        print(f"launch failed: {exc}", file=sys.stderr, flush=True)
+        return JOIN_TIMEOUT_EXIT
     except LaunchError as exc:
         print(f"launch failed: {exc}", file=sys.stderr, flush=True)
         return 1

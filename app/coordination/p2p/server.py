@@ -29,7 +29,7 @@ from app.coordination.p2p.schemas import (
     TokenResponse,
     VoteRequest,
 )
-from app.coordination.p2p.work_rules import TRAINING_KIND
+from app.coordination.p2p.work_rules import TRAINING_KIND, TRAINING_KINDS
 from app.log import get_logger
 
 if TYPE_CHECKING:
@@ -126,6 +126,8 @@ def build_app(
         if refused is not None:
             return refused
         kinds = [TRAINING_KIND] if training_only else req.kinds
+        if training_only and req.kinds:  # e.g. a joiner asking for training_join items only
+            kinds = [k for k in req.kinds if k in TRAINING_KINDS]
         grant = node.queue.claim(req.node_id, req.capabilities, kinds, node.term, time.time())
         if grant is None:
             return ok(ClaimResponse(status="no_work"))

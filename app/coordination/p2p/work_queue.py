@@ -120,7 +120,7 @@ class WorkQueue:
                 query = query.where(WorkItemRow.kind.in_(kinds))
             query = query.order_by(WorkItemRow.priority.desc(), WorkItemRow.created_at, WorkItemRow.item_id)
             for row in s.scalars(query):
-                if not fits(row.requirements or {}, capabilities):
+                if not fits(row.requirements or {}, capabilities, node_id):
                     continue
                 seq = self._next_seq(s, term)
                 ttl = row.ttl or self.default_ttl

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 TRAINING_KIND = "training"  # /work/claim_training hands out only items of this kind
+TRAINING_JOIN_KIND = "training_join"  # a further node rank of a spanned training run
+TRAINING_KINDS = (TRAINING_KIND, TRAINING_JOIN_KIND)  # what /work/claim_training hands out
 
 
 @dataclass(frozen=True)
@@ -30,8 +32,11 @@ def item_id(kind: str, key: str) -> str:
     return f"{kind}:{key}"
 
 
-def fits(requirements: Mapping[str, Any], capabilities: Mapping[str, Any]) -> bool:
-    """needs_gpu, min_memory_gb, min_cpus against what the worker says it has."""
+def fits(requirements: Mapping[str, Any], capabilities: Mapping[str, Any], node_id: str | None = None) -> bool:
+    """needs_gpu, min_memory_gb, min_cpus against what the worker says it has; exclude_nodes
+    against who it is (a join item must not go to the node that hosts the rendezvous)."""
+    if node_id is not None and node_id in (requirements.get("exclude_nodes") or ()):
+        return False
     if requirements.get("needs_gpu") and not capabilities.get("gpus", 0):
         return False
     if float(capabilities.get("memory_gb", 0) or 0) < float(requirements.get("min_memory_gb", 0) or 0):

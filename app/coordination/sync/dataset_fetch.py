@@ -1,0 +1,173 @@
+"""Client side of dataset transfer: fetch a dataset by its sha256 from a peer that has it.
+
+A joiner of a spanned training run must train on exactly the claimant's data. The manifest
+is fetched first and must hash to the sha256 asked for; then each file it lists is streamed
+into a private staging directory inside the datasets dir while being hashed, and must match
+the manifest's sha256 and size. Only a dataset whose every byte checked out is renamed into
+`<datasets_dir>/<sha256>/`; a corrupt or truncated copy is deleted, named in the error (peer,
+file, expected sha256), and the next peer tried. Nothing partial ever sits under the final name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+from pathlib import Path
+
+import aiohttp
+
+from app.atomic_files import fsync_dir
+from app.coordination.p2p.auth import sign
+from app.coordination.p2p.client import MeshClient
+from app.coordination.sync.wire import is_sha256
+from app.log import get_logger
+from app.training.dataset import MANIFEST_NAME, DatasetError, file_digest, read_manifest
+
+log = get_logger(__name__)
+CHUNK = 1 << 20
+MAX_MANIFEST_BYTES = 1 << 20
+DEFAULT_MAX_FILE_BYTES = 8 << 30
+_FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")  # a plain name: no path, no hidden file
+_TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+
+class DatasetFetchError(RuntimeError):
+    """No peer served a verified copy; names the sha256 and every peer's failure."""
+
+    def __init__(self, sha256: str, failures: dict[str, str]) -> None:
+        self.sha256 = sha256
+        self.failures = failures
+        detail = "; ".join(f"{peer}: {why}" for peer, why in failures.items()) or "no peer to ask"
+        super().__init__(f"dataset {sha256}: no verified copy fetched ({detail})")
+
+
+class _PeerFailed(Exception):
+    pass
+
+
+def installed_dataset(datasets_dir: str | Path, sha256: str) -> Path:
+    return Path(datasets_dir) / sha256
+
+
+def verify_dataset(path: Path, sha256: str) -> str | None:
+    """None when `path` holds exactly dataset `sha256` (every listed file's digest checked),
+    else what is wrong, naming the file."""
+    try:
+        manifest, actual = read_manifest(path)
+    except DatasetError as exc:
+        return str(exc)
+    if actual != sha256:
+        return f"{path / MANIFEST_NAME}: hashes to {actual[:16]}, not {sha256[:16]}"
+    for name, entry in manifest["files"].items():
+        file = path / name
+        if not file.is_file():
+            return f"{file}: missing"
+        if file_digest(file) != entry.get("sha256"):
+            return f"{file}: sha256 does not match the manifest ({str(entry.get('sha256'))[:16]})"
+    return None
+
+
+async def fetch_dataset(
+    client: MeshClient, sha256: str, peer_addrs: list[str], datasets_dir: str | Path, *,
+    timeout: float = 10.0, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+) -> Path:
+    """The installed path of dataset `sha256`, fetched from the first peer with a verified copy.
+    `timeout` bounds connecting and each read, not the whole transfer."""
+    if not is_sha256(sha256):
+        raise ValueError(f"{sha256!r} is not a sha256 (64 lowercase hex digits)")
+    datasets_dir = Path(datasets_dir)
+    final = installed_dataset(datasets_dir, sha256)
+    if final.is_dir() and await asyncio.to_thread(verify_dataset, final, sha256) is None:
+        return final
+    datasets_dir.mkdir(parents=True, exist_ok=True)
+    failures: dict[str, str] = {}
+    stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
+    async with aiohttp.ClientSession(timeout=stream_timeout) as session:
+        for addr in peer_addrs:
+            staging = datasets_dir / f".fetch-{sha256[:16]}-{secrets.token_hex(4)}"
+            try:
+                staging.mkdir()
+                await _fetch_into(client, session, addr, sha256, staging, max_file_bytes)
+                await asyncio.to_thread(_install, staging, final)
+                log.info("dataset fetched", sha256=sha256, peer=addr, path=str(final))
+                return final
+            except _PeerFailed as exc:
+                failures[addr] = str(exc)
+            except _TRANSPORT_ERRORS as exc:
+                failures[addr] = f"transfer failed: {exc!r}"
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+            log.warning("dataset fetch from peer rejected", sha256=sha256, peer=addr, reason=failures[addr])
+    raise DatasetFetchError(sha256, failures)
+
+
+async def _fetch_into(client: MeshClient, session: aiohttp.ClientSession, addr: str, sha256: str,
+                      staging: Path, max_file_bytes: int) -> None:
+    raw = await _get(client, session, addr, f"/datasets/{sha256}/manifest", MAX_MANIFEST_BYTES)
+    actual = hashlib.sha256(raw).hexdigest()
+    if actual != sha256:
+        raise _PeerFailed(f"manifest hashes to {actual[:16]}, not the dataset asked for")
+    try:
+        manifest = json.loads(raw)
+        files = manifest["files"]
+        entries = [(str(name), str(e["sha256"]), int(e["bytes"])) for name, e in files.items()]
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise _PeerFailed(f"manifest unusable: {exc!r}") from None
+    for name, _, _ in entries:
+        if not _FILE_NAME.fullmatch(name) or name == MANIFEST_NAME:
+            raise _PeerFailed(f"manifest lists a file name this node will not write: {name!r}")
+    for name, want, size in entries:
+        if size > max_file_bytes:
+            raise _PeerFailed(f"{name}: {size} bytes is over the {max_file_bytes} limit")
+        digest = hashlib.sha256()
+        got = 0
+        path = f"/datasets/{sha256}/files/{name}"
+        async with session.get(f"http://{addr}{path}", headers=sign(client.secret, "GET", path, b"")) as resp:
+            if resp.status != 200:
+                raise _PeerFailed(f"{name}: HTTP {resp.status}")
+            with open(staging / name, "wb") as fh:
+                async for chunk in resp.content.iter_chunked(CHUNK):
+                    got += len(chunk)
+                    if got > size:
+                        raise _PeerFailed(f"{name}: more than the manifest's {size} bytes")
+                    digest.update(chunk)
+                    fh.write(chunk)
+                fh.flush()
+                os.fsync(fh.fileno())
+        if got != size or digest.hexdigest() != want:
+            raise _PeerFailed(f"{name} corrupt: {got} bytes hash to {digest.hexdigest()[:16]}, "
+                              f"the manifest says {size} bytes with sha256 {want[:16]}")
+    with open(staging / MANIFEST_NAME, "wb") as fh:  # last: a staging dir with a manifest is complete
+        fh.write(raw)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+async def _get(client: MeshClient, session: aiohttp.ClientSession, addr: str, path: str, limit: int) -> bytes:
+    async with session.get(f"http://{addr}{path}", headers=sign(client.secret, "GET", path, b"")) as resp:
+        if resp.status != 200:
+            raise _PeerFailed(f"{path}: HTTP {resp.status}: {(await resp.text())[:200]}")
+        data = bytearray()
+        async for chunk in resp.content.iter_chunked(CHUNK):
+            data += chunk
+            if len(data) > limit:
+                raise _PeerFailed(f"{path}: more than {limit} bytes")
+        return bytes(data)
+
+
+def _install(staging: Path, final: Path) -> None:
+    """Verified staging dir -> its final name; a bad copy already there is moved aside first."""
+    fsync_dir(staging)
+    old = None
+    if final.exists():
+        old = final.with_name(f".{final.name}.old{os.getpid()}")
+        os.replace(final, old)
+    os.replace(staging, final)
+    fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
