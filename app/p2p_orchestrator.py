@@ -32,7 +32,8 @@ from app.log import configure_logging, get_logger
 from app.training.promotion import progress_report
 
 DEFAULT_DAEMONS_FILE = Path(__file__).resolve().parent.parent / "daemons.yaml"
-DRAIN_DEADLINE_S = 30.0
+DRAIN_DEADLINE_S = 25.0  # daemons drain within this; the mesh and health server then get
+TEARDOWN_DEADLINE_S = 4.0  # this much: SIGTERM to exit stays inside the promised 30 s
 
 log = get_logger(__name__)
 
@@ -121,15 +122,23 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
-        if pipe.cluster is not None:
-            await pipe.cluster.release_for_shutdown()
-        await node.stop()
-        await health.stop()
+        try:
+            await asyncio.wait_for(_teardown(pipe, node, health), TEARDOWN_DEADLINE_S)
+        except TimeoutError:
+            log.warning("teardown_timed_out", deadline_s=TEARDOWN_DEADLINE_S)
         games.close()
         dead_letters.close()
     log.info("node_stopped", generation=pipe.state.generation, promoted=pipe.state.promoted,
              rejected=pipe.state.rejected)
     return 0
+
+
+async def _teardown(pipe: PipelineContext, node: MeshNode, health: HealthServer) -> None:
+    """Hand back a held claim (so the leader reschedules at once), then close the servers."""
+    if pipe.cluster is not None:
+        await pipe.cluster.release_for_shutdown()
+    await node.stop()
+    await health.stop()
 
 
 async def _stop_after(pipe: PipelineContext, manager: DaemonManager, generations: int) -> None:

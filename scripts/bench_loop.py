@@ -43,6 +43,16 @@ def stage_shares(history: list[dict], started: float, ended: float) -> dict[str,
     return {k: round(v / total, 3) for k, v in sorted(spans.items())}
 
 
+def final_scores(model_path: str, settings, simulations: int, games: int, data_dir: Path) -> dict:
+    """The final model vs random and the heuristic at one MCTS budget, in a fresh registry."""
+    eval_settings = settings.model_copy(update={"gauntlet": settings.gauntlet.model_copy(
+        update={"games_vs_baseline": games, "workers": 2, "net_simulations": simulations})})
+    report = run_gauntlet(model_path, ["random", "heuristic"], None, eval_settings,
+                          data_dir / f"final_eval_{simulations}.db", workers=2, seed=12345)
+    return {**{f"score_vs_{r.kind}": round(r.score, 3) for r in report.results},
+            **{f"wdl_vs_{r.kind}": [r.wins, r.draws, r.losses] for r in report.results}}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=20.0)
@@ -50,6 +60,8 @@ def main() -> int:
     p.add_argument("--daemons", type=Path, default=ROOT / "configs" / "bench_loop_daemons.yaml")
     p.add_argument("--data-dir", type=Path, default=None)
     p.add_argument("--eval-games", type=int, default=40, help="games vs each baseline for the final model")
+    p.add_argument("--eval-sims", default="",
+                   help="comma-separated MCTS budgets the final model is also measured at (default: the config's only)")
     args = p.parse_args()
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="bench_loop_"))
     settings = load_settings(args.config)
@@ -81,13 +93,10 @@ def main() -> int:
             "elo_high": m.elo_high} for m in models]
     final = {}
     if best is not None:
-        eval_settings = settings.model_copy(update={"gauntlet": settings.gauntlet.model_copy(
-            update={"games_vs_baseline": args.eval_games, "workers": 2})})
-        report = run_gauntlet(best.path, ["random", "heuristic"], None, eval_settings,
-                              data_dir / "final_eval.db", workers=2, seed=12345)
-        final = {"generation": best.generation,
-                 **{f"score_vs_{r.kind}": round(r.score, 3) for r in report.results},
-                 **{f"wdl_vs_{r.kind}": [r.wins, r.draws, r.losses] for r in report.results}}
+        budgets = [settings.gauntlet.net_simulations, *(int(x) for x in args.eval_sims.split(",") if x.strip())]
+        final = {"generation": best.generation}
+        for sims in dict.fromkeys(budgets):  # the config's budget first, each budget once
+            final[f"simulations_{sims}"] = final_scores(best.path, settings, sims, args.eval_games, data_dir)
     wall = ended - started
     print(json.dumps({
         "minutes": round(wall / 60, 2), "data_dir": str(data_dir), "games": games,

@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.config import ConfigError, load_settings  # noqa: E402
-from app.training.launcher import LaunchError, LaunchSpec, launch  # noqa: E402
+from app.training.launcher import LaunchError, LaunchSpec, launch, parse_nproc, resolve_nproc  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parent", type=Path)
     p.add_argument("--config", type=Path)
     p.add_argument("--resume", help="checkpoint path or 'auto'")
-    p.add_argument("--nproc", type=int, help="processes on this node (default: train.nproc)")
+    p.add_argument("--nproc", type=parse_nproc,
+                   help="processes on this node: N or auto (default: train.nproc; 0 = one per GPU, 1 without)")
     p.add_argument("--nnodes", default="1")
     p.add_argument("--node-rank", type=int, default=0)
     p.add_argument("--rdzv-endpoint")
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.resume:
         target += ["--resume", args.resume]
     target += args.extra[1:] if args.extra[:1] == ["--"] else args.extra
-    spec = LaunchSpec(target=target, nproc=args.nproc or settings.train.nproc, log_dir=args.run_dir / "logs",
+    spec = LaunchSpec(target=target, nproc=resolve_nproc(args.nproc if args.nproc is not None else settings.train.nproc), log_dir=args.run_dir / "logs",
                       nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
                       master_port=args.master_port, timeout_s=args.timeout_s, echo=not args.quiet)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through the launcher's teardown

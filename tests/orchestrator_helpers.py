@@ -118,6 +118,19 @@ def kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
+def stop_nodes(procs, timeout: float = 30.0) -> None:
+    """SIGTERM every node still running (they drain in parallel), wait, then SIGKILL what is left."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        kill_group(proc)
+
+
 def tail(files: NodeFiles, n: int = 4000) -> str:
     path = files.root / "node.log"
     return path.read_text(errors="replace")[-n:] if path.exists() else ""

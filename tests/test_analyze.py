@@ -96,6 +96,17 @@ def test_sims_zero_is_the_raw_network(model_path: Path) -> None:
         check_answer(first, "444444")
         assert first["policy"][3] == 0
         assert engine.ask("444444") == first  # no search, no randomness
+        # ... and it is the network's own output: a forward pass here, softmax over legal columns
+        import torch
+
+        from app.ai.model import load_model
+        net, _ = load_model(model_path)
+        state = get_game("connect4").parse("444444")
+        with torch.inference_mode():
+            logits, value = net.eval()(torch.from_numpy(state.planes()[None]))
+        logits = logits[0].masked_fill(~torch.from_numpy(state.legal_mask()), float("-inf"))
+        assert first["policy"] == pytest.approx(torch.softmax(logits, 0).tolist(), abs=1e-5)
+        assert first["value"] == pytest.approx(float(value.reshape(-1)[0]), abs=1e-5)
         assert "error" in engine.ask("8")
         assert engine.close() == 0
     finally:

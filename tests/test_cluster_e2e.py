@@ -11,9 +11,17 @@ import signal
 import urllib.request
 
 import pytest
+
 from app.db.replay_db import ReplayDB
 from tests.orchestrator_helpers import (
-    SMALL_CONFIG, SMALL_DAEMONS, NodeFiles, kill_group, start_node, tail, wait_until, write_node_files,
+    SMALL_CONFIG,
+    SMALL_DAEMONS,
+    NodeFiles,
+    start_node,
+    stop_nodes,
+    tail,
+    wait_until,
+    write_node_files,
 )
 
 pytestmark = pytest.mark.slow
@@ -89,15 +97,7 @@ def test_three_nodes_promote_through_a_leader_kill(tmp_path, monkeypatch) -> Non
             print(f"--- {files.root.name}\n{tail(files, 3000)}")
         raise
     finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                proc.wait(timeout=35)
-            except Exception:  # noqa: BLE001
-                pass
-            kill_group(proc)
+        stop_nodes(procs.values(), timeout=35)
 
     # Same promoted sha everywhere: one model per generation across the cluster.
     bests = {f.root.name: f.state()["best_sha256"] for f in nodes}

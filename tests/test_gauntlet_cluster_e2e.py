@@ -6,14 +6,20 @@ from __future__ import annotations
 
 import json
 import secrets
-import signal
 import urllib.request
 
 import pytest
 
 from app.db.registry import ModelRegistry
 from tests.orchestrator_helpers import (
-    SMALL_CONFIG, SMALL_DAEMONS, NodeFiles, kill_group, start_node, tail, wait_until, write_node_files,
+    SMALL_CONFIG,
+    SMALL_DAEMONS,
+    NodeFiles,
+    start_node,
+    stop_nodes,
+    tail,
+    wait_until,
+    write_node_files,
 )
 
 pytestmark = pytest.mark.slow
@@ -60,15 +66,7 @@ def test_a_peer_plays_part_of_the_gauntlet_of_a_generation_it_did_not_train(tmp_
             print(f"--- {files.root.name}\n{tail(files, 4000)}")
         raise
     finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs.values():
-            try:
-                proc.wait(timeout=30)
-            except Exception:  # noqa: BLE001
-                pass
-            kill_group(proc)
+        stop_nodes(procs.values(), timeout=30)
 
     assert record["generation"] == 1
     trainer = nodes[IDS.index(record["trained_by"])]

@@ -157,3 +157,19 @@ def test_cli_passes_arguments_through_and_succeeds(tmp_path):
 def test_bad_nproc_is_a_clear_error(tmp_path):
     with pytest.raises(LaunchError, match="nproc"):
         launch(LaunchSpec(target=["x.py"], nproc=0, log_dir=tmp_path))
+
+
+def test_nproc_auto_is_one_per_gpu_and_one_without_a_gpu() -> None:
+    import argparse
+
+    import torch
+
+    from app.training.launcher import build_parser, parse_nproc, resolve_nproc
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert resolve_nproc("auto") == resolve_nproc(0) == (gpus or 1)
+    assert resolve_nproc(3) == 3
+    assert build_parser().parse_args(["--log-dir", "x", "--", "t.py"]).nproc == "auto"
+    with pytest.raises(argparse.ArgumentTypeError, match="count or auto"):
+        parse_nproc("two")
+    with pytest.raises(argparse.ArgumentTypeError, match="negative"):
+        parse_nproc("-1")

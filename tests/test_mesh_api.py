@@ -84,6 +84,31 @@ async def test_bad_bodies_are_400_or_413_with_a_message(node: MeshNode) -> None:
     assert status == 413 and "larger" in data["error"]
 
 
+async def test_a_large_signed_body_arrives_whole_and_a_streamed_oversized_one_is_413(tmp_path: Path) -> None:
+    """A body of many TCP chunks is read to its end before the signature is checked (a single
+    read returns only what has arrived), and a chunked body without a length still has a limit."""
+    n = MeshNode(node_id="big", host="127.0.0.1", port=0, data_dir=tmp_path, profile="fast", secret=SECRET)
+    n.max_body_bytes = 1 << 20
+    await n.start()
+    try:
+        pad = "x" * 600_000
+        big = json.dumps({"sender": "x", "states": [], "view": {}, "pad": pad}).encode()
+        status, data = await post(n.addr, "/gossip", big, sign(SECRET, "POST", "/gossip", big))
+        assert status == 200 or (status == 400 and "pad" in data["error"]), data  # never a bad signature
+        huge = b"{" + b" " * (1 << 20) + b"}"
+
+        async def chunks():  # no Content-Length: the server must count as it reads
+            for i in range(0, len(huge), 65536):
+                yield huge[i:i + 65536]
+
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"http://{n.addr}/gossip", data=chunks(),
+                              headers=sign(SECRET, "POST", "/gossip", huge)) as r:
+                assert r.status == 413 and "larger" in (await r.json())["error"]
+    finally:
+        await n.stop()
+
+
 async def test_work_endpoints_validate_and_fence(node: MeshNode) -> None:
     async def until_leader() -> None:
         import asyncio

@@ -100,6 +100,21 @@ def test_vote_rules_by_example() -> None:
     assert not grant(**same_term, pre_vote=True).granted  # pre-vote needs a newer term
     pre = grant(pre_vote=True)
     assert pre.granted and not pre.adopt_term  # pre-votes change nothing
+    # a handover from our leader waives loyalty to it and the bully preference, not the term rules
+    assert grant(leader_contact_age=0.1, transfer=True).granted
+    assert grant(alive_eligible_ranks=[(9, "z")], leaderless_for=0.0, transfer=True).granted
+    assert not grant(leader_contact_age=0.1, transfer=True, candidate_term=3).granted
+    assert not grant(**same_term, voted_for="c", transfer=True).granted
+
+
+def test_transfer_refusals() -> None:
+    from app.coordination.p2p.transfer import transfer_refusal
+    voters, alive = ["a", "b", "c"], ["a", "b"]
+    assert transfer_refusal(True, "a", "b", voters, alive) is None
+    assert transfer_refusal(False, "a", "b", voters, alive) == "not the leader"
+    assert "already the leader" in transfer_refusal(True, "a", "a", voters, alive)
+    assert "not a voter" in transfer_refusal(True, "a", "x", voters, alive + ["x"])
+    assert "not alive" in transfer_refusal(True, "a", "c", voters, alive)
 
 
 vote_inputs = st.fixed_dictionaries({
@@ -115,6 +130,7 @@ vote_inputs = st.fixed_dictionaries({
     "election_timeout_min": st.floats(0.1, 5),
     "alive_eligible_ranks": st.lists(st.tuples(st.integers(0, 2), st.sampled_from(["a", "b", "c"])), max_size=4),
     "bully_patience": st.floats(0, 10),
+    "transfer": st.booleans(),
 })
 
 
@@ -128,9 +144,10 @@ def test_vote_invariants(kw: dict) -> None:
         assert not d.adopt_term
         if kw["candidate_term"] <= kw["current_term"]:
             assert not d.granted
-    if kw["leader_contact_age"] is not None and kw["leader_contact_age"] < kw["election_timeout_min"]:
+    if kw["leader_contact_age"] is not None and kw["leader_contact_age"] < kw["election_timeout_min"] \
+            and not kw["transfer"]:
         assert not d.granted and not d.adopt_term
-    if d.granted and kw["leaderless_for"] < kw["bully_patience"]:
+    if d.granted and kw["leaderless_for"] < kw["bully_patience"] and not kw["transfer"]:
         assert not any(r > kw["candidate_rank"] for r in kw["alive_eligible_ranks"])
     if d.granted and not kw["pre_vote"] and kw["candidate_term"] == kw["current_term"]:
         assert kw["voted_for"] in (None, kw["candidate_id"])
@@ -149,7 +166,8 @@ class SimVoter:
 @given(
     n=st.integers(1, 7),
     rounds=st.lists(
-        st.tuples(st.integers(0, 6), st.integers(-1, 2), st.lists(st.booleans(), min_size=7, max_size=7)),
+        st.tuples(st.integers(0, 6), st.integers(-1, 2), st.lists(st.booleans(), min_size=7, max_size=7),
+                  st.booleans()),
         min_size=1, max_size=25,
     ),
 )
@@ -159,7 +177,7 @@ def test_never_two_leaders_in_one_term(n: int, rounds: list) -> None:
     voters = ids(n)
     state = {v: SimVoter() for v in voters}
     winners: dict[int, set[str]] = {}
-    for cand_idx, term_delta, reach in rounds:
+    for cand_idx, term_delta, reach, transfer in rounds:
         cand = voters[cand_idx % n]
         term = state[cand].term + 1 + max(0, term_delta)  # always above its own term
         state[cand].term, state[cand].voted_for = term, cand
@@ -172,6 +190,7 @@ def test_never_two_leaders_in_one_term(n: int, rounds: list) -> None:
                 candidate_id=cand, candidate_term=term, candidate_rank=(0, cand), candidate_is_voter=True,
                 pre_vote=False, current_term=s.term, voted_for=s.voted_for, leader_contact_age=None,
                 leaderless_for=100.0, election_timeout_min=1.0, alive_eligible_ranks=[], bully_patience=0.0,
+                transfer=transfer,  # a handover waives loyalty, never the one vote per term
             )
             if d.adopt_term:
                 s.term, s.voted_for = term, None

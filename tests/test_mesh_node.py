@@ -139,3 +139,48 @@ async def test_failover_when_leader_stops_and_quorum_levels(trio: list[MeshNode]
     await wait_for(lost, 5.0)  # check-quorum: a leader without a quorum steps down
     assert await new.commit("k", "v") is False
     await asyncio.sleep(0)
+
+
+async def test_leadership_moves_by_explicit_transfer_and_stays(trio: list[MeshNode]) -> None:
+    """n2 (highest priority) leads; handed to n0 it stays with n0 (a healthy leader is not
+    preempted); the operator CLI hands it on to n1 through a follower."""
+    import os
+    import sys
+
+    from app.coordination.p2p.auth import sign
+    leader = await leader_of(trio)
+    assert leader.node_id == "n2"
+    old_term = leader.term
+
+    async def transfer(node: MeshNode, target: str) -> tuple[int, dict]:
+        body = f'{{"target": "{target}"}}'.encode()
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"http://{node.addr}/admin/transfer", data=body,
+                              headers=sign(SECRET, "POST", "/admin/transfer", body)) as r:
+                return r.status, await r.json()
+
+    follower = next(n for n in trio if n is not leader)
+    assert (await transfer(follower, "n0"))[0] == 503  # only the leader hands over
+    status, answer = await transfer(leader, "nobody")
+    assert status == 409 and "not a voter" in answer["error"] and leader.is_leader  # refused: nothing changed
+    status, answer = await transfer(leader, "n0")
+    assert status == 200, answer
+
+    async def n0_leads() -> bool:
+        return trio[0].is_leader and all(n.leader_id == "n0" for n in trio)
+    await wait_for(n0_leads, 5.0)
+    assert trio[0].term > old_term
+    await asyncio.sleep(3 * trio[0].timing.election_timeout_min)  # n2 outranks n0 but does not take it back
+    assert trio[0].is_leader and not leader.is_leader
+
+    env = {**os.environ, "MESH_SECRET": SECRET.decode()}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "mesh_admin.py"), "transfer", "--to", "n1", "--node", trio[2].addr, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, (out, err)
+    assert '"transferred_to": "n1"' in out.decode()
+
+    async def n1_leads() -> bool:
+        return trio[1].is_leader and all(n.leader_id == "n1" for n in trio)
+    await wait_for(n1_leads, 5.0)

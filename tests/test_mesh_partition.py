@@ -5,7 +5,9 @@ mutated, terms do not climb; heal -> one leader. Then the history invariant."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import sqlite3
 import time
 from pathlib import Path
 
@@ -29,6 +31,26 @@ async def claim_status(session: aiohttp.ClientSession, addr: str) -> int:
             return r.status
     except (aiohttp.ClientError, asyncio.TimeoutError):
         return 0
+
+
+def durable_state(data_dir: Path) -> dict[str, object]:
+    """Everything a node could mutate: its commits, term file, work queue rows and leadership
+    history, as digests (the history counts only `became_leader` lines: other lines are logs)."""
+    out: dict[str, object] = {}
+    for name in ("mesh_commits.json", "mesh_term.json"):
+        f = data_dir / name
+        out[name] = hashlib.sha256(f.read_bytes()).hexdigest() if f.exists() else None
+    db = data_dir / "work_queue.db"
+    if db.exists():
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")]
+            out["work_queue"] = {t: con.execute(f'SELECT * FROM "{t}" ORDER BY 1').fetchall() for t in tables}
+        finally:
+            con.close()
+    history = data_dir / "mesh_history.jsonl"
+    out["became_leader"] = history.read_text().count('"became_leader"') if history.exists() else 0
+    return out
 
 
 async def hold_no_leader(cluster: Cluster, nodes: list, seconds: float) -> set[int]:
@@ -82,11 +104,15 @@ async def test_partitions_4_3_then_3_3_1_then_heal(tmp_path: Path) -> None:
             return len(sts) == 7 and all(s["role"] != "leader" for s in sts.values())
         await wait_for(nobody_leads, FAST.leader_lease * 4)
         before = {nid: s["term"] for nid, s in (await cluster.statuses()).items()}
+        stored_before = {n.node_id: durable_state(n.data_dir) for n in cluster.nodes}
         await hold_no_leader(cluster, cluster.nodes, 3.0)
+        for n in cluster.nodes:
+            assert await claim_status(cluster.session, n.addr) == 503  # read-only everywhere
         after = {nid: s["term"] for nid, s in (await cluster.statuses()).items()}
         assert after == before  # pre-vote: isolated nodes do not inflate terms
-        for n in cluster.nodes:
-            assert await claim_status(cluster.session, n.addr) == 503  # nothing is mutated
+        assert all(s["quorum_level"] == "lost" for s in (await cluster.statuses()).values())
+        # nothing is mutated: no commit, vote, term, work queue row or leadership on any node
+        assert {n.node_id: durable_state(n.data_dir) for n in cluster.nodes} == stored_before
 
         # heal: exactly one leader, agreed by all
         proxy.heal()

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from app.db.registry import ModelRegistry
+from app.training.dataset import dataset_sha256
 from app.db.replay_db import ReplayDB
 from tests.orchestrator_helpers import (
     group_alive, kill_group, start_node, tail, wait_until, write_node_files,
@@ -54,6 +55,10 @@ def test_kill_9_mid_training_then_restart_completes_the_generation(tmp_path) -> 
     with ModelRegistry(files.data_dir / "registry.db") as registry:
         models = registry.models()
     assert [m.generation for m in models] == [1]
+    # lineage: the model names the dataset it was trained on, whose manifest is still there
+    assert models[0].parent_sha256 is None  # generation 1 starts from nothing
+    datasets = sorted((files.data_dir / "datasets").iterdir())
+    assert [dataset_sha256(d) for d in datasets] == [models[0].dataset_sha256], datasets
     if state["promoted"]:
         assert (files.data_dir / "models" / f"{state['best_sha256']}.safetensors").exists()
         assert state["best_path"].endswith(f"{state['best_sha256']}.safetensors")

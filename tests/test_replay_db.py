@@ -31,6 +31,8 @@ def test_insert_is_idempotent_by_uid(tmp_path) -> None:
         assert back.moves[2].action == 2 and back.winner is None and back.search == {"sims": 8}
         assert [g.uid for g in db.games(newest=2)] == ["b", "c"]
         assert db.integrity_problems() == []
+    with sqlite3.connect(tmp_path / "g.db") as con:  # WAL is a property of the file: readers never block the writer
+        assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
 def test_record_json_round_trip() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -124,16 +125,27 @@ def test_a_failing_worker_is_reported(tmp_path: Path, tiny_model) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_cli_plays_into_a_db(tmp_path: Path) -> None:
+@pytest.mark.timeout(180)
+def test_cli_acceptance_command_stores_200_complete_games(tmp_path: Path) -> None:
+    """The issue's acceptance command as written (15-20 s here), then the DB checked game by game."""
+    proc = subprocess.run(
+        [PY, str(REPO / "scripts" / "selfplay.py"), "--games", "200", "--sims", "64", "--uniform", "--db", "games.db"],
+        capture_output=True, text=True, timeout=170, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert_complete_games(tmp_path / "games.db", expected=200)
+
+
+def test_cli_json_summary(tmp_path: Path) -> None:
     db = tmp_path / "games.db"
     proc = subprocess.run(
-        [PY, str(REPO / "scripts" / "selfplay.py"), "--games", "12", "--sims", "16", "--uniform",
+        [PY, str(REPO / "scripts" / "selfplay.py"), "--games", "4", "--sims", "8", "--uniform",
          "--db", str(db), "--workers", "1", "--seed", "5", "--json"],
         capture_output=True, text=True, timeout=50, cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
-    assert '"games": 12' in proc.stdout
-    assert_complete_games(db, expected=12)
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["games"] == 4
+    assert_complete_games(db, expected=4)
 
 
 def test_cli_rejects_bad_arguments(tmp_path: Path) -> None:

@@ -6,14 +6,20 @@ from __future__ import annotations
 
 import json
 import secrets
-import signal
 import time
 import urllib.request
 
 import pytest
 
 from tests.orchestrator_helpers import (
-    SMALL_CONFIG, SMALL_DAEMONS, NodeFiles, kill_group, start_node, tail, wait_until, write_node_files,
+    SMALL_CONFIG,
+    SMALL_DAEMONS,
+    NodeFiles,
+    start_node,
+    stop_nodes,
+    tail,
+    wait_until,
+    write_node_files,
 )
 
 pytestmark = pytest.mark.slow
@@ -79,12 +85,4 @@ def test_two_nodes_train_one_generation_together(tmp_path, monkeypatch) -> None:
             print(f"--- {files.root.name}\n{tail(files, 4000)}")
         raise
     finally:
-        for proc in procs:  # --max-generations 1: they drain on their own; make sure
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except Exception:  # noqa: BLE001
-                pass
-            kill_group(proc)
+        stop_nodes(procs, timeout=30)

@@ -33,7 +33,7 @@ class TrainConfig(StrictModel):
     lr: float = 1e-3
     weight_decay: float = 1e-4
     epochs: int = 4
-    nproc: int = 1
+    nproc: int = 0  # training processes per node; 0 = one per visible GPU, 1 without a GPU
     micro_batches: int = 0  # fixed split of each global batch (0 = one per rank); see app/training/train.py
     eval_every: int = 0  # steps between holdout evaluations (0 = once per epoch)
     patience: int = 3  # evaluations without holdout improvement before stopping early

@@ -83,21 +83,30 @@ class ClusterPipeline:
         }
 
     def absorb(self, view: ClusterView) -> None:
-        """Merge generation records from gossip and from this voter's commit store."""
+        """Merge the decided generation records peers gossip (a voter's own commit store is
+        not among them: what it holds may be a value no quorum decided)."""
         incoming = [GenerationRecord.from_value(r) for s in view.nodes.values()
                     for r in s.inventory.get("generations", [])]
-        # A voter holds what a leader committed through it even if that leader died before
-        # anyone gossiped the record: absorbing it lets the next leader see the generation decided.
-        commits = getattr(self.node, "commits", None)
-        if commits is not None:
-            incoming += [GenerationRecord.from_value(v) for k, v in commits.values.items()
-                         if k.startswith(COMMIT_PREFIX)]
         for conflict in self.log.merge(incoming):
             log.error("generation_record_refused", detail=conflict)
+
+    async def recover_next_decision(self) -> None:
+        """Leader: a predecessor may have had the next generation stored on a quorum and died
+        before anyone gossiped it. Reading that key from a quorum (and finishing what it finds)
+        brings the decision into the log before the generation would be trained again."""
+        if not self.node.is_leader:
+            return
+        last = max(self.log.records, default=0)
+        decided = await self.node.decide(f"{COMMIT_PREFIX}{last + 1}", None)
+        if decided is not None:
+            record = GenerationRecord.from_value(decided)
+            log.info("generation_recovered", generation=record.generation, sha256=record.sha256[:12])
+            self.log.merge([record])
 
     async def publish_loop(self, interval_s: float = 1.0) -> None:
         while True:
             try:
+                await self.recover_next_decision()
                 self.absorb(self.node.cluster_view())
                 inventory = await asyncio.to_thread(self.inventory)
                 self.node.update_local_state(inventory=inventory)
@@ -134,14 +143,14 @@ class ClusterPipeline:
                                       node.consensus.can_mutate(), time.time())
         if refusal is not None:
             return web.json_response({"error": f"stale claim: {refusal}"}, status=409)
-        existing = node.committed(record.commit_key()) or (
-            self.log.records[record.generation].to_value() if record.generation in self.log.records else None)
-        if existing is not None and existing != record.to_value():
-            return web.json_response({"error": f"generation {record.generation} already decided",
-                                      "record": GenerationRecord.from_value(existing).__dict__}, status=409)
-        if not await node.commit(record.commit_key(), record.to_value()):
+        held = self.log.records.get(record.generation)
+        decided = held.to_value() if held is not None else await node.decide(record.commit_key(), record.to_value())
+        if decided is None:
             return web.json_response({"error": "no quorum stored the decision"}, status=503)
-        self.log.merge([record])
+        self.log.merge([GenerationRecord.from_value(decided)])
+        if decided != record.to_value():
+            return web.json_response({"error": f"generation {record.generation} already decided",
+                                      "record": GenerationRecord.from_value(decided).__dict__}, status=409)
         log.info("generation_committed", generation=record.generation, sha256=record.sha256[:12],
                  promoted=record.promoted)
         return web.json_response({"committed": True})

@@ -304,8 +304,7 @@ def _register_promoted(pipe: PipelineContext, path: Path, reason: str) -> None:
 
 
 def generation_gates(pipe: PipelineContext, generation: int) -> Gates:
-    cfg = pipe.settings.promotion
-    return Gates.from_config(cfg).for_generation(generation, cfg.heuristic_gate_from_generation)
+    return Gates.from_config(pipe.settings.promotion, generation)
 
 
 def pipeline_runners(pipe: PipelineContext) -> dict[str, RunnerEntry]:

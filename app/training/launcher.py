@@ -36,7 +36,8 @@ from app.training.rank_watch import (
 )
 
 __all__ = ["JOIN_TIMEOUT_EXIT", "LaunchError", "LaunchResult", "LaunchSpec", "RankStatus", "RendezvousTimeout",
-           "build_torchrun_argv", "first_failure", "free_port", "launch", "main", "parse_torchrun_failures"]
+           "build_torchrun_argv", "first_failure", "free_port", "launch", "main", "parse_torchrun_failures",
+           "resolve_nproc"]
 
 JOIN_TIMEOUT_EXIT = 3  # exit code of the CLI when the other nodes never joined the rendezvous
 _JOIN_DEADLINE_MARGIN_S = 15.0  # our own deadline beyond torchrun's, should torchrun not give up
@@ -219,9 +220,32 @@ def launch(spec: LaunchSpec, out: TextIO | None = None,
 # ---- command line -----------------------------------------------------------------------------
 
 
+def resolve_nproc(value: str | int) -> int:
+    """Processes for this node: an explicit count, or for "auto"/0 one per visible GPU (the
+    launcher's usual shape), and one process on a CPU-only machine."""
+    if str(value) not in ("auto", "0"):
+        return int(value)
+    import torch  # only here: a launcher given a count never pays for importing torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 1
+
+
+def parse_nproc(text: str) -> str | int:
+    if text == "auto":
+        return text
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--nproc must be a count or auto, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"--nproc must not be negative, got {n}")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="app.training.launcher", description="Run a job under torchrun and watch its ranks.")
-    p.add_argument("--nproc", type=int, required=True, help="processes on this node (one per GPU, or N on CPU)")
+    p.add_argument("--nproc", type=parse_nproc, default="auto",
+                   help="processes on this node: N, or auto (default): one per visible GPU, 1 without a GPU")
     p.add_argument("--log-dir", type=Path, required=True)
     p.add_argument("--nnodes", default="1")
     p.add_argument("--node-rank", type=int, default=0)
@@ -247,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     target_args = args.args[1:] if args.args[:1] == ["--"] else args.args
     target = [str(args.script), *target_args] if args.script else ["-m", args.module, *target_args]
-    spec = LaunchSpec(target=target, nproc=args.nproc, log_dir=args.log_dir, nnodes=args.nnodes,
+    spec = LaunchSpec(target=target, nproc=resolve_nproc(args.nproc), log_dir=args.log_dir, nnodes=args.nnodes,
                       node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
                       rdzv_endpoint=args.rdzv_endpoint, rdzv_backend=args.rdzv_backend, rdzv_id=args.rdzv_id,
                       max_restarts=args.max_restarts, grace_s=args.grace_s, status_every_s=args.status_every,

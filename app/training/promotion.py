@@ -44,8 +44,11 @@ class Gates:
     require_sprt_vs_best: bool = True
 
     @staticmethod
-    def from_config(cfg: PromotionConfig) -> "Gates":
-        return Gates(cfg.min_score_vs_random, cfg.min_score_vs_heuristic, cfg.require_sprt_vs_best)
+    def from_config(cfg: PromotionConfig, generation: int | None = None) -> "Gates":
+        """The configured gates; with `generation`, those that generation faces (the same rule
+        for the daemons and the CLI)."""
+        gates = Gates(cfg.min_score_vs_random, cfg.min_score_vs_heuristic, cfg.require_sprt_vs_best)
+        return gates if generation is None else gates.for_generation(generation, cfg.heuristic_gate_from_generation)
 
     def for_generation(self, generation: int, heuristic_from: int) -> "Gates":
         """The gates a given generation faces: no heuristic gate before `heuristic_from`."""
@@ -185,7 +188,7 @@ def evaluate_candidate(
     entry = register_candidate(registry, model_path)
     if entry.status is not ModelStatus.CANDIDATE:
         raise PromotionError(f"model {entry.sha256[:12]} is already {entry.status.value}: {entry.reason}")
-    gates = Gates.from_config(settings.promotion)
+    gates = Gates.from_config(settings.promotion, entry.generation)
     best = registry.current_best()
     if best is not None:
         verify_model_file(best)  # the match must be against the model the registry promoted

@@ -23,8 +23,11 @@ Embedding (what the orchestrator uses):
     node.update_local_state(capabilities=..., inventory=..., claims=[ClaimInfo, ...])  # gossiped
     node.cluster_view()                 # ClusterView: nodes' gossiped NodeState + Liveness
     node.is_leader, node.term, node.leader_id, node.quorum_level, node.role, node.status()
-    await node.commit(key, value) -> bool    # True once floor(V/2)+1 voters stored it;
-    node.committed(key) -> str | None        # a voter never stores two values for one key
+    await node.decide(key, proposal) -> str | None  # leader: the key's one decided value (decision.py):
+                                        # read a quorum, finish what an earlier leader half-stored,
+                                        # else have floor(V/2)+1 voters store `proposal`
+    await node.commit(key, value) -> bool    # decide(key, value) == value
+    node.committed(key) -> str | None        # this voter's stored value: tentative, never acted on
     WorkClient(node.client, node_id, addrs=lambda: [...]).claim() / renew / complete / fail
 
 Rules (DESIGN.md, "The mesh"): quorum = floor(V/2)+1 of the configured voters; terms are

@@ -158,6 +158,19 @@ def json_error(status: int, message: str, **extra: object) -> web.Response:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+async def read_body(request: web.Request, max_body_bytes: int) -> bytes | None:
+    """The whole body, or None once it passes `max_body_bytes`. One `read(n)` is not enough:
+    it returns what has arrived so far, and a large body arrives in several chunks."""
+    chunks: list[bytes] = []
+    total = 0
+    while chunk := await request.content.readany():
+        total += len(chunk)
+        if total > max_body_bytes:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def auth_middleware(
     verifier: Verifier, max_body_bytes: int, public: Iterable[tuple[str, str]]
 ) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
@@ -172,10 +185,10 @@ def auth_middleware(
         if request.content_length is not None and request.content_length > max_body_bytes:
             return json_error(413, f"body larger than {max_body_bytes} bytes")
         try:
-            body = await request.content.read(max_body_bytes + 1)
+            body = await read_body(request, max_body_bytes)
         except Exception as exc:  # noqa: BLE001 - a broken stream is the client's problem
             return json_error(400, f"cannot read body: {exc}")
-        if len(body) > max_body_bytes:
+        if body is None:
             return json_error(413, f"body larger than {max_body_bytes} bytes")
         try:
             verifier.verify(request.method, request.path_qs, request.headers, body)

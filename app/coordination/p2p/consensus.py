@@ -14,6 +14,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 
+from pydantic import BaseModel
+
 from app.config.mesh import TimingProfile
 from app.coordination.p2p import election as rules
 from app.coordination.p2p.client import MeshClient
@@ -21,6 +23,8 @@ from app.coordination.p2p.election import QuorumLevel, Role
 from app.coordination.p2p.membership import Membership
 from app.coordination.p2p.persist import CommitStore, HistoryLog, TermStore
 from app.coordination.p2p.schemas import (
+    CommitReadRequest,
+    CommitReadResponse,
     CommitRequest,
     CommitResponse,
     HeartbeatRequest,
@@ -32,6 +36,7 @@ from app.log import bind_term, get_logger
 
 log = get_logger(__name__)
 T = TypeVar("T")
+R = TypeVar("R", bound=BaseModel)
 
 
 class Consensus:
@@ -163,7 +168,10 @@ class Consensus:
         if self.role is Role.LEADER:
             contact_age: float | None = 0.0
         else:
-            contact_age = None if self.last_leader_contact is None else now - self.last_leader_contact
+            # A voter that never heard a leader since it started counts its start as contact
+            # (Raft's rule): it may have acked a leader's lease just before a restart, and a
+            # vote granted at once could elect a second leader while that lease still runs.
+            contact_age = now - (self.started_at if self.last_leader_contact is None else self.last_leader_contact)
         decision = rules.should_grant_vote(
             candidate_id=req.candidate_id,
             candidate_term=req.term,
@@ -177,6 +185,8 @@ class Consensus:
             election_timeout_min=self.timing.election_timeout_min,
             alive_eligible_ranks=self._alive_eligible_ranks(now),
             bully_patience=self.timing.bully_patience,
+            # a handover from the leader we follow (or were): that leader stepped down first
+            transfer=req.transfer_from is not None and req.transfer_from in (self.leader_id, self.node_id),
         )
         if decision.adopt_term:
             self.observe_term(req.term)
@@ -208,16 +218,24 @@ class Consensus:
         if rules.term_relation(req.term, self.term) == "stale":
             return CommitResponse(term=self.term, stored=False, reason="stale term")
         self.observe_term(req.term, req.leader_id)
-        if not self.commits.store(req.key, req.value):
-            return CommitResponse(term=self.term, stored=False, reason="a different value is stored for this key")
-        return CommitResponse(term=self.term, stored=True)
+        stored, why = self.commits.store(req.key, req.value, req.term)
+        return CommitResponse(term=self.term, stored=stored, reason="" if stored else why)
+
+    def handle_commit_read(self, req: CommitReadRequest) -> CommitReadResponse:
+        """Phase 1 of a decision: adopting the reader's term promises to refuse older leaders."""
+        if rules.term_relation(req.term, self.term) == "stale":
+            return CommitReadResponse(term=self.term, ok=False)
+        self.observe_term(req.term, req.leader_id)
+        stored = self.commits.get_stored(req.key)
+        return CommitReadResponse(term=self.term, ok=True, value=stored.value if stored else None,
+                                  value_term=stored.term if stored else None)
 
     def _alive_eligible_ranks(self, now: float) -> list[rules.Rank]:
         alive = self.membership.alive_ids(now)
         return [self.rank_of(v) for v in self.voters if v in alive]
 
     # -- procedures (us -> peers) ----------------------------------------------------
-    async def _gather_until(
+    async def gather_until(
         self, calls: dict[str, Awaitable[T | None]], enough: Callable[[dict[str, T]], bool]
     ) -> dict[str, T]:
         """Answers as they come; stop waiting once `enough` says so (a dead peer's timeout
@@ -239,32 +257,62 @@ class Consensus:
                 task.cancel()
         return answers
 
-    async def _ask_votes(self, term: int, pre_vote: bool) -> tuple[set[str], int]:
-        req = VoteRequest(term=term, candidate_id=self.node_id, priority=self.priority, pre_vote=pre_vote)
+    def post_to_voters(self, path: str, req: BaseModel, response: type[R]) -> dict[str, Awaitable[R | None]]:
+        """One request to every other voter with a known address (None answers: unreachable)."""
         calls = {}
         for voter in self.voters:
             addr = self.addr_of(voter) if voter != self.node_id else None
             if addr:
-                calls[voter] = self.client.post(addr, "/vote", req, VoteResponse, self.timing.request_timeout)
+                calls[voter] = self.client.post(addr, path, req, response, self.timing.request_timeout)
+        return calls
+
+    async def _ask_votes(self, term: int, pre_vote: bool, transfer_from: str | None = None) -> tuple[set[str], int]:
+        req = VoteRequest(term=term, candidate_id=self.node_id, priority=self.priority, pre_vote=pre_vote,
+                          transfer_from=transfer_from)
+        calls = self.post_to_voters("/vote", req, VoteResponse)
         granted = {self.node_id}
 
         def enough(answers: dict[str, VoteResponse]) -> bool:
             yes = granted | {v for v, r in answers.items() if r.granted}
             return rules.votes_won(self.voters, yes) or any(r.term > term for r in answers.values())
 
-        answers = await self._gather_until(calls, enough)
+        answers = await self.gather_until(calls, enough)
         now = time.monotonic()
         for voter in answers:
             self.membership.touch(voter, now)
         highest = max([r.term for r in answers.values()], default=0)
         return granted | {v for v, r in answers.items() if r.granted}, highest
 
-    async def run_election(self) -> bool:
-        """Pre-vote, then a real vote in term+1; True when this node became leader."""
+    async def run_election(self, transfer_from: str | None = None) -> bool:
+        """Pre-vote, then a real vote in term+1; True when this node became leader. With
+        `transfer_from` (the leader that handed over, transfer.py) the pre-vote is skipped and
+        voters waive their loyalty to that leader, which has already stepped down."""
         if not self.is_voter or self.role is Role.LEADER:
             return False
-        now = time.monotonic()
         start_term = self.term
+        if transfer_from is None and not await self._pre_vote_won(start_term):
+            return False
+        term = start_term + 1
+        self.store.save(term, self.node_id)  # vote for ourselves, persisted first
+        bind_term(term)
+        self.role, self.leader_id, self.ack_times = Role.CANDIDATE, None, {}
+        self.history.append("became_candidate", term)
+        sent_at = time.monotonic()
+        granted, highest = await self._ask_votes(term, pre_vote=False, transfer_from=transfer_from)
+        if highest > self.term:
+            self.observe_term(highest)
+            return False
+        if self.term != term or self.role is not Role.CANDIDATE:
+            return False
+        if rules.votes_won(self.voters, granted):
+            self._become_leader(term, granted, sent_at)
+            return True
+        self.role = Role.FOLLOWER
+        return False
+
+    async def _pre_vote_won(self, start_term: int) -> bool:
+        """Would we win term+1 without disturbing a live leader? Asks ourselves, then the voters."""
+        now = time.monotonic()
         own = rules.should_grant_vote(
             candidate_id=self.node_id, candidate_term=start_term + 1, candidate_rank=self.rank_of(self.node_id),
             candidate_is_voter=True, pre_vote=True, current_term=start_term, voted_for=None,
@@ -281,25 +329,14 @@ class Consensus:
             return False
         if not rules.votes_won(self.voters, granted) or self.term != start_term or self.role is Role.LEADER:
             return False
-        if self.last_leader_contact is not None and time.monotonic() - self.last_leader_contact < self.timing.election_timeout_min:
-            return False  # a leader showed up while we asked
-        term = start_term + 1
-        self.store.save(term, self.node_id)  # vote for ourselves, persisted first
-        bind_term(term)
-        self.role, self.leader_id, self.ack_times = Role.CANDIDATE, None, {}
-        self.history.append("became_candidate", term)
-        sent_at = time.monotonic()
-        granted, highest = await self._ask_votes(term, pre_vote=False)
-        if highest > self.term:
-            self.observe_term(highest)
-            return False
-        if self.term != term or self.role is not Role.CANDIDATE:
-            return False
-        if rules.votes_won(self.voters, granted):
-            self._become_leader(term, granted, sent_at)
-            return True
-        self.role = Role.FOLLOWER
-        return False
+        # a leader that showed up while we asked wins
+        return self.last_leader_contact is None or time.monotonic() - self.last_leader_contact >= self.timing.election_timeout_min
+
+    def spawn(self, coro: Awaitable[object]) -> None:
+        """Run `coro` in the background; cancelled with the node (cancel_tasks)."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def heartbeat_round(self) -> None:
         """One round of leader heartbeats to every known node; voter acks extend the lease."""
@@ -314,9 +351,7 @@ class Consensus:
             if not addr:
                 continue
             self._hb_in_flight.add(peer)
-            task = asyncio.ensure_future(self._heartbeat_one(peer, addr, self.term))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self.spawn(self._heartbeat_one(peer, addr, self.term))
 
     async def _heartbeat_one(self, peer: str, addr: str, term: int) -> None:
         try:
@@ -333,28 +368,23 @@ class Consensus:
         finally:
             self._hb_in_flight.discard(peer)
 
-    async def commit(self, key: str, value: str) -> bool:
-        """Store `value` under `key` on a quorum of voters; True only when a quorum stored it
-        (this node included when it is a voter). A conflicting earlier value means False."""
-        if not self.can_mutate():
+    async def commit(self, key: str, value: str, term: int) -> bool:
+        """Phase 2 of decision.decide: store `value` under `key` on a quorum of voters in `term`
+        (this node included when it is a voter); True only when a quorum stored it."""
+        if not self.can_mutate() or self.term != term:
             return False
-        term = self.term
         granted: set[str] = set()
         if self.is_voter:
-            if not self.commits.store(key, value):
+            if not self.commits.store(key, value, term)[0]:
                 return False
             granted.add(self.node_id)
         req = CommitRequest(term=term, leader_id=self.node_id, key=key, value=value)
-        calls = {}
-        for voter in self.voters:
-            addr = self.addr_of(voter) if voter != self.node_id else None
-            if addr:
-                calls[voter] = self.client.post(addr, "/commit", req, CommitResponse, self.timing.request_timeout)
+        calls = self.post_to_voters("/commit", req, CommitResponse)
 
         def enough(answers: dict[str, CommitResponse]) -> bool:
             return rules.votes_won(self.voters, granted | {v for v, r in answers.items() if r.stored})
 
-        answers = await self._gather_until(calls, enough)
+        answers = await self.gather_until(calls, enough)
         for r in answers.values():
             self.observe_term(r.term)
         stored = granted | {v for v, r in answers.items() if r.stored}

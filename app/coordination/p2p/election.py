@@ -104,6 +104,7 @@ def should_grant_vote(
     election_timeout_min: float,
     alive_eligible_ranks: Iterable[Rank],
     bully_patience: float,
+    transfer: bool = False,
 ) -> VoteDecision:
     """Whether a voter grants (pre-)vote to a candidate.
 
@@ -112,6 +113,8 @@ def should_grant_vote(
     `alive_eligible_ranks`: ranks of eligible nodes this voter believes ALIVE, itself included
     when it is eligible; the candidate's own rank is ignored.
     For a pre-vote `candidate_term` is the term the candidate *would* use and nothing is adopted.
+    `transfer`: the leader this voter follows handed leadership to the candidate (and stepped
+    down first): loyalty to it and the bully preference are waived, the term rules are not.
     """
     if not candidate_is_voter:
         return VoteDecision(False, "candidate is not an eligible voter", False)
@@ -120,10 +123,10 @@ def should_grant_vote(
             return VoteDecision(False, "stale term", False)
     elif candidate_term < current_term:
         return VoteDecision(False, "stale term", False)
-    if leader_contact_age is not None and leader_contact_age < election_timeout_min:
+    if not transfer and leader_contact_age is not None and leader_contact_age < election_timeout_min:
         return VoteDecision(False, "a live leader was heard from recently", False)
     adopt = (not pre_vote) and candidate_term > current_term
-    if leaderless_for < bully_patience and any(
+    if not transfer and leaderless_for < bully_patience and any(
         rank > candidate_rank for rank in alive_eligible_ranks
     ):
         return VoteDecision(False, "a higher-ranked eligible node is alive", adopt)

@@ -19,9 +19,11 @@ from app.config.mesh import PROFILES, TimingProfile
 from app.coordination.p2p.auth import load_secret
 from app.coordination.p2p.client import MeshClient
 from app.coordination.p2p.consensus import Consensus
+from app.coordination.p2p.decision import decide
 from app.coordination.p2p.discovery import TailscaleSource, parse_peer_list
 from app.coordination.p2p.election import QuorumLevel, Role
 from app.coordination.p2p.membership import Liveness, Membership
+from app.coordination.p2p.node_status import default_capabilities, node_status
 from app.coordination.p2p.persist import CommitStore, HistoryLog, TermStore
 from app.coordination.p2p.schemas import GossipMessage, NodeState
 from app.coordination.p2p.work_queue import WorkQueue
@@ -191,11 +193,17 @@ class MeshNode:
             on_claims_changed=lambda claims: self.membership.update_local(claims=claims),
         )
 
+    async def decide(self, key: str, proposal: str | None) -> str | None:
+        """Leader only: the value decided for `key` through a quorum (decision.py): `proposal`,
+        or what an earlier leader decided or half-stored; None without a quorum."""
+        return await decide(self.consensus, key, proposal)
+
     async def commit(self, key: str, value: str) -> bool:
-        """Leader only: True once floor(V/2)+1 voters stored (key, value); see Consensus.commit."""
-        return await self.consensus.commit(key, value)
+        """Leader only: True once `value` is the decided value of `key`."""
+        return await self.decide(key, value) == value
 
     def committed(self, key: str) -> str | None:
+        """What this voter stored for `key`: tentative unless a quorum stored it too."""
         return self.commits.get(key)
 
     # -- lifecycle -------------------------------------------------------------------
@@ -370,38 +378,4 @@ class MeshNode:
 
     # -- status ----------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        now = time.monotonic()
-        m = self.membership
-        alive = m.alive_ids(now)
-        peers = []
-        for nid, rec in sorted(m.peers.items()):
-            peers.append({
-                "node_id": nid, "addr": self.addr_of(nid), "state": m.liveness(nid, now).value,
-                "last_seen_s": round(now - rec.last_seen, 3), "role": rec.state.role,
-                "term": rec.state.term, "leader": rec.state.leader,
-                "incarnation": rec.state.incarnation, "version": rec.state.version,
-            })
-        return {
-            "node_id": self.node_id, "addr": self.addr, "role": self.role.value, "term": self.term,
-            "leader": self.leader_id, "leader_addr": self.addr_of(self.leader_id) if self.leader_id else None,
-            "voters": self.voters, "voters_alive": sorted(set(self.voters) & alive),
-            "quorum_size": len(self.voters) // 2 + 1, "quorum_level": self.quorum_level.value,
-            "lease_valid": self.consensus.lease_valid(now), "incarnation": m.local.incarnation,
-            "peers": peers,
-            "work": self.queue.summary() if self.is_leader else None,
-            "claims_held": [c.model_dump() for c in m.local.claims],
-            # what upper layers gossip about this node (games, models, best generation), minus long lists
-            "inventory": {k: v for k, v in m.local.inventory.items() if not isinstance(v, list)},
-        }
-
-
-def default_capabilities() -> dict[str, Any]:
-    """What this machine offers, cheaply detected (the GPU count is filled in by upper layers)."""
-    import os
-
-    mem_gb = 0.0
-    try:
-        mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    except (ValueError, OSError, AttributeError):
-        pass
-    return {"cpus": os.cpu_count() or 1, "gpus": 0, "memory_gb": round(mem_gb, 1)}
+        return node_status(self)

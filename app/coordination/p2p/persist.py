@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from app.atomic_files import atomic_write_json
+from app.coordination.p2p.decision import Stored, may_store
 
 
 def read_json(path: Path, default: Any) -> Any:
@@ -78,23 +79,37 @@ class TermStore:
 
 
 class CommitStore:
-    """Values committed through quorum; a key, once stored, never takes a different value."""
+    """What this voter stored for each key, with the term it was stored in. A value is only
+    decided once a quorum stored it (app/coordination/p2p/decision.py): this store alone
+    cannot tell, so nothing here may be acted on as decided."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.values: dict[str, str] = dict(read_json(path, {}))
+        self.values: dict[str, Stored] = {}
+        for key, raw in dict(read_json(path, {})).items():
+            # files of earlier versions hold bare values: stored in term 0, the oldest
+            self.values[key] = (Stored(raw["value"], int(raw["term"])) if isinstance(raw, dict)
+                                else Stored(str(raw), 0))
 
     def get(self, key: str) -> str | None:
+        stored = self.values.get(key)
+        return None if stored is None else stored.value
+
+    def get_stored(self, key: str) -> Stored | None:
         return self.values.get(key)
 
-    def store(self, key: str, value: str) -> bool:
-        """True when stored or already equal; False on a conflicting value."""
+    def store(self, key: str, value: str, term: int) -> tuple[bool, str]:
+        """(stored, why): see decision.may_store. Persisted before it returns True."""
         existing = self.values.get(key)
-        if existing is not None:
-            return existing == value
-        self.values[key] = value
-        atomic_write_json(self.path, self.values)
-        return True
+        ok, why = may_store(existing, value, term)
+        if not ok:
+            return False, why
+        same = existing is not None and existing.value == value
+        new = Stored(value, max(term, existing.term) if same else term)
+        if new != existing:
+            self.values[key] = new
+            atomic_write_json(self.path, {k: {"value": s.value, "term": s.term} for k, s in self.values.items()})
+        return True, why
 
 
 class HistoryLog:

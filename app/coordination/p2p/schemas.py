@@ -67,6 +67,20 @@ class VoteRequest(Wire):
     candidate_id: NodeId = _ID
     priority: int = 0
     pre_vote: bool = False
+    transfer_from: NodeId | None = Field(default=None, min_length=1, max_length=128)  # a leader's handover
+
+
+class TimeoutNowRequest(Wire):
+    """Leader -> chosen successor: I have stepped down; stand for election now (transfer.py)."""
+
+    term: int = Field(ge=0)
+    leader_id: NodeId = _ID
+
+
+class TransferRequest(Wire):
+    """Operator -> leader: hand leadership to `target`, a live voter."""
+
+    target: NodeId = _ID
 
 
 class VoteResponse(Wire):
@@ -99,6 +113,21 @@ class CommitResponse(Wire):
     term: int
     stored: bool
     reason: str = ""
+
+
+class CommitReadRequest(Wire):
+    """Phase 1 of a decision (app/coordination/p2p/decision.py): what do you hold for `key`?"""
+
+    term: int = Field(ge=0)
+    leader_id: NodeId = _ID
+    key: str = Field(min_length=1, max_length=256)
+
+
+class CommitReadResponse(Wire):
+    term: int
+    ok: bool  # False: the request's term was stale
+    value: str | None = None
+    value_term: int | None = None
 
 
 class ClaimRequest(Wire):

@@ -1,7 +1,8 @@
 """HTTP API of a mesh node (port 8770).
 
 Operator endpoints, readable without a signature: GET /status, GET /progress.
-Node-to-node endpoints, HMAC-signed: POST /gossip, /vote, /heartbeat, /commit,
+Node-to-node endpoints, HMAC-signed: POST /gossip, /vote, /heartbeat, /commit, /commit/read,
+/transfer/timeout_now, /admin/transfer (operator: hand leadership over),
 /work/claim, /work/claim_training, /work/renew, /work/complete, /work/fail.
 Malformed bodies get 400 with a message; token operations on a stale claim get 409; a claim
 sent to a node that cannot hand out work (not leader, no lease, quorum LOST) gets 503 with the
@@ -22,13 +23,17 @@ from app.coordination.p2p.auth import BODY_KEY, Verifier, auth_middleware, json_
 from app.coordination.p2p.schemas import (
     ClaimRequest,
     ClaimResponse,
+    CommitReadRequest,
     CommitRequest,
     GossipMessage,
     HeartbeatRequest,
     TokenRequest,
+    TimeoutNowRequest,
     TokenResponse,
+    TransferRequest,
     VoteRequest,
 )
+from app.coordination.p2p.transfer import handle_timeout_now, transfer_leadership
 from app.coordination.p2p.work_rules import TRAINING_KIND, TRAINING_KINDS
 from app.log import get_logger
 
@@ -113,6 +118,24 @@ def build_app(
         resp = node.consensus.handle_commit(parse_body(request, CommitRequest))
         return ok(resp, 200 if resp.stored else 409)
 
+    async def timeout_now(request: web.Request) -> web.Response:
+        resp = handle_timeout_now(node.consensus, parse_body(request, TimeoutNowRequest))
+        return ok(resp, 200 if resp.ok else 409)
+
+    async def transfer(request: web.Request) -> web.Response:
+        req = parse_body(request, TransferRequest)
+        if not node.is_leader:
+            return ok({"error": "not the leader", "leader": node.leader_id,
+                       "leader_addr": node.addr_of(node.leader_id) if node.leader_id else None}, 503)
+        why = await transfer_leadership(node.consensus, req.target, node.membership.alive_ids(time.monotonic()))
+        if why is not None:
+            return ok({"error": why}, 409)
+        return ok({"transferred_to": req.target, "from_term": node.term})
+
+    async def commit_read(request: web.Request) -> web.Response:
+        resp = node.consensus.handle_commit_read(parse_body(request, CommitReadRequest))
+        return ok(resp, 200 if resp.ok else 409)
+
     def not_serving() -> web.Response | None:
         if not node.consensus.can_mutate():
             why = "not the leader" if not node.is_leader else "no quorum (read-only)"
@@ -168,6 +191,9 @@ def build_app(
         web.post("/vote", vote),
         web.post("/heartbeat", heartbeat),
         web.post("/commit", commit),
+        web.post("/commit/read", commit_read),
+        web.post("/transfer/timeout_now", timeout_now),
+        web.post("/admin/transfer", transfer),
         web.post("/work/claim", claim),
         web.post("/work/claim_training", claim_training),
         web.post("/work/renew", renew),

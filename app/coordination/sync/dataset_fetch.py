@@ -24,30 +24,22 @@ import aiohttp
 from app.atomic_files import fsync_dir
 from app.coordination.p2p.auth import sign
 from app.coordination.p2p.client import MeshClient
+from app.coordination.sync.streaming import CHUNK, TRANSPORT_ERRORS, FetchError, PeerFailed, download, stream_timeout
 from app.coordination.sync.wire import is_sha256
 from app.log import get_logger
 from app.training.dataset import MANIFEST_NAME, DatasetError, file_digest, read_manifest
 
 log = get_logger(__name__)
-CHUNK = 1 << 20
 MAX_MANIFEST_BYTES = 1 << 20
 DEFAULT_MAX_FILE_BYTES = 8 << 30
 _FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")  # a plain name: no path, no hidden file
-_TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 
-class DatasetFetchError(RuntimeError):
+class DatasetFetchError(FetchError):
     """No peer served a verified copy; names the sha256 and every peer's failure."""
 
     def __init__(self, sha256: str, failures: dict[str, str]) -> None:
-        self.sha256 = sha256
-        self.failures = failures
-        detail = "; ".join(f"{peer}: {why}" for peer, why in failures.items()) or "no peer to ask"
-        super().__init__(f"dataset {sha256}: no verified copy fetched ({detail})")
-
-
-class _PeerFailed(Exception):
-    pass
+        super().__init__("dataset", sha256, failures, "no peer to ask")
 
 
 def installed_dataset(datasets_dir: str | Path, sha256: str) -> Path:
@@ -86,8 +78,7 @@ async def fetch_dataset(
         return final
     datasets_dir.mkdir(parents=True, exist_ok=True)
     failures: dict[str, str] = {}
-    stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
-    async with aiohttp.ClientSession(timeout=stream_timeout) as session:
+    async with aiohttp.ClientSession(timeout=stream_timeout(timeout)) as session:
         for addr in peer_addrs:
             staging = datasets_dir / f".fetch-{sha256[:16]}-{secrets.token_hex(4)}"
             try:
@@ -96,9 +87,9 @@ async def fetch_dataset(
                 await asyncio.to_thread(_install, staging, final)
                 log.info("dataset fetched", sha256=sha256, peer=addr, path=str(final))
                 return final
-            except _PeerFailed as exc:
+            except PeerFailed as exc:
                 failures[addr] = str(exc)
-            except _TRANSPORT_ERRORS as exc:
+            except TRANSPORT_ERRORS as exc:
                 failures[addr] = f"transfer failed: {exc!r}"
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
@@ -111,36 +102,23 @@ async def _fetch_into(client: MeshClient, session: aiohttp.ClientSession, addr: 
     raw = await _get(client, session, addr, f"/datasets/{sha256}/manifest", MAX_MANIFEST_BYTES)
     actual = hashlib.sha256(raw).hexdigest()
     if actual != sha256:
-        raise _PeerFailed(f"manifest hashes to {actual[:16]}, not the dataset asked for")
+        raise PeerFailed(f"manifest hashes to {actual[:16]}, not the dataset asked for")
     try:
         manifest = json.loads(raw)
         files = manifest["files"]
         entries = [(str(name), str(e["sha256"]), int(e["bytes"])) for name, e in files.items()]
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise _PeerFailed(f"manifest unusable: {exc!r}") from None
+        raise PeerFailed(f"manifest unusable: {exc!r}") from None
     for name, _, _ in entries:
         if not _FILE_NAME.fullmatch(name) or name == MANIFEST_NAME:
-            raise _PeerFailed(f"manifest lists a file name this node will not write: {name!r}")
+            raise PeerFailed(f"manifest lists a file name this node will not write: {name!r}")
     for name, want, size in entries:
         if size > max_file_bytes:
-            raise _PeerFailed(f"{name}: {size} bytes is over the {max_file_bytes} limit")
-        digest = hashlib.sha256()
-        got = 0
-        path = f"/datasets/{sha256}/files/{name}"
-        async with session.get(f"http://{addr}{path}", headers=sign(client.secret, "GET", path, b"")) as resp:
-            if resp.status != 200:
-                raise _PeerFailed(f"{name}: HTTP {resp.status}")
-            with open(staging / name, "wb") as fh:
-                async for chunk in resp.content.iter_chunked(CHUNK):
-                    got += len(chunk)
-                    if got > size:
-                        raise _PeerFailed(f"{name}: more than the manifest's {size} bytes")
-                    digest.update(chunk)
-                    fh.write(chunk)
-                fh.flush()
-                os.fsync(fh.fileno())
-        if got != size or digest.hexdigest() != want:
-            raise _PeerFailed(f"{name} corrupt: {got} bytes hash to {digest.hexdigest()[:16]}, "
+            raise PeerFailed(f"{name}: {size} bytes is over the {max_file_bytes} limit")
+        got, digest = await download(client, session, addr, f"/datasets/{sha256}/files/{name}", staging / name,
+                                     size, name)
+        if got != size or digest != want:
+            raise PeerFailed(f"{name} corrupt: {got} bytes hash to {digest[:16]}, "
                               f"the manifest says {size} bytes with sha256 {want[:16]}")
     with open(staging / MANIFEST_NAME, "wb") as fh:  # last: a staging dir with a manifest is complete
         fh.write(raw)
@@ -151,12 +129,12 @@ async def _fetch_into(client: MeshClient, session: aiohttp.ClientSession, addr: 
 async def _get(client: MeshClient, session: aiohttp.ClientSession, addr: str, path: str, limit: int) -> bytes:
     async with session.get(f"http://{addr}{path}", headers=sign(client.secret, "GET", path, b"")) as resp:
         if resp.status != 200:
-            raise _PeerFailed(f"{path}: HTTP {resp.status}: {(await resp.text())[:200]}")
+            raise PeerFailed(f"{path}: HTTP {resp.status}: {(await resp.text())[:200]}")
         data = bytearray()
         async for chunk in resp.content.iter_chunked(CHUNK):
             data += chunk
             if len(data) > limit:
-                raise _PeerFailed(f"{path}: more than {limit} bytes")
+                raise PeerFailed(f"{path}: more than {limit} bytes")
         return bytes(data)
 
 

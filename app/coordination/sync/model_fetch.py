@@ -14,7 +14,6 @@ copies) keeps a large download from being written twice.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import secrets
@@ -26,8 +25,8 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 from app.ai.model import ModelFormatError, file_sha256, read_meta, sidecar_path
-from app.coordination.p2p.auth import sign
 from app.coordination.p2p.client import MeshClient
+from app.coordination.sync.streaming import TRANSPORT_ERRORS, FetchError, PeerFailed, download, stream_timeout
 from app.coordination.sync.wire import is_sha256
 from app.log import get_logger
 
@@ -35,23 +34,14 @@ if TYPE_CHECKING:
     from app.coordination.p2p.node import ClusterView, MeshNode
 
 log = get_logger(__name__)
-CHUNK = 1 << 20
 DEFAULT_MAX_MODEL_BYTES = 4 << 30  # a peer cannot fill our disk with an endless "model"
-_TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 
-class ModelFetchError(RuntimeError):
+class ModelFetchError(FetchError):
     """No peer served a verified copy; the message names the sha256 and every peer's failure."""
 
     def __init__(self, sha256: str, failures: dict[str, str]) -> None:
-        self.sha256 = sha256
-        self.failures = failures
-        detail = "; ".join(f"{peer}: {why}" for peer, why in failures.items()) or "no peer has it"
-        super().__init__(f"model {sha256}: no verified copy fetched ({detail})")
-
-
-class _PeerFailed(Exception):
-    pass
+        super().__init__("model", sha256, failures, "no peer has it")
 
 
 def installed_path(models_dir: str | Path, sha256: str) -> Path:
@@ -114,8 +104,7 @@ async def fetch_model(
     models_dir.mkdir(parents=True, exist_ok=True)
     _sweep_staging(models_dir)
     failures: dict[str, str] = {}
-    stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
-    async with aiohttp.ClientSession(timeout=stream_timeout) as session:
+    async with aiohttp.ClientSession(timeout=stream_timeout(timeout)) as session:
         for addr in peer_addrs:
             staging = models_dir / f".fetch-{sha256[:16]}-{secrets.token_hex(4)}"
             try:
@@ -123,11 +112,11 @@ async def fetch_model(
                 path = await _fetch_from(client, session, addr, sha256, staging, models_dir, timeout, max_bytes)
                 log.info("model fetched", sha256=sha256, peer=addr)
                 return path
-            except _PeerFailed as exc:
+            except PeerFailed as exc:
                 failures[addr] = str(exc)
             except ModelFormatError as exc:
                 failures[addr] = f"bad sidecar: {exc}"
-            except _TRANSPORT_ERRORS as exc:
+            except TRANSPORT_ERRORS as exc:
                 failures[addr] = f"transfer failed: {exc!r}"
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
@@ -142,36 +131,17 @@ async def _fetch_from(
     status, meta = await client.request("GET", addr, f"/models/{sha256}/meta", timeout=timeout)
     if status != 200 or not isinstance(meta, dict):
         why = meta.get("error") if isinstance(meta, dict) else str(meta)[:200]
-        raise _PeerFailed(f"meta: HTTP {status}: {why}")
+        raise PeerFailed(f"meta: HTTP {status}: {why}")
     if meta.get("sha256") != sha256:
-        raise _PeerFailed(f"its sidecar names {str(meta.get('sha256'))[:16]!r}, not this model")
+        raise PeerFailed(f"its sidecar names {str(meta.get('sha256'))[:16]!r}, not this model")
     weights = staging / f"{sha256}.safetensors"
     side = sidecar_path(weights)
     side.write_text(json.dumps(meta, indent=2, sort_keys=True))
     read_meta(weights)  # the sidecar must be one this program can read, or it is not installed
 
-    path = f"/models/{sha256}"
-    digest = hashlib.sha256()
-    size = 0
-    async with session.get(f"http://{addr}{path}", headers=sign(client.secret, "GET", path, b"")) as resp:
-        if resp.status != 200:
-            raise _PeerFailed(f"weights: HTTP {resp.status}")
-        if resp.content_length is not None and resp.content_length > max_bytes:
-            raise _PeerFailed(f"weights: {resp.content_length} bytes is over the {max_bytes} limit")
-        with open(weights, "wb") as fh:
-            async for chunk in resp.content.iter_chunked(CHUNK):
-                size += len(chunk)
-                if size > max_bytes:
-                    raise _PeerFailed(f"weights: more than {max_bytes} bytes")
-                digest.update(chunk)
-                fh.write(chunk)
-            if resp.content_length is not None and size != resp.content_length:
-                raise _PeerFailed(f"weights truncated: {size} of {resp.content_length} bytes")
-            fh.flush()
-            os.fsync(fh.fileno())
-    actual = digest.hexdigest()
+    size, actual = await download(client, session, addr, f"/models/{sha256}", weights, max_bytes, "weights")
     if actual != sha256:
-        raise _PeerFailed(f"weights corrupt: {size} bytes hash to {actual[:16]}")
+        raise PeerFailed(f"weights corrupt: {size} bytes hash to {actual[:16]}")
     await asyncio.to_thread(_install, weights, models_dir, sha256)
     return installed_path(models_dir, sha256)
 

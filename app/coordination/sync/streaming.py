@@ -1,0 +1,63 @@
+"""Pulling a file by content hash from peers: the signed, bounded, fsynced download and the
+errors both model and dataset fetches report. The callers verify and install; this only moves
+bytes and says exactly what went wrong with which peer."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from pathlib import Path
+
+import aiohttp
+
+from app.coordination.p2p.auth import sign
+from app.coordination.p2p.client import MeshClient
+
+CHUNK = 1 << 20
+TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+
+class PeerFailed(Exception):
+    """This peer's copy is refused (the message says why); the next peer is asked."""
+
+
+class FetchError(RuntimeError):
+    """No peer served a verified copy; names what, its sha256 and every peer's failure."""
+
+    def __init__(self, what: str, sha256: str, failures: dict[str, str], nobody: str) -> None:
+        self.sha256 = sha256
+        self.failures = failures
+        detail = "; ".join(f"{peer}: {why}" for peer, why in failures.items()) or nobody
+        super().__init__(f"{what} {sha256}: no verified copy fetched ({detail})")
+
+
+def stream_timeout(timeout: float) -> aiohttp.ClientTimeout:
+    """`timeout` bounds connecting and each read (a stalled peer), not the whole transfer, so a
+    large file on a slow link still arrives."""
+    return aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
+
+
+async def download(client: MeshClient, session: aiohttp.ClientSession, addr: str, path: str,
+                   dest: Path, max_bytes: int, label: str) -> tuple[int, str]:
+    """Signed GET of `path` from `addr` into `dest`, fsynced: (bytes, sha256 hex). Refuses a
+    non-200 answer, more than `max_bytes`, and fewer bytes than a Content-Length promised."""
+    async with session.get(f"http://{addr}{path}", headers=sign(client.secret, "GET", path, b"")) as resp:
+        if resp.status != 200:
+            raise PeerFailed(f"{label}: HTTP {resp.status}")
+        if resp.content_length is not None and resp.content_length > max_bytes:
+            raise PeerFailed(f"{label}: {resp.content_length} bytes is over the {max_bytes} limit")
+        digest = hashlib.sha256()
+        size = 0
+        with open(dest, "wb") as fh:
+            async for chunk in resp.content.iter_chunked(CHUNK):
+                size += len(chunk)
+                if size > max_bytes:
+                    raise PeerFailed(f"{label}: more than {max_bytes} bytes")
+                digest.update(chunk)
+                fh.write(chunk)
+            if resp.content_length is not None and size != resp.content_length:
+                raise PeerFailed(f"{label} truncated: {size} of {resp.content_length} bytes")
+            fh.flush()
+            os.fsync(fh.fileno())
+    return size, digest.hexdigest()

@@ -1,0 +1,87 @@
+"""One value per key, decided through a quorum: the pure rules under random leader histories,
+then the real procedure on three nodes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.coordination.p2p.decision import Stored, choose_value, may_store
+from app.coordination.p2p.election import votes_won
+from app.coordination.p2p.persist import CommitStore
+from tests.test_mesh_node import leader_of, trio  # noqa: F401 - the fixture
+
+VOTERS = ["a", "b", "c", "d", "e"]
+
+
+def test_may_store_and_choose_value_by_example() -> None:
+    assert may_store(None, "x", 1) == (True, "stored")
+    assert may_store(Stored("x", 3), "x", 1)[0]  # the same value is always fine
+    assert may_store(Stored("x", 3), "y", 4)[0]  # a later leader read a quorum first
+    ok, why = may_store(Stored("x", 3), "y", 3)
+    assert not ok and "term 3" in why
+    assert choose_value([None, Stored("x", 2), Stored("y", 5), None], "z") == "y"
+    assert choose_value([None, None], "z") == "z"
+    assert choose_value([], None) is None
+
+
+leader_turn = st.tuples(
+    st.sets(st.sampled_from(VOTERS), min_size=1),  # who answered the read
+    st.sets(st.sampled_from(VOTERS)),  # whom the store reached
+    st.sampled_from(["p", "q", "r"]),  # what this leader proposes
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(leader_turn, min_size=1, max_size=8))
+def test_once_a_quorum_stored_a_value_every_later_leader_decides_it(turns) -> None:
+    """Leaders in rising terms, each reading whoever answered and storing wherever it reached,
+    as `decide` does; a leader whose read is not a quorum gives up. Whatever a quorum stores
+    first is the value of every later success: a key never takes a second value."""
+    held: dict[str, Stored | None] = dict.fromkeys(VOTERS)
+    decided: str | None = None
+    for term, (readers, reached, proposal) in enumerate(turns, start=1):
+        if not votes_won(VOTERS, readers):
+            continue
+        value = choose_value([held[v] for v in readers], proposal)
+        stored_on = set()
+        for v in sorted(reached):
+            ok, _ = may_store(held[v], value, term)
+            if ok:
+                held[v] = Stored(value, max(term, held[v].term) if held[v] and held[v].value == value else term)
+                stored_on.add(v)
+        if votes_won(VOTERS, stored_on):
+            assert decided in (None, value), (decided, value, term)
+            decided = value
+
+
+def test_commit_store_keeps_terms_and_reads_old_files(tmp_path: Path) -> None:
+    path = tmp_path / "mesh_commits.json"
+    path.write_text('{"generation/1": "old-bare-value"}')  # an earlier version's file
+    store = CommitStore(path)
+    assert store.get_stored("generation/1") == Stored("old-bare-value", 0)
+    assert store.store("generation/2", "v", 4) == (True, "stored")
+    assert not store.store("generation/2", "w", 4)[0]
+    assert store.store("generation/1", "new", 2)[0]  # a bare old value was never known decided
+    again = CommitStore(path)
+    assert again.get_stored("generation/1") == Stored("new", 2) and again.get("generation/2") == "v"
+
+
+async def test_a_half_stored_value_is_finished_by_the_leader_and_never_replaced(trio) -> None:  # noqa: F811
+    leader = await leader_of(trio)
+    # the leader holds a value an earlier leader stored on it alone: its own read always sees it
+    leader.commits.store("generation/7", "half-stored", 0)
+    assert await leader.decide("generation/7", "mine") == "half-stored"
+    assert sum(n.commits.get_stored("generation/7") == Stored("half-stored", leader.term) for n in trio) >= 2
+    assert await leader.decide("generation/7", "another") == "half-stored"
+    assert await leader.commit("generation/7", "another") is False
+    # a follower's tentative value from an older term: either may win, but only one, for good
+    follower = next(n for n in trio if n is not leader)
+    follower.commits.store("generation/8", "tentative", 0)
+    first = await leader.decide("generation/8", "proposed")
+    assert first in ("tentative", "proposed")
+    assert all([await leader.decide("generation/8", x) == first for x in ("x", "y")])
+    assert await leader.decide("generation/9", None) is None  # nothing proposed, nothing decided
+    assert not any(n.committed("generation/9") for n in trio)
