@@ -71,13 +71,14 @@ def test_a_peer_plays_part_of_the_gauntlet_of_a_generation_it_did_not_train(tmp_
     assert record["generation"] == 1
     trainer = nodes[IDS.index(record["trained_by"])]
     peer = nodes[1 - IDS.index(record["trained_by"])]
+    shard_prefix = f"gauntlet:generation-1-{record['sha256'][:12]}-random-"  # the decided candidate's shards
     with ModelRegistry(peer.data_dir / "registry.db") as registry:
-        peer_games = [g for g in registry.match_games() if g.match_id.startswith("gauntlet:generation-1-random-")]
+        peer_games = [g for g in registry.match_games() if g.match_id.startswith(shard_prefix)]
     with ModelRegistry(trainer.data_dir / "registry.db") as registry:
         trainer_games = registry.match_games()
     assert peer_games, f"{peer.root.name} played no shard of generation 1\n{tail(peer, 3000)}"
     assert {g.uid for g in peer_games} <= {g.uid for g in trainer_games}  # recorded where the Elo is fit
-    shard_uids = [g.uid for g in trainer_games if g.uid.startswith("gauntlet:generation-1-random-")]
+    shard_uids = [g.uid for g in trainer_games if g.uid.startswith(shard_prefix)]
     assert len(shard_uids) == len(set(shard_uids)) == 24  # every baseline game once
     evaluation = trainer.state()
     assert evaluation.get("promoted", 0) + evaluation.get("rejected", 0) == 1

@@ -37,20 +37,24 @@ def test_shards_sum_to_the_games_asked_and_play_whole_pairs(total: int, shard_ga
 def test_a_request_is_cut_into_items_with_distinct_seeds() -> None:
     shards = shards_of(request(games=10, shard_games=4))
     assert [s.item_id for s in shards] == [
-        "gauntlet:generation-3-random-0", "gauntlet:generation-3-random-1", "gauntlet:generation-3-random-2",
-        "gauntlet:generation-3-heuristic-0", "gauntlet:generation-3-heuristic-1",
-        "gauntlet:generation-3-heuristic-2"]
+        "gauntlet:generation-3-cccccccccccc-random-0", "gauntlet:generation-3-cccccccccccc-random-1", "gauntlet:generation-3-cccccccccccc-random-2",
+        "gauntlet:generation-3-cccccccccccc-heuristic-0", "gauntlet:generation-3-cccccccccccc-heuristic-1",
+        "gauntlet:generation-3-cccccccccccc-heuristic-2"]
     assert [s.games for s in shards] == [4, 4, 2, 4, 4, 2]
     assert len({s.seed for s in shards}) == len(shards)
     assert shards_of(request(games=10, shard_games=4)) == shards  # the same on every leader
     assert shard_seed(SHA, "random", 0) != shard_seed("d" * 64, "random", 0)
+    # another candidate of the same generation (a second claimant after a lost claim) gets its
+    # own items: the finished items of the first must not swallow its shards
+    other = shards_of(request(games=10, shard_games=4, sha="d" * 64))
+    assert not {s.item_id for s in other} & {s.item_id for s in shards}
 
 
 def test_every_shard_of_a_live_claimants_request_becomes_a_claimable_item() -> None:
     specs = gauntlet_specs({"n0": inv(), "n1": inv(request())}, {"n0", "n1"}, {}, ttl=30)
     assert [s.item_id for s in specs] == [
-        "gauntlet:generation-3-random-0", "gauntlet:generation-3-random-1",
-        "gauntlet:generation-3-heuristic-0", "gauntlet:generation-3-heuristic-1"]
+        "gauntlet:generation-3-cccccccccccc-random-0", "gauntlet:generation-3-cccccccccccc-random-1",
+        "gauntlet:generation-3-cccccccccccc-heuristic-0", "gauntlet:generation-3-cccccccccccc-heuristic-1"]
     first = specs[0]
     assert first.kind == "gauntlet" and first.requirements == {} and first.ttl == 30
     assert first.payload == {"generation": 3, "candidate_sha256": SHA, "baseline": "random", "kind": "random",
@@ -60,12 +64,12 @@ def test_every_shard_of_a_live_claimants_request_becomes_a_claimable_item() -> N
 
 
 def test_shards_with_a_gossiped_result_for_this_candidate_are_not_scheduled_again() -> None:
-    done = {"gauntlet:generation-3-random-0": {"candidate_sha256": SHA},
-            "gauntlet:generation-3-heuristic-1": {"candidate_sha256": "d" * 64}}  # another candidate's
+    done = {"gauntlet:generation-3-cccccccccccc-random-0": {"candidate_sha256": SHA},
+            "gauntlet:generation-3-cccccccccccc-heuristic-1": {"candidate_sha256": "d" * 64}}  # another candidate's
     # a dead node's results still count: what it published stays true
     specs = gauntlet_specs({"n0": inv(results=done), "n1": inv(request())}, {"n1"}, {}, ttl=30)
-    assert [s.key for s in specs] == ["generation-3-random-1", "generation-3-heuristic-0",
-                                      "generation-3-heuristic-1"]
+    assert [s.key for s in specs] == ["generation-3-cccccccccccc-random-1", "generation-3-cccccccccccc-heuristic-0",
+                                      "generation-3-cccccccccccc-heuristic-1"]
 
 
 def test_decided_dead_foreign_and_malformed_requests_schedule_nothing() -> None:

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from app.coordination.p2p.decision import Stored, choose_value, may_store
 from app.coordination.p2p.election import votes_won
 from app.coordination.p2p.persist import CommitStore
+from tests.mesh_helpers import wait_for
 from tests.test_mesh_node import leader_of, trio  # noqa: F401 - the fixture
 
 VOTERS = ["a", "b", "c", "d", "e"]
@@ -65,8 +66,11 @@ def test_commit_store_keeps_terms_and_reads_old_files(tmp_path: Path) -> None:
     assert store.store("generation/2", "v", 4) == (True, "stored")
     assert not store.store("generation/2", "w", 4)[0]
     assert store.store("generation/1", "new", 2)[0]  # a bare old value was never known decided
+    assert not store.mark_decided("generation/2", "w")  # a leader's word for a value we do not hold
+    assert store.mark_decided("generation/2", "v") and store.decided_values() == {"generation/2": "v"}
     again = CommitStore(path)
     assert again.get_stored("generation/1") == Stored("new", 2) and again.get("generation/2") == "v"
+    assert again.decided_values() == {"generation/2": "v"}  # what was learned survives a restart
 
 
 async def test_a_half_stored_value_is_finished_by_the_leader_and_never_replaced(trio) -> None:  # noqa: F811
@@ -76,6 +80,10 @@ async def test_a_half_stored_value_is_finished_by_the_leader_and_never_replaced(
     assert await leader.decide("generation/7", "mine") == "half-stored"
     assert sum(n.commits.get_stored("generation/7") == Stored("half-stored", leader.term) for n in trio) >= 2
     assert await leader.decide("generation/7", "another") == "half-stored"
+
+    async def everyone_learned() -> bool:  # the learn step reaches every voter, not gossip
+        return all(n.commits.decided_values().get("generation/7") == "half-stored" for n in trio)
+    await wait_for(everyone_learned, 5.0)
     assert await leader.commit("generation/7", "another") is False
     # a follower's tentative value from an older term: either may win, but only one, for good
     follower = next(n for n in trio if n is not leader)

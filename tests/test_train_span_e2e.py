@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import secrets
 import time
-import urllib.request
 
 import pytest
 
@@ -42,17 +41,15 @@ DAEMONS = {**SMALL_DAEMONS, "daemons": {
 }}
 
 
-def _progress(files: NodeFiles) -> dict | None:
+def _decided(files: NodeFiles) -> dict | None:
+    """Generation 1 as this node durably holds it: read from its files, since with
+    --max-generations 1 a node may already have exited when we look."""
+    path = files.data_dir / "generations.json"
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{files.mesh_port}/progress", timeout=2) as resp:
-            return json.loads(resp.read())
-    except OSError:
-        return None
-
-
-def _committed(files: NodeFiles) -> bool:
-    progress = _progress(files)
-    return bool(progress) and any(g["generation"] == 1 for g in progress["generations"])
+        records = json.loads(path.read_text()) if path.exists() else []
+    except ValueError:
+        return None  # never half-written (atomic), but be safe
+    return next((g for g in records if g["generation"] == 1), None)
 
 
 @pytest.mark.timeout(150)
@@ -67,7 +64,7 @@ def test_two_nodes_train_one_generation_together(tmp_path, monkeypatch) -> None:
                                 "--profile", "fast", "--max-generations", "1"))
     started = time.monotonic()
     try:
-        wait_until(lambda: all(_committed(f) for f in nodes), 110, interval=0.5, what="generation 1 committed on both")
+        wait_until(lambda: all(_decided(f) for f in nodes), 110, interval=0.5, what="generation 1 decided on both")
         claimant = next(f for f in nodes if (f.data_dir / "runs" / "gen_0001" / "result.json").exists())
         joiner = next(f for f in nodes if f is not claimant)
         result = json.loads((claimant.data_dir / "runs" / "gen_0001" / "result.json").read_text())
@@ -77,8 +74,8 @@ def test_two_nodes_train_one_generation_together(tmp_path, monkeypatch) -> None:
         assert joined["claimant"] == claimant.root.name and joined["dataset_sha256"] == result["dataset_sha256"]
         # The joiner trained on the claimant's exact dataset, fetched by its sha256.
         assert (joiner.data_dir / "datasets" / result["dataset_sha256"] / "manifest.json").exists()
-        record = next(g for g in _progress(claimant)["generations"] if g["generation"] == 1)
-        assert record["trained_by"] == claimant.root.name
+        record = _decided(claimant)
+        assert record["trained_by"] == claimant.root.name and _decided(joiner) == record
         print(f"generation 1 trained across two nodes and committed after {time.monotonic() - started:.1f}s")
     except (AssertionError, StopIteration, OSError):
         for files in nodes:

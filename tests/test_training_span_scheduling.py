@@ -46,7 +46,10 @@ def test_a_gossiped_rendezvous_adds_one_join_item_per_further_rank_excluding_the
     cluster = nodes(3, rendezvous={1: rdzv(nnodes=3)})
     training, *joins = schedule(cluster, {}, threshold=100, ttl=30, max_nodes=4, span_cpu_nodes=True)
     assert training.item_id == "training:generation-1"
-    assert [j.item_id for j in joins] == ["training_join:generation-1-rank-1", "training_join:generation-1-rank-2"]
+    assert [j.item_id for j in joins] == ["training_join:generation-1-r1-rank-1", "training_join:generation-1-r1-rank-2"]
+    # a second run of the generation (its first claimant lost the claim) draws new joiners
+    again = schedule(nodes(3, rendezvous={2: {**rdzv(nnodes=3), "run_id": "r2"}}), {}, 100, 30, 4, True)[1:]
+    assert [j.item_id for j in again] == ["training_join:generation-1-r2-rank-1", "training_join:generation-1-r2-rank-2"]
     for rank, join in enumerate(joins, start=1):
         assert join.payload == {**rdzv(nnodes=3), "claimant": "n1", "node_rank": rank}
         assert join.requirements == {"exclude_nodes": ["n1"]} and join.ttl == 30
@@ -92,7 +95,7 @@ def test_the_queue_never_hands_a_join_item_to_the_claimant(tmp_path) -> None:
         queue.rebuild(1, specs, [], [], now=0.0)
         assert queue.claim("n0", {"cpus": 2}, [TRAINING_JOIN_KIND], term=1, now=1.0) is None
         grant = queue.claim("n1", {"cpus": 2}, [TRAINING_JOIN_KIND], term=1, now=1.0)
-        assert grant is not None and grant.item.item_id == "training_join:generation-1-rank-1"
+        assert grant is not None and grant.item.item_id == "training_join:generation-1-r1-rank-1"
         assert grant.item.payload["master_port"] == 29555 and grant.item.payload["node_rank"] == 1
     finally:
         queue.close()

@@ -83,10 +83,14 @@ class ClusterPipeline:
         }
 
     def absorb(self, view: ClusterView) -> None:
-        """Merge the decided generation records peers gossip (a voter's own commit store is
-        not among them: what it holds may be a value no quorum decided)."""
+        """Merge the decided generation records: those peers gossip, and those a leader told
+        this voter are decided (never values it merely stored: a quorum may not have)."""
         incoming = [GenerationRecord.from_value(r) for s in view.nodes.values()
                     for r in s.inventory.get("generations", [])]
+        commits = getattr(self.node, "commits", None)
+        if commits is not None:
+            incoming += [GenerationRecord.from_value(v) for k, v in commits.decided_values().items()
+                         if k.startswith(COMMIT_PREFIX)]
         for conflict in self.log.merge(incoming):
             log.error("generation_record_refused", detail=conflict)
 

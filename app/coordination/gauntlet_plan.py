@@ -24,7 +24,7 @@ MAX_SHARDS = 256  # a request asking for more is refused (gossip must stay small
 
 @dataclass(frozen=True)
 class Shard:
-    item_key: str  # generation-<g>-<baseline>-<k>
+    item_key: str  # generation-<g>-<candidate sha256[:12]>-<baseline>-<k>
     kind: str  # the baseline's kind, as in the report ('random', 'heuristic', ...)
     baseline: str  # player spec text with its parameters, e.g. 'heuristic:2'
     games: int
@@ -81,7 +81,9 @@ def shard_seed(candidate_sha256: str, kind: str, index: int) -> int:
 
 def shards_of(request: GauntletRequest) -> list[Shard]:
     return [
-        Shard(f"generation-{request.generation}-{kind}-{k}", kind, spec, games,
+        # the candidate in the key: after a lost claim another node's candidate of the same
+        # generation gets fresh items, not the finished ones of the first
+        Shard(f"generation-{request.generation}-{request.candidate_sha256[:12]}-{kind}-{k}", kind, spec, games,
               shard_seed(request.candidate_sha256, kind, k))
         for kind, (spec, total) in request.baselines.items()
         for k, games in enumerate(split_games(total, request.shard_games))

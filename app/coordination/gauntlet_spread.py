@@ -1,7 +1,7 @@
 """The claimant's gauntlet in a cluster: baseline games spread over the nodes, SPRT at home.
 
     1. install the candidate in the model store (peers fetch it by sha256) and gossip a
-       `gauntlet_request`; the leader turns it into `gauntlet:generation-<g>-<baseline>-<k>` items
+       `gauntlet_request`; the leader turns it into `gauntlet:generation-<g>-<sha12>-<baseline>-<k>` items
     2. play the SPRT match against the current best here (it is sequential: it cannot be cut)
     3. collect shard results from gossip; while some are missing, claim and play shards here
        too, and once `shard_wait_s` has passed play the missing ones here without a claim

@@ -111,8 +111,9 @@ def held_rendezvous(inventory: Mapping[str, Any], claimed_item_ids: list[str]) -
 
 
 def join_specs(nodes: list[NodeSummary], training: WorkSpec) -> list[WorkSpec]:
-    """Items `training_join:generation-<g>-rank-<k>` (k = 1..nnodes-1) for the live node that
-    gossips a rendezvous for `training`: any other node may claim one and join as rank k."""
+    """Items `training_join:generation-<g>-<run>-rank-<k>` (k = 1..nnodes-1) for the live node that
+    gossips a rendezvous for `training`: any other node may claim one and join as rank k. The
+    run id is in the key: a second run of the generation (after a lost claim) draws new joiners."""
     hosts = sorted((n for n in nodes if n.alive and n.rendezvous is not None
                     and n.rendezvous["item_id"] == training.item_id
                     and n.rendezvous["generation"] == training.payload["generation"]),
@@ -125,7 +126,7 @@ def join_specs(nodes: list[NodeSummary], training: WorkSpec) -> list[WorkSpec]:
     generation = int(rdzv["generation"])
     requirements = {**training.requirements, "exclude_nodes": [host.node_id]}
     return [
-        WorkSpec(kind=TRAINING_JOIN_KIND, key=f"generation-{generation}-rank-{rank}",
+        WorkSpec(kind=TRAINING_JOIN_KIND, key=f"generation-{generation}-{str(rdzv['run_id'])[:12]}-rank-{rank}",
                  payload={**rdzv, "claimant": host.node_id, "node_rank": rank},
                  requirements=requirements, priority=training.priority, ttl=training.ttl)
         for rank in range(1, int(rdzv["nnodes"]))
@@ -137,7 +138,7 @@ def gauntlet_specs(
     inventories: Mapping[str, Mapping[str, Any]], alive_ids: set[str],
     records: dict[int, GenerationRecord], ttl: float,
 ) -> list[WorkSpec]:
-    """Items `gauntlet:generation-<g>-<baseline>-<k>` for every live node's gauntlet request of
+    """Items `gauntlet:generation-<g>-<sha12>-<baseline>-<k>` for every live node's gauntlet request of
     an undecided generation, less the shards whose result some node (alive or not) already
     gossips for that candidate. Any node may claim them (POST /work/claim, kinds ["gauntlet"])."""
     published = {

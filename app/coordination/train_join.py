@@ -1,7 +1,7 @@
 """The `train_join` daemon: this node lends itself to another node's training run.
 
 When a claimant spans a generation's training over several nodes, it gossips a rendezvous and
-the leader schedules `training_join:generation-<g>-rank-<k>` items (app/coordination/scheduling).
+the leader schedules `training_join:generation-<g>-<run>-rank-<k>` items (app/coordination/scheduling).
 On every node this daemon, whenever the node is not training a generation of its own, claims
 one (/work/claim_training, kind training_join), then:
 

@@ -274,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     ctx = init_distributed(args.device)
     try:
         run(args, ctx)
+        # Leave together: a rank that tore gloo down while rank 0 was still writing the candidate
+        # sometimes died in C++ at exit ("terminate called without an active exception").
+        dist.barrier()
     except TrainInputError as exc:
         print(f"training input error: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -23,10 +23,6 @@ from app.coordination.p2p.election import QuorumLevel, Role
 from app.coordination.p2p.membership import Membership
 from app.coordination.p2p.persist import CommitStore, HistoryLog, TermStore
 from app.coordination.p2p.schemas import (
-    CommitReadRequest,
-    CommitReadResponse,
-    CommitRequest,
-    CommitResponse,
     HeartbeatRequest,
     HeartbeatResponse,
     VoteRequest,
@@ -214,22 +210,6 @@ class Consensus:
         self.membership.touch(req.leader_id, now)
         return HeartbeatResponse(term=self.term, ok=True, node_id=self.node_id)
 
-    def handle_commit(self, req: CommitRequest) -> CommitResponse:
-        if rules.term_relation(req.term, self.term) == "stale":
-            return CommitResponse(term=self.term, stored=False, reason="stale term")
-        self.observe_term(req.term, req.leader_id)
-        stored, why = self.commits.store(req.key, req.value, req.term)
-        return CommitResponse(term=self.term, stored=stored, reason="" if stored else why)
-
-    def handle_commit_read(self, req: CommitReadRequest) -> CommitReadResponse:
-        """Phase 1 of a decision: adopting the reader's term promises to refuse older leaders."""
-        if rules.term_relation(req.term, self.term) == "stale":
-            return CommitReadResponse(term=self.term, ok=False)
-        self.observe_term(req.term, req.leader_id)
-        stored = self.commits.get_stored(req.key)
-        return CommitReadResponse(term=self.term, ok=True, value=stored.value if stored else None,
-                                  value_term=stored.term if stored else None)
-
     def _alive_eligible_ranks(self, now: float) -> list[rules.Rank]:
         alive = self.membership.alive_ids(now)
         return [self.rank_of(v) for v in self.voters if v in alive]
@@ -367,28 +347,6 @@ class Consensus:
                 self.ack_times[peer] = max(self.ack_times.get(peer, 0.0), sent_at)
         finally:
             self._hb_in_flight.discard(peer)
-
-    async def commit(self, key: str, value: str, term: int) -> bool:
-        """Phase 2 of decision.decide: store `value` under `key` on a quorum of voters in `term`
-        (this node included when it is a voter); True only when a quorum stored it."""
-        if not self.can_mutate() or self.term != term:
-            return False
-        granted: set[str] = set()
-        if self.is_voter:
-            if not self.commits.store(key, value, term)[0]:
-                return False
-            granted.add(self.node_id)
-        req = CommitRequest(term=term, leader_id=self.node_id, key=key, value=value)
-        calls = self.post_to_voters("/commit", req, CommitResponse)
-
-        def enough(answers: dict[str, CommitResponse]) -> bool:
-            return rules.votes_won(self.voters, granted | {v for v, r in answers.items() if r.stored})
-
-        answers = await self.gather_until(calls, enough)
-        for r in answers.values():
-            self.observe_term(r.term)
-        stored = granted | {v for v, r in answers.items() if r.stored}
-        return self.term == term and rules.votes_won(self.voters, stored)
 
     async def cancel_tasks(self) -> None:
         for task in list(self._tasks):

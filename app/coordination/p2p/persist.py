@@ -79,17 +79,20 @@ class TermStore:
 
 
 class CommitStore:
-    """What this voter stored for each key, with the term it was stored in. A value is only
-    decided once a quorum stored it (app/coordination/p2p/decision.py): this store alone
-    cannot tell, so nothing here may be acted on as decided."""
+    """What this voter stored for each key, with the term it was stored in, and which keys a
+    leader told it are decided (a quorum stored them: app/coordination/p2p/decision.py). Only
+    decided values may be acted on; a stored value alone may be one no quorum ever took."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.values: dict[str, Stored] = {}
+        self.decided: set[str] = set()
         for key, raw in dict(read_json(path, {})).items():
             # files of earlier versions hold bare values: stored in term 0, the oldest
             self.values[key] = (Stored(raw["value"], int(raw["term"])) if isinstance(raw, dict)
                                 else Stored(str(raw), 0))
+            if isinstance(raw, dict) and raw.get("decided"):
+                self.decided.add(key)
 
     def get(self, key: str) -> str | None:
         stored = self.values.get(key)
@@ -97,6 +100,9 @@ class CommitStore:
 
     def get_stored(self, key: str) -> Stored | None:
         return self.values.get(key)
+
+    def decided_values(self) -> dict[str, str]:
+        return {k: self.values[k].value for k in sorted(self.decided)}
 
     def store(self, key: str, value: str, term: int) -> tuple[bool, str]:
         """(stored, why): see decision.may_store. Persisted before it returns True."""
@@ -108,8 +114,22 @@ class CommitStore:
         new = Stored(value, max(term, existing.term) if same else term)
         if new != existing:
             self.values[key] = new
-            atomic_write_json(self.path, {k: {"value": s.value, "term": s.term} for k, s in self.values.items()})
+            self._save()
         return True, why
+
+    def mark_decided(self, key: str, value: str) -> bool:
+        """A leader says `value` is decided for `key`; kept only when it is what we hold (a
+        decided value is in every quorum, so a voter holding another never gets this)."""
+        if self.get(key) != value:
+            return False
+        if key not in self.decided:
+            self.decided.add(key)
+            self._save()
+        return True
+
+    def _save(self) -> None:
+        atomic_write_json(self.path, {k: {"value": s.value, "term": s.term, **({"decided": True} if k in self.decided else {})}
+                                      for k, s in self.values.items()})
 
 
 class HistoryLog:

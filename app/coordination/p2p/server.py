@@ -1,7 +1,7 @@
 """HTTP API of a mesh node (port 8770).
 
 Operator endpoints, readable without a signature: GET /status, GET /progress.
-Node-to-node endpoints, HMAC-signed: POST /gossip, /vote, /heartbeat, /commit, /commit/read,
+Node-to-node endpoints, HMAC-signed: POST /gossip, /vote, /heartbeat, /commit, /commit/read, /commit/decided,
 /transfer/timeout_now, /admin/transfer (operator: hand leadership over),
 /work/claim, /work/claim_training, /work/renew, /work/complete, /work/fail.
 Malformed bodies get 400 with a message; token operations on a stale claim get 409; a claim
@@ -33,6 +33,7 @@ from app.coordination.p2p.schemas import (
     TransferRequest,
     VoteRequest,
 )
+from app.coordination.p2p.decision import handle_decided, handle_read, handle_store
 from app.coordination.p2p.transfer import handle_timeout_now, transfer_leadership
 from app.coordination.p2p.work_rules import TRAINING_KIND, TRAINING_KINDS
 from app.log import get_logger
@@ -115,7 +116,7 @@ def build_app(
         return ok(node.consensus.handle_heartbeat(parse_body(request, HeartbeatRequest)))
 
     async def commit(request: web.Request) -> web.Response:
-        resp = node.consensus.handle_commit(parse_body(request, CommitRequest))
+        resp = handle_store(node.consensus, parse_body(request, CommitRequest))
         return ok(resp, 200 if resp.stored else 409)
 
     async def timeout_now(request: web.Request) -> web.Response:
@@ -132,8 +133,12 @@ def build_app(
             return ok({"error": why}, 409)
         return ok({"transferred_to": req.target, "from_term": node.term})
 
+    async def commit_decided(request: web.Request) -> web.Response:
+        resp = handle_decided(node.consensus, parse_body(request, CommitRequest))
+        return ok(resp, 200 if resp.stored else 409)
+
     async def commit_read(request: web.Request) -> web.Response:
-        resp = node.consensus.handle_commit_read(parse_body(request, CommitReadRequest))
+        resp = handle_read(node.consensus, parse_body(request, CommitReadRequest))
         return ok(resp, 200 if resp.ok else 409)
 
     def not_serving() -> web.Response | None:
@@ -192,6 +197,7 @@ def build_app(
         web.post("/heartbeat", heartbeat),
         web.post("/commit", commit),
         web.post("/commit/read", commit_read),
+        web.post("/commit/decided", commit_decided),
         web.post("/transfer/timeout_now", timeout_now),
         web.post("/admin/transfer", transfer),
         web.post("/work/claim", claim),
