@@ -89,7 +89,11 @@ def main() -> None:
     _write_json(directory / f"rank_{rank}.exit.json", {"exit_code": code, "at": time.time(), "error": error})
     sys.stdout.flush()
     sys.stderr.flush()
-    sys.exit(code)
+    # Past this point there is nothing left to write (rank 0's files are atomic and fsynced),
+    # and interpreter finalization is where torch's C++ teardown sometimes aborted a finished
+    # rank ("terminate called without an active exception", SIGABRT after exit.json said 0),
+    # failing a run that had succeeded. So leave without it.
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -274,9 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = init_distributed(args.device)
     try:
         run(args, ctx)
-        # Leave together: a rank that tore gloo down while rank 0 was still writing the candidate
-        # sometimes died in C++ at exit ("terminate called without an active exception").
-        dist.barrier()
+        dist.barrier()  # leave together: no rank tears gloo down while rank 0 still writes the candidate
     except TrainInputError as exc:
         print(f"training input error: {exc}", file=sys.stderr, flush=True)
         return 2
