@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,16 @@ def test_mesh_config_section_and_voter_guard(tmp_path: Path) -> None:
         load_settings(cfg)
     with pytest.raises(ConfigError, match="voters"):
         MeshNode(node_id="a", peers=["h:1"], secret="x")
+
+
+async def test_a_hung_tailscale_is_killed_at_the_timeout_and_asked_again_later(tmp_path: Path) -> None:
+    script = tmp_path / "tailscale"
+    script.write_text("#!/bin/sh\nexec sleep 30\n")  # exec: the timeout's kill reaches the sleeper itself
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    src = TailscaleSource(8770, binary=str(script), timeout=0.3)
+    started = time.monotonic()
+    with capture_logs() as logs:
+        assert await src.peers() == []
+    assert time.monotonic() - started < 5.0
+    assert src.enabled  # a slow daemon is not a missing one: the next round asks again
+    assert [entry["event"] for entry in logs] == ["tailscale status timed out; will retry"]
