@@ -115,37 +115,35 @@ def build_app(
     async def heartbeat(request: web.Request) -> web.Response:
         return ok(node.consensus.handle_heartbeat(parse_body(request, HeartbeatRequest)))
 
-    async def commit(request: web.Request) -> web.Response:
-        resp = handle_store(node.consensus, parse_body(request, CommitRequest))
-        return ok(resp, 200 if resp.stored else 409)
+    def answered(handler, schema, refused):  # type: ignore[no-untyped-def]
+        """A voter-side handler of the decision/transfer protocols: 200, or 409 when it refused."""
+        async def endpoint(request: web.Request) -> web.Response:
+            resp = handler(node.consensus, parse_body(request, schema))
+            return ok(resp, 409 if refused(resp) else 200)
+        return endpoint
 
-    async def timeout_now(request: web.Request) -> web.Response:
-        resp = handle_timeout_now(node.consensus, parse_body(request, TimeoutNowRequest))
-        return ok(resp, 200 if resp.ok else 409)
+    commit = answered(handle_store, CommitRequest, lambda r: not r.stored)
+    commit_decided = answered(handle_decided, CommitRequest, lambda r: not r.stored)
+    commit_read = answered(handle_read, CommitReadRequest, lambda r: not r.ok)
+    timeout_now = answered(handle_timeout_now, TimeoutNowRequest, lambda r: not r.ok)
 
     async def transfer(request: web.Request) -> web.Response:
         req = parse_body(request, TransferRequest)
         if not node.is_leader:
-            return ok({"error": "not the leader", "leader": node.leader_id,
-                       "leader_addr": node.addr_of(node.leader_id) if node.leader_id else None}, 503)
+            return elsewhere("not the leader")
         why = await transfer_leadership(node.consensus, req.target, node.membership.alive_ids(time.monotonic()))
         if why is not None:
             return ok({"error": why}, 409)
         return ok({"transferred_to": req.target, "from_term": node.term})
 
-    async def commit_decided(request: web.Request) -> web.Response:
-        resp = handle_decided(node.consensus, parse_body(request, CommitRequest))
-        return ok(resp, 200 if resp.stored else 409)
-
-    async def commit_read(request: web.Request) -> web.Response:
-        resp = handle_read(node.consensus, parse_body(request, CommitReadRequest))
-        return ok(resp, 200 if resp.ok else 409)
+    def elsewhere(why: str) -> web.Response:
+        """503 naming the leader this node knows of, so the caller can retry there."""
+        return ok({"error": why, "leader": node.leader_id,
+                   "leader_addr": node.addr_of(node.leader_id) if node.leader_id else None}, 503)
 
     def not_serving() -> web.Response | None:
         if not node.consensus.can_mutate():
-            why = "not the leader" if not node.is_leader else "no quorum (read-only)"
-            return ok({"error": why, "leader": node.leader_id,
-                       "leader_addr": node.addr_of(node.leader_id) if node.leader_id else None}, 503)
+            return elsewhere("not the leader" if not node.is_leader else "no quorum (read-only)")
         return None
 
     async def claim_common(request: web.Request, training_only: bool) -> web.Response:
