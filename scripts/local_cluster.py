@@ -175,11 +175,18 @@ async def watch(cluster: LocalCluster, stop: asyncio.Event) -> None:
         else:  # not a terminal: one summary line per poll
             while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
                 sts = await cluster.poll(session)
-                line = " ".join(
-                    f"{nid}={s['role']}@{s['term']}" if s else f"{nid}=down" for nid, s in sts.items()
-                )
+                line = " ".join(f"{nid}={plain_status(s)}" for nid, s in sts.items())
                 print(f"status {line}", flush=True)
                 await _sleep_or_stop(stop, cluster.args.interval)
+
+
+def plain_status(st: dict | None) -> str:
+    """role@term, plus generation and games for full nodes: the table's story on one line."""
+    if not st:
+        return "down"
+    inv = st.get("inventory", {})
+    extra = f",gen{inv['best_generation']},games{inv['games_created']}" if "games_created" in inv else ""
+    return f"{st['role']}@{st['term']}{extra}"
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
