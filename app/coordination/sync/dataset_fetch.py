@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import shutil
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import aiohttp
 from app.atomic_files import fsync_dir
 from app.coordination.p2p.auth import sign
 from app.coordination.p2p.client import MeshClient
-from app.coordination.sync.streaming import CHUNK, TRANSPORT_ERRORS, FetchError, PeerFailed, download, stream_timeout
+from app.coordination.sync.streaming import CHUNK, FetchError, PeerFailed, download, first_verified_copy
 from app.coordination.sync.wire import is_sha256
 from app.log import get_logger
 from app.training.dataset import MANIFEST_NAME, DatasetError, file_digest, read_manifest
@@ -77,23 +76,15 @@ async def fetch_dataset(
     if final.is_dir() and await asyncio.to_thread(verify_dataset, final, sha256) is None:
         return final
     datasets_dir.mkdir(parents=True, exist_ok=True)
-    failures: dict[str, str] = {}
-    async with aiohttp.ClientSession(timeout=stream_timeout(timeout)) as session:
-        for addr in peer_addrs:
-            staging = datasets_dir / f".fetch-{sha256[:16]}-{secrets.token_hex(4)}"
-            try:
-                staging.mkdir()
-                await _fetch_into(client, session, addr, sha256, staging, max_file_bytes)
-                await asyncio.to_thread(_install, staging, final)
-                log.info("dataset fetched", sha256=sha256, peer=addr, path=str(final))
-                return final
-            except PeerFailed as exc:
-                failures[addr] = str(exc)
-            except TRANSPORT_ERRORS as exc:
-                failures[addr] = f"transfer failed: {exc!r}"
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
-            log.warning("dataset fetch from peer rejected", sha256=sha256, peer=addr, reason=failures[addr])
+
+    async def fetch(session: aiohttp.ClientSession, addr: str, staging: Path) -> Path:
+        await _fetch_into(client, session, addr, sha256, staging, max_file_bytes)
+        await asyncio.to_thread(_install, staging, final)
+        return final
+
+    path, failures = await first_verified_copy("dataset", sha256, peer_addrs, datasets_dir, timeout, fetch)
+    if path is not None:
+        return path
     raise DatasetFetchError(sha256, failures)
 
 

@@ -16,8 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import secrets
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,7 +24,7 @@ import aiohttp
 
 from app.ai.model import ModelFormatError, file_sha256, read_meta, sidecar_path
 from app.coordination.p2p.client import MeshClient
-from app.coordination.sync.streaming import TRANSPORT_ERRORS, FetchError, PeerFailed, download, stream_timeout
+from app.coordination.sync.streaming import FetchError, PeerFailed, download, first_verified_copy
 from app.coordination.sync.wire import is_sha256
 from app.log import get_logger
 
@@ -102,25 +100,13 @@ async def fetch_model(
     if await asyncio.to_thread(is_installed, models_dir, sha256):
         return installed_path(models_dir, sha256)
     models_dir.mkdir(parents=True, exist_ok=True)
-    _sweep_staging(models_dir)
-    failures: dict[str, str] = {}
-    async with aiohttp.ClientSession(timeout=stream_timeout(timeout)) as session:
-        for addr in peer_addrs:
-            staging = models_dir / f".fetch-{sha256[:16]}-{secrets.token_hex(4)}"
-            try:
-                staging.mkdir()
-                path = await _fetch_from(client, session, addr, sha256, staging, models_dir, timeout, max_bytes)
-                log.info("model fetched", sha256=sha256, peer=addr)
-                return path
-            except PeerFailed as exc:
-                failures[addr] = str(exc)
-            except ModelFormatError as exc:
-                failures[addr] = f"bad sidecar: {exc}"
-            except TRANSPORT_ERRORS as exc:
-                failures[addr] = f"transfer failed: {exc!r}"
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
-            log.warning("model fetch from peer rejected", sha256=sha256, peer=addr, reason=failures[addr])
+
+    async def fetch(session: aiohttp.ClientSession, addr: str, staging: Path) -> Path:
+        return await _fetch_from(client, session, addr, sha256, staging, models_dir, timeout, max_bytes)
+
+    path, failures = await first_verified_copy("model", sha256, peer_addrs, models_dir, timeout, fetch)
+    if path is not None:
+        return path
     raise ModelFetchError(sha256, failures)
 
 
@@ -137,25 +123,16 @@ async def _fetch_from(
     weights = staging / f"{sha256}.safetensors"
     side = sidecar_path(weights)
     side.write_text(json.dumps(meta, indent=2, sort_keys=True))
-    read_meta(weights)  # the sidecar must be one this program can read, or it is not installed
+    try:
+        read_meta(weights)  # the sidecar must be one this program can read, or it is not installed
+    except ModelFormatError as exc:
+        raise PeerFailed(f"bad sidecar: {exc}") from None
 
     size, actual = await download(client, session, addr, f"/models/{sha256}", weights, max_bytes, "weights")
     if actual != sha256:
         raise PeerFailed(f"weights corrupt: {size} bytes hash to {actual[:16]}")
     await asyncio.to_thread(_install, weights, models_dir, sha256)
     return installed_path(models_dir, sha256)
-
-
-def _sweep_staging(models_dir: Path, max_age_s: float = 3600.0) -> None:
-    """Staging dirs left by a process killed mid-download; never read, only removed."""
-    import time
-
-    for stale in models_dir.glob(".fetch-*"):
-        try:
-            if time.time() - stale.stat().st_mtime > max_age_s:
-                shutil.rmtree(stale, ignore_errors=True)
-        except OSError:
-            pass
 
 
 def _install(weights: Path, models_dir: Path, sha256: str) -> None:

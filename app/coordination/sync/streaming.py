@@ -7,12 +7,21 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import secrets
+import shutil
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import aiohttp
 
 from app.coordination.p2p.auth import sign
 from app.coordination.p2p.client import MeshClient
+from app.log import get_logger
+
+log = get_logger(__name__)
+T = TypeVar("T")
 
 CHUNK = 1 << 20
 TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
@@ -61,3 +70,40 @@ async def download(client: MeshClient, session: aiohttp.ClientSession, addr: str
             fh.flush()
             os.fsync(fh.fileno())
     return size, digest.hexdigest()
+
+
+async def first_verified_copy(
+    what: str, sha256: str, peer_addrs: list[str], root: Path, timeout: float,
+    fetch: Callable[[aiohttp.ClientSession, str, Path], Awaitable[T]],
+) -> tuple[T | None, dict[str, str]]:
+    """Ask each peer in turn: `fetch(session, addr, staging)` downloads into a fresh staging dir
+    under `root`, verifies and installs, or raises PeerFailed. (its result, {}) for the first
+    peer that works, else (None, every peer's failure). Staging dirs never outlive a try."""
+    sweep_staging(root)
+    failures: dict[str, str] = {}
+    async with aiohttp.ClientSession(timeout=stream_timeout(timeout)) as session:
+        for addr in peer_addrs:
+            staging = root / f".fetch-{sha256[:16]}-{secrets.token_hex(4)}"
+            try:
+                staging.mkdir()
+                result = await fetch(session, addr, staging)
+                log.info(f"{what} fetched", sha256=sha256, peer=addr)
+                return result, {}
+            except PeerFailed as exc:
+                failures[addr] = str(exc)
+            except TRANSPORT_ERRORS as exc:
+                failures[addr] = f"transfer failed: {exc!r}"
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+            log.warning(f"{what} fetch from peer rejected", sha256=sha256, peer=addr, reason=failures[addr])
+    return None, failures
+
+
+def sweep_staging(root: Path, max_age_s: float = 3600.0) -> None:
+    """Staging dirs left by a process killed mid-download; never read, only removed."""
+    for stale in root.glob(".fetch-*"):
+        try:
+            if time.time() - stale.stat().st_mtime > max_age_s:
+                shutil.rmtree(stale, ignore_errors=True)
+        except OSError:
+            pass
