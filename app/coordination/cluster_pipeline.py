@@ -163,9 +163,7 @@ class ClusterPipeline:
     async def claim_generation(self) -> GenerationClaim | None:
         if self.current is not None:
             return self.current
-        if self.work is None:
-            self.work = self.node.work_client()
-        claim = await self.work.claim(training=True)
+        claim = await self.work_client().claim(training=True)
         if claim is None:
             return None
         payload = claim.item.payload
@@ -176,13 +174,9 @@ class ClusterPipeline:
         return self.current
 
     async def _renew_loop(self, claim: Claim) -> None:
-        while True:
-            await asyncio.sleep(max(0.2, claim.ttl / 3))
-            outcome = await self.work.renew(claim)
-            if outcome.status == 409:
-                log.warning("generation_claim_lost", item=claim.item.item_id, reason=outcome.reason)
-                self._claim_lost.set()
-                return
+        outcome = await self.work_client().keep_alive(claim)
+        log.warning("generation_claim_lost", item=claim.item.item_id, reason=outcome.reason)
+        self._claim_lost.set()
 
     def claim_lost(self) -> bool:
         return self._claim_lost.is_set()

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from app.atomic_files import atomic_write_json
 from app.coordination.gauntlet_plan import GAUNTLET_KIND, REQUEST_KEY, RESULTS_KEY, GauntletRequest
 from app.coordination.p2p.worker import Claim, WorkClient
-from app.coordination.sync import ModelFetchError, fetch_from_mesh, is_installed
+from app.coordination.sync import ModelFetchError, fetch_from_mesh
 from app.log import get_logger
 from app.training.gauntlet import GauntletStopped
 from app.training.gauntlet_shard import ShardResult, play_shard
@@ -100,31 +100,13 @@ class ShardBoard:
                     RESULTS_KEY: dict(self._results)}
 
 
-def work_client(cluster: "ClusterPipeline") -> WorkClient:
-    """The node's one WorkClient: sharing it keeps every held claim in the gossiped list."""
-    if cluster.work is None:
-        cluster.work = cluster.node.work_client()
-    return cluster.work
-
-
 async def claim_shard(cluster: "ClusterPipeline") -> Claim | None:
-    return await work_client(cluster).claim(kinds=[GAUNTLET_KIND])
+    return await cluster.work_client().claim(kinds=[GAUNTLET_KIND])
 
 
 async def _renew_until_lost(work: WorkClient, claim: Claim, lost: asyncio.Event) -> None:
-    while True:
-        await asyncio.sleep(max(0.2, claim.ttl / 3))
-        if (await work.renew(claim)).status == 409:
-            lost.set()
-            return
-
-
-async def candidate_model(cluster: "ClusterPipeline", sha256: str, models_dir: Path) -> Path:
-    """The candidate's path in the model store, fetched by sha256 from a peer if missing (a
-    corrupt copy is refused and the next peer tried; ModelFetchError when none works)."""
-    if await asyncio.to_thread(is_installed, models_dir, sha256):
-        return models_dir / f"{sha256}.safetensors"
-    return await fetch_from_mesh(cluster.node, sha256, models_dir)
+    await work.keep_alive(claim)
+    lost.set()
 
 
 async def play_claimed_shard(pipe: "PipelineContext", claim: Claim, workers: int,
@@ -132,13 +114,13 @@ async def play_claimed_shard(pipe: "PipelineContext", claim: Claim, workers: int
     """Play a claimed gauntlet item, publish its result, complete the claim; None when it could
     not be played (the claim is failed, so the leader hands it out again)."""
     cluster = pipe.cluster
-    work = work_client(cluster)
+    work = cluster.work_client()
     lost = asyncio.Event()
     renewer = asyncio.create_task(_renew_until_lost(work, claim, lost))
     try:
         payload = claim.item.payload
         generation, sha = int(payload["generation"]), str(payload["candidate_sha256"])
-        path = await candidate_model(cluster, sha, pipe.paths.models_dir)
+        path = await fetch_from_mesh(cluster.node, sha, pipe.paths.models_dir)  # at once when installed
         result = await asyncio.to_thread(
             play_shard, path, str(payload["baseline"]), int(payload["games"]), int(payload["seed"]),
             claim.item.item_id, pipe.settings, pipe.paths.registry_db, int(payload["net_simulations"]),

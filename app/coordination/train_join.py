@@ -29,7 +29,7 @@ from app.coordination.daemon_registry import DaemonContext
 from app.coordination.p2p.work_rules import TRAINING_JOIN_KIND
 from app.coordination.p2p.worker import Claim, WorkClient
 from app.coordination.pipeline_context import PipelineContext
-from app.coordination.sync import fetch_from_mesh, is_installed
+from app.coordination.sync import fetch_from_mesh
 from app.coordination.sync.dataset_fetch import fetch_dataset
 from app.coordination.training_job import SpanArgs, launcher_command, launcher_log_tail, run_launcher
 from app.training.pipeline_state import Stage
@@ -89,11 +89,8 @@ async def join_run(pipe: PipelineContext, ctx: DaemonContext, payload: dict[str,
         return f"no address known for the claimant {claimant}"
     dataset_dir = await fetch_dataset(node.client, str(payload["dataset_sha256"]), [addr], pipe.paths.datasets_dir)
     parent = payload.get("parent_sha256")
-    parent_path = None
-    if parent:
-        if not await asyncio.to_thread(is_installed, pipe.paths.models_dir, parent):
-            await fetch_from_mesh(node, parent, pipe.paths.models_dir)
-        parent_path = pipe.paths.model_path(parent)
+    # fetch_model returns at once when the model is installed and verified
+    parent_path = await fetch_from_mesh(node, parent, pipe.paths.models_dir) if parent else None
     run_dir = join_run_dir(pipe, generation)
     span = SpanArgs(int(payload["nnodes"]), rank, str(payload["master_addr"]), int(payload["master_port"]),
                     float(pipe.settings.train.join_timeout_s))
@@ -111,9 +108,5 @@ async def join_run(pipe: PipelineContext, ctx: DaemonContext, payload: dict[str,
 async def _renew_loop(work: WorkClient, claim: Claim, ctx: DaemonContext) -> None:
     """Keep the join claim alive; a lost one is only logged: the rendezvous is already joined and
     the run ends with the claimant's, so stopping this rank would only fail everyone's."""
-    while True:
-        await asyncio.sleep(max(0.2, claim.ttl / 3))
-        outcome = await work.renew(claim)
-        if outcome.status == 409:
-            ctx.log.warning("training_join_claim_lost", item=claim.item.item_id, reason=outcome.reason)
-            return
+    outcome = await work.keep_alive(claim)
+    ctx.log.warning("training_join_claim_lost", item=claim.item.item_id, reason=outcome.reason)

@@ -6,6 +6,7 @@ an expiry, a reassignment) and the worker must drop the work, not retry the same
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -97,6 +98,15 @@ class WorkClient:
 
     async def renew(self, claim: Claim) -> Outcome:
         return await self._token_call("/work/renew", claim)
+
+    async def keep_alive(self, claim: Claim) -> Outcome:
+        """Renew every third of the TTL until the claim is gone (409); returns that refusal.
+        A missing answer is not a loss: the next renewal may reach a new leader in time."""
+        while True:
+            await asyncio.sleep(max(0.2, claim.ttl / 3))
+            outcome = await self.renew(claim)
+            if outcome.status == 409:
+                return outcome
 
     async def complete(self, claim: Claim, result: dict[str, Any] | None = None) -> Outcome:
         return await self._token_call("/work/complete", claim, result=result or {})
