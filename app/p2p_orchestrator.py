@@ -3,7 +3,7 @@
 config -> event router + daemon manager (pipeline daemons) + health server (8790) + mesh
 (8770). With no arguments it runs a single-node cluster on SQLite files under ./data until
 stopped; SIGTERM or Ctrl-C drains within 30 s. Stopping and starting again resumes where
-the pipeline was (see app/training/pipeline_state.py).
+the pipeline was (see app/coordination/pipeline/state.py).
 """
 
 from __future__ import annotations
@@ -14,16 +14,17 @@ import sys
 from pathlib import Path
 
 from app.config import ConfigError, Settings, load_settings
-from app.coordination.daemon_manager import DaemonManager
-from app.coordination.daemon_registry import load_registry
-from app.coordination.cluster_pipeline import ClusterPipeline
-from app.coordination.daemon_runners import pipeline_runners
-from app.coordination.event_router import INFRA_RUNNERS, EventRouter
-from app.coordination.health_server import HealthServer
-from app.coordination.metrics import Metrics
+from app.coordination.daemons.manager import DaemonManager
+from app.coordination.daemons.registry import load_registry
+from app.coordination.pipeline.cluster import ClusterPipeline
+from app.coordination.pipeline.runners import pipeline_runners
+from app.coordination.daemons.dlq_retry import INFRA_RUNNERS
+from app.coordination.daemons.event_router import EventRouter
+from app.coordination.daemons.health_server import HealthServer
+from app.coordination.daemons.metrics import Metrics
 from app.coordination.p2p.node import MeshNode
-from app.coordination.pipeline_context import PipelineContext
-from app.coordination.progress_display import show_progress
+from app.coordination.pipeline.context import PipelineContext
+from app.coordination.pipeline.progress_display import show_progress
 from app.coordination.sync import GameSyncServer, model_routes
 from app.coordination.sync.dataset_server import dataset_routes
 from app.db.dead_letters import DeadLetterStore

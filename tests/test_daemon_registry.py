@@ -7,8 +7,8 @@ import yaml
 from pydantic import BaseModel
 
 from app.config import ConfigError
-from app.coordination.daemon_registry import RunnerEntry, load_registry
-from app.coordination.event_router import INFRA_RUNNERS
+from app.coordination.daemons.registry import RunnerEntry, load_registry
+from app.coordination.daemons.dlq_retry import INFRA_RUNNERS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -107,8 +107,8 @@ def test_selected_daemon_with_an_unselected_dependency_is_an_error(tmp_path):
 
 def test_the_repository_daemons_yaml_loads_with_every_runner(tmp_path):
     from app.config import load_settings
-    from app.coordination.daemon_runners import pipeline_runners
-    from app.coordination.pipeline_context import PipelineContext
+    from app.coordination.pipeline.runners import pipeline_runners
+    from app.coordination.pipeline.context import PipelineContext
 
     pipe = PipelineContext(load_settings(None, node={"data_dir": str(tmp_path)}))
     reg = load_registry(REPO / "daemons.yaml", {**INFRA_RUNNERS, **pipeline_runners(pipe)})

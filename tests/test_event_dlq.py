@@ -6,10 +6,11 @@ import random
 import pytest
 
 from app.config import Settings
-from app.coordination.daemon_manager import DaemonManager
-from app.coordination.daemon_registry import build_registry
-from app.coordination.event_router import INFRA_RUNNERS, EventRouter, RetryPolicy
-from app.coordination.events import EventType
+from app.coordination.daemons.manager import DaemonManager
+from app.coordination.daemons.registry import build_registry
+from app.coordination.daemons.dlq_retry import INFRA_RUNNERS
+from app.coordination.daemons.event_router import EventRouter, RetryPolicy
+from app.coordination.daemons.events import EventType
 from app.db.dead_letters import DeadLetterStatus, DeadLetterStore
 
 pytestmark = pytest.mark.timeout(20)

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.coordination.event_router import DedupCache, EventRouter
-from app.coordination.events import (
+from app.coordination.daemons.event_router import DedupCache, EventRouter
+from app.coordination.daemons.events import (
     PAYLOAD_SCHEMAS,
     EventPayloadError,
     EventType,

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from app.coordination.gauntlet_plan import (
+from app.coordination.pipeline.gauntlet_plan import (
     REQUEST_KEY, RESULTS_KEY, GauntletRequest, shard_seed, shards_of, split_games,
 )
-from app.coordination.generation_log import GenerationRecord
-from app.coordination.scheduling import gauntlet_specs
+from app.coordination.pipeline.generation_log import GenerationRecord
+from app.coordination.pipeline.scheduling import gauntlet_specs
 
 pytestmark = pytest.mark.timeout(30)
 SHA = "c" * 64

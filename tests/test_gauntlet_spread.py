@@ -12,15 +12,15 @@ import pytest
 
 from app.ai.model import Architecture, ModelMeta, new_model, save_model
 from app.config import load_settings
-from app.coordination.cluster_pipeline import ClusterPipeline
-from app.coordination.gauntlet_plan import RESULTS_KEY
-from app.coordination.gauntlet_shards import ShardBoard
-from app.coordination.gauntlet_spread import build_request, spread_gauntlet
+from app.coordination.pipeline.cluster import ClusterPipeline
+from app.coordination.pipeline.gauntlet_plan import RESULTS_KEY
+from app.coordination.pipeline.shard_board import ShardBoard
+from app.coordination.pipeline.gauntlet_spread import build_request, spread_gauntlet
 from app.coordination.p2p.node import MeshNode
-from app.coordination.pipeline_context import PipelineContext
+from app.coordination.pipeline.context import PipelineContext
 from app.db.registry import ModelRegistry
 from app.training.gauntlet_shard import ShardGame, ShardResult, play_shard
-from app.training.pipeline_state import PipelineState, Stage
+from app.coordination.pipeline.state import PipelineState, Stage
 from tests.mesh_helpers import free_ports, wait_for
 
 pytestmark = pytest.mark.timeout(60)

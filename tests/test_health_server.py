@@ -5,12 +5,12 @@ import aiohttp
 import pytest
 
 from app.config import Settings
-from app.coordination.daemon_manager import DaemonManager
-from app.coordination.daemon_registry import build_registry
-from app.coordination.event_router import EventRouter
-from app.coordination.events import EventType
-from app.coordination.health_server import HealthServer
-from app.coordination.metrics import Metrics
+from app.coordination.daemons.manager import DaemonManager
+from app.coordination.daemons.registry import build_registry
+from app.coordination.daemons.event_router import EventRouter
+from app.coordination.daemons.events import EventType
+from app.coordination.daemons.health_server import HealthServer
+from app.coordination.daemons.metrics import Metrics
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from app.coordination.progress_display import describe, summarize_evaluation
-from app.training.pipeline_state import PipelineState, Stage
+from app.coordination.pipeline.progress_display import describe, summarize_evaluation
+from app.coordination.pipeline.state import PipelineState, Stage
 
 ROOT = Path(__file__).resolve().parents[1]
 LOG_ONE_LINE = ("from app.log import configure_logging, get_logger, bind_term; configure_logging('n7'); "

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from app.training import pipeline_state as ps
-from app.training.pipeline_state import PipelineState, PipelineStateError, PipelineStateStore, Stage
+from app.coordination.pipeline import state as ps
+from app.coordination.pipeline.state import PipelineState, PipelineStateError, PipelineStateStore, Stage
 
 SHA = "a" * 64
 

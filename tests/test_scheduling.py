@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from app.coordination.generation_log import GenerationLog, GenerationRecord, latest_promoted, merge_records
-from app.coordination.scheduling import NodeSummary, games_created, schedule, training_spec
+from app.coordination.pipeline.generation_log import GenerationLog, GenerationRecord, latest_promoted, merge_records
+from app.coordination.pipeline.scheduling import NodeSummary, games_created, schedule, training_spec
 
 SHA = ["a" * 64, "b" * 64, "c" * 64]
 

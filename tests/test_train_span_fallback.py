@@ -14,14 +14,14 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from app.config import load_settings
-from app.coordination.daemon_registry import DaemonContext
-from app.coordination.event_router import EventRouter
-from app.coordination.metrics import Metrics
-from app.coordination.pipeline_context import PipelineContext
-from app.coordination.training_job import train_spanned
+from app.coordination.daemons.registry import DaemonContext
+from app.coordination.daemons.event_router import EventRouter
+from app.coordination.daemons.metrics import Metrics
+from app.coordination.pipeline.context import PipelineContext
+from app.coordination.pipeline.training_job import train_spanned
 from app.log import get_logger
 from app.training.export import export_dataset
-from app.training.pipeline_state import PipelineState, Stage
+from app.coordination.pipeline.state import PipelineState, Stage
 from app.training.train import RESULT_NAME
 from tests.train_fixtures import make_db
 
@@ -81,7 +81,7 @@ async def test_a_stopped_joiner_tears_its_ranks_down(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from app.coordination.training_job import SpanArgs, launcher_command, run_launcher
+    from app.coordination.pipeline.training_job import SpanArgs, launcher_command, run_launcher
     from app.training.launcher import free_port
     from tests.train_fixtures import kill_pids, live_pids_with_marker
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from app.coordination.p2p.work_rules import fits
-from app.coordination.scheduling import NodeSummary, schedule, span_nnodes, summarize
+from app.coordination.pipeline.scheduling import NodeSummary, schedule, span_nnodes, summarize
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -39,7 +39,7 @@ class TrainConfig(StrictModel):
     patience: int = 3  # evaluations without holdout improvement before stopping early
     checkpoint_every: int = 0  # steps between checkpoints (0 = at each evaluation)
     seed: int = 0
-    # Spanning one generation's training over several nodes (app/coordination/train_join.py).
+    # Spanning one generation's training over several nodes (app/coordination/pipeline/train_join.py).
     # The train options above must match on every node: each rank derives its schedule from them.
     max_nodes: int = 4  # most nodes one generation's training spans
     span_cpu_nodes: bool = False  # CPU-only nodes span too (tests, demos); else only GPU nodes do
@@ -59,7 +59,7 @@ class GauntletConfig(StrictModel):
     rollout_simulations: int = 200  # MCTS-with-random-rollouts baseline
     net_simulations: int = 64  # MCTS simulations of network players (0 = policy argmax)
     workers: int = 1  # worker processes playing games in parallel
-    # In a cluster the baseline games are cut into shards other nodes play (app/coordination/gauntlet_spread.py).
+    # In a cluster the baseline games are cut into shards other nodes play (app/coordination/pipeline/gauntlet_spread.py).
     shard_games: int = 10  # games per shard (rounded up to even: whole opening pairs)
     shard_wait_s: float = 120.0  # then the claimant plays the shards still missing itself
 

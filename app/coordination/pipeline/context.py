@@ -16,11 +16,11 @@ from typing import Any
 
 from app.config import Settings
 from app.config.paths import NodePaths
-from app.coordination.daemon_registry import DaemonContext
-from app.coordination.event_router import Event
-from app.coordination.events import EventType
+from app.coordination.daemons.registry import DaemonContext
+from app.coordination.daemons.event_router import Event
+from app.coordination.daemons.events import EventType
 from app.db.replay_db import ReplayDB
-from app.training.pipeline_state import PipelineState, PipelineStateStore
+from app.coordination.pipeline.state import PipelineState, PipelineStateStore
 
 
 class PipelineContext:

@@ -10,9 +10,9 @@ import asyncio
 import sys
 from typing import TextIO
 
-from app.coordination.metrics import Metrics
-from app.coordination.pipeline_context import PipelineContext
-from app.training.pipeline_state import PipelineState
+from app.coordination.daemons.metrics import Metrics
+from app.coordination.pipeline.context import PipelineContext
+from app.coordination.pipeline.state import PipelineState
 
 
 def describe(state: PipelineState, games: int, loss: float | None, last_gauntlet: str) -> str:

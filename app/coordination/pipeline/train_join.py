@@ -25,14 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from app.atomic_files import atomic_write_json
-from app.coordination.daemon_registry import DaemonContext
+from app.coordination.daemons.registry import DaemonContext
 from app.coordination.p2p.work_rules import TRAINING_JOIN_KIND
 from app.coordination.p2p.worker import Claim, WorkClient
-from app.coordination.pipeline_context import PipelineContext
+from app.coordination.pipeline.context import PipelineContext
 from app.coordination.sync import fetch_from_mesh
 from app.coordination.sync.dataset_fetch import fetch_dataset
-from app.coordination.training_job import SpanArgs, launcher_command, launcher_log_tail, run_launcher
-from app.training.pipeline_state import Stage
+from app.coordination.pipeline.training_job import SpanArgs, launcher_command, launcher_log_tail, run_launcher
+from app.coordination.pipeline.state import Stage
 
 JOIN_RESULT_NAME = "join_result.json"
 

@@ -6,7 +6,7 @@ Why each piece exists:
 - the same (type, payload) published twice within the TTL is delivered once, because gossip
   and retries make duplicate publications normal in a mesh;
 - a failed delivery is written to SQLite with a retry schedule, so a crash or restart loses
-  no event; a daemon (`dlq_retry_runner`) re-invokes the named handler with backoff and
+  no event; a daemon (`dlq_retry.py`) re-invokes the named handler with backoff and
   gives up after `max_attempts` (status 'abandoned', kept for operators).
 """
 
@@ -18,16 +18,14 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from app.coordination.backoff import restart_delay
-from app.coordination.events import EventType, Payload, canonical_json, event_key, validate_payload
-from app.coordination.metrics import Metrics
+from app.coordination.daemons.backoff import restart_delay
+from app.coordination.daemons.events import EventType, Payload, canonical_json, event_key, validate_payload
+from app.coordination.daemons.metrics import Metrics
 from app.db.dead_letters import DeadLetter, DeadLetterStore
 from app.log import get_logger
 
-if TYPE_CHECKING:
-    from app.coordination.daemon_registry import DaemonContext
 
 log = get_logger(__name__)
 
@@ -241,38 +239,3 @@ class EventRouter:
         if sub is None:
             return f"no handler named {letter.handler!r} for {event_type.name}"
         return await self._invoke(sub, Event(event_type, payload, letter.event_key, letter.created_at))
-
-
-DLQ_RETRY_DEFAULTS: dict[str, Any] = {
-    "interval_s": 5.0,  # how often to look for due letters
-    "base_s": None,  # None: keep the router's RetryPolicy value
-    "cap_s": None,
-    "max_attempts": None,
-}
-
-
-async def dlq_retry_runner(ctx: DaemonContext) -> None:
-    """Daemon: retry due dead letters every `interval_s` until stopped."""
-    interval = float(ctx.settings.get("interval_s") or DLQ_RETRY_DEFAULTS["interval_s"])
-    default = ctx.router.retry_policy
-
-    def pick(key: str, fallback: float) -> float:
-        value = ctx.settings.get(key)
-        return fallback if value is None else value
-
-    policy = RetryPolicy(
-        base_s=float(pick("base_s", default.base_s)),
-        cap_s=float(pick("cap_s", default.cap_s)),
-        max_attempts=int(pick("max_attempts", default.max_attempts)),
-    )
-    while not ctx.stopping.is_set():
-        report = await ctx.router.retry_due(policy)
-        if report.retried:
-            ctx.log.info("dead_letters_retried", **report.__dict__)
-        ctx.mark_healthy()
-        await ctx.sleep(interval)
-
-
-# Runner-table entries (runner, default settings) of the infrastructure daemons, merged by the
-# orchestrator with the pipeline runners before loading daemons.yaml.
-INFRA_RUNNERS: dict[str, tuple[Any, dict[str, Any]]] = {"dlq_retry": (dlq_retry_runner, DLQ_RETRY_DEFAULTS)}

@@ -19,8 +19,8 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from app.coordination.gauntlet_plan import RESULTS_KEY, GauntletRequest, Shard, shards_of
-from app.coordination.gauntlet_shards import claim_shard, play_claimed_shard
+from app.coordination.pipeline.gauntlet_plan import RESULTS_KEY, GauntletRequest, Shard, shards_of
+from app.coordination.pipeline.shard_worker import claim_shard, play_claimed_shard
 from app.ai.players import net_spec
 from app.db.registry import ModelRegistry
 from app.log import get_logger
@@ -28,11 +28,11 @@ from app.training.gauntlet import GauntletReport, GauntletStopped, OpponentResul
 from app.training.gauntlet_shard import (
     MergedGauntlet, ShardResult, baseline_text, merge_shards, play_shard, shard_players, shard_refusal,
 )
-from app.training.model_store import install_model
+from app.coordination.pipeline.model_store import install_model
 
 if TYPE_CHECKING:
-    from app.coordination.pipeline_context import PipelineContext
-    from app.training.pipeline_state import PipelineState
+    from app.coordination.pipeline.context import PipelineContext
+    from app.coordination.pipeline.state import PipelineState
 
 log = get_logger(__name__)
 POLL_S = 0.5

@@ -22,8 +22,8 @@ from pydantic import BaseModel, Field, ValidationError
 from app.config import ConfigError, Settings, StrictModel, format_validation_error
 
 if TYPE_CHECKING:
-    from app.coordination.event_router import EventRouter
-    from app.coordination.metrics import Metrics
+    from app.coordination.daemons.event_router import EventRouter
+    from app.coordination.daemons.metrics import Metrics
 
 
 @dataclass(eq=False)

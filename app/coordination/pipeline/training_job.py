@@ -9,7 +9,7 @@ stops the run; its checkpoint stays in the run dir and the next start resumes it
 Spanning: when the training claim asks for several nodes (payload `nnodes`), the claimant
 picks a free port on its mesh host, gossips the rendezvous, and runs node rank 0 of a static
 multi-node launch (so the checkpoint and candidate land here, as on a lone run); the joiners
-(app/coordination/train_join.py) run the other node ranks with the same command builder. If
+(app/coordination/pipeline/train_join.py) run the other node ranks with the same command builder. If
 they do not all arrive within `train.join_timeout_s`, the claimant trains alone.
 """
 
@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.coordination.daemon_registry import DaemonContext
-from app.coordination.pipeline_context import PipelineContext
+from app.coordination.daemons.registry import DaemonContext
+from app.coordination.pipeline.context import PipelineContext
 from app.training.launcher import JOIN_TIMEOUT_EXIT, free_port
-from app.training.pipeline_state import PipelineState
+from app.coordination.pipeline.state import PipelineState
 from app.training.train import CANDIDATE_NAME, RESULT_NAME
 
 _PR_SET_PDEATHSIG = 1

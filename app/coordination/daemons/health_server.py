@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from app.coordination.metrics import METRICS_CONTENT_TYPE, Metrics
+from app.coordination.daemons.metrics import METRICS_CONTENT_TYPE, Metrics
 from app.log import get_logger
 
 log = get_logger(__name__)

@@ -17,22 +17,22 @@ import random
 from pathlib import Path
 from typing import Any
 
-from app.coordination.daemon_registry import DaemonContext, RunnerEntry
-from app.coordination.events import EventType
-from app.coordination.gauntlet_shards import gauntlet_shards_daemon
-from app.coordination.gauntlet_spread import spread_gauntlet
-from app.coordination.generation_log import GenerationRecord
-from app.coordination.pipeline_context import PipelineContext, wait_for_wake, wake_on
+from app.coordination.daemons.registry import DaemonContext, RunnerEntry
+from app.coordination.daemons.events import EventType
+from app.coordination.pipeline.shard_worker import gauntlet_shards_daemon
+from app.coordination.pipeline.gauntlet_spread import spread_gauntlet
+from app.coordination.pipeline.generation_log import GenerationRecord
+from app.coordination.pipeline.context import PipelineContext, wait_for_wake, wake_on
 from app.coordination.sync import ModelFetchError, fetch_from_mesh, is_installed, sync_from_peers
-from app.coordination.train_join import train_join_daemon
-from app.coordination.training_job import run_training
+from app.coordination.pipeline.train_join import train_join_daemon
+from app.coordination.pipeline.training_job import run_training
 from app.db.registry import ModelRegistry, ModelStatus
-from app.training import pipeline_state as ps
-from app.training.evaluation_record import decide_from_evaluation, evaluation_from_report
+from app.coordination.pipeline import state as ps
+from app.coordination.pipeline.evaluation_record import decide_from_evaluation, evaluation_from_report
 from app.training.export import export_dataset
 from app.training.gauntlet import GauntletStopped, run_gauntlet
-from app.training.model_store import install_model
-from app.training.pipeline_state import Stage
+from app.coordination.pipeline.model_store import install_model
+from app.coordination.pipeline.state import Stage
 from app.training.promotion import Gates, promote_model, register_candidate, reject_model
 from app.training.selfplay import run_selfplay
 

@@ -23,14 +23,14 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.coordination.gauntlet_shards import ShardBoard
-from app.coordination.generation_log import COMMIT_PREFIX, GenerationLog, GenerationRecord, latest_promoted
+from app.coordination.pipeline.shard_board import ShardBoard
+from app.coordination.pipeline.generation_log import COMMIT_PREFIX, GenerationLog, GenerationRecord, latest_promoted
 from app.coordination.p2p.node import ClusterView, MeshNode
 from app.coordination.p2p.schemas import Token
 from app.coordination.p2p.server import BadRequest, parse_body
 from app.coordination.p2p.worker import Claim, WorkClient
-from app.coordination.pipeline_context import PipelineContext
-from app.coordination.scheduling import gauntlet_specs, schedule, summarize
+from app.coordination.pipeline.context import PipelineContext
+from app.coordination.pipeline.scheduling import gauntlet_specs, schedule, summarize
 from app.coordination.sync import installed_models
 from app.db.replay_db import ReplayDB
 from app.log import get_logger
@@ -144,7 +144,7 @@ class ClusterPipeline:
         if not node.is_leader:
             return web.json_response({"error": "not the leader", "leader": node.leader_id}, status=503)
         refusal, _ = node.queue.renew(body.node_id, body.item_id, body.token, node.term,
-                                      node.consensus.can_mutate(), time.time())
+                                      node.consensus.can_mutate(), time.monotonic())
         if refusal is not None:
             return web.json_response({"error": f"stale claim: {refusal}"}, status=409)
         held = self.log.records.get(record.generation)

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from app.coordination.gauntlet_plan import GAUNTLET_KIND, REQUEST_KEY, RESULTS_KEY, GauntletRequest, shards_of
-from app.coordination.generation_log import GenerationRecord, latest, latest_promoted
+from app.coordination.pipeline.gauntlet_plan import GAUNTLET_KIND, REQUEST_KEY, RESULTS_KEY, GauntletRequest, shards_of
+from app.coordination.pipeline.generation_log import GenerationRecord, latest, latest_promoted
 from app.coordination.p2p.work_rules import TRAINING_JOIN_KIND, TRAINING_KIND, WorkSpec
 
 

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.config import Settings
-from app.coordination.backoff import is_crash_loop, restart_delay, should_reset_backoff
-from app.coordination.daemon_registry import DaemonContext, DaemonSpec
-from app.coordination.event_router import EventRouter
-from app.coordination.events import EventType
-from app.coordination.metrics import Metrics
+from app.coordination.daemons.backoff import is_crash_loop, restart_delay, should_reset_backoff
+from app.coordination.daemons.registry import DaemonContext, DaemonSpec
+from app.coordination.daemons.event_router import EventRouter
+from app.coordination.daemons.events import EventType
+from app.coordination.daemons.metrics import Metrics
 from app.log import get_logger
 
 log = get_logger(__name__)

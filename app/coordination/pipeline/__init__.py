@@ -1,0 +1,19 @@
+"""The generation flow, selfplay -> export -> train -> gauntlet -> promote -> distribute, as
+daemons on one node and as claims and decisions across the mesh.
+
+    state.py              PipelineState: the persisted stage machine (resume, not repeat)
+    context.py            PipelineContext: what the daemons of one node share
+    runners.py            one async runner per pipeline daemon (the runner table)
+    model_store.py        promoted models by sha256: layout, verified install, lookup
+    evaluation_record.py  a gauntlet's outcome as JSON and the decision taken from it
+    progress_display.py   the operator's one-line view of the loop
+    cluster.py            ClusterPipeline: gossip, the leader's side, claims, proposals
+    scheduling.py         what work the leader asks for (pure)
+    generation_log.py     one decided record per generation, learned by gossip
+    gauntlet_plan.py      a gauntlet request cut into shards (pure)
+    shard_board.py        the spread-gauntlet requests and results a node gossips
+    shard_worker.py       the daemon that plays other nodes' gauntlet shards
+    gauntlet_spread.py    the claimant's gauntlet: shards spread, SPRT at home
+    training_job.py       one generation's training as a torchrun subprocess
+    train_join.py         the daemon that lends this node to another node's training run
+"""

@@ -1,0 +1,146 @@
+"""Imports run downward only and form no circle (docs/ARCHITECTURE.md), read from the source.
+
+Every `import`/`from ... import` of an `app` module counts, those under `if TYPE_CHECKING:`
+too: a type-only circle is still two modules that cannot be understood one without the other.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+APP = Path(__file__).resolve().parents[1] / "app"
+
+pytestmark = pytest.mark.timeout(60)
+
+# Layers, top first. A module may import its own layer (without circles) and any layer below.
+# Packages on one row stand side by side and do not import each other.
+LAYERS: list[tuple[str, ...]] = [
+    ("app.p2p_orchestrator", "app.cli"),
+    ("app.coordination.pipeline",),
+    ("app.coordination.sync",),
+    ("app.coordination.p2p",),
+    ("app.coordination.daemons",),
+    ("app.training", "app.analyze"),
+    ("app.ai", "app.lm"),
+    ("app.games", "app.db", "app.config", "app.log", "app.atomic_files"),
+]
+NAMESPACES = {"app", "app.coordination"}  # empty package files that only group the layers
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(APP.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def all_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in APP.rglob("*.py")}
+
+
+def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The app modules `path` imports; `from pkg import name` counts as pkg.name when that is a module."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.startswith("app"):
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in modules else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("app"))
+    return found
+
+
+def layer_of(module: str) -> tuple[int, str]:
+    """(row index, package) of the longest prefix of `module` named in LAYERS."""
+    best: tuple[int, str] | None = None
+    for row, packages in enumerate(LAYERS):
+        for package in packages:
+            if (module == package or module.startswith(package + ".")) and (best is None or len(package) > len(best[1])):
+                best = (row, package)
+    if best is None:
+        raise AssertionError(f"{module} belongs to no layer: add its package to LAYERS and docs/ARCHITECTURE.md")
+    return best
+
+
+def find_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+    counter = 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in graph:
+                    continue
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    circles.append(sorted(component))
+    return circles
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = all_modules()
+    return {name: {m for m in imports_of(path, modules) if m != name} for name, path in modules.items()
+            if name not in NAMESPACES}
+
+
+def test_namespaces_import_nothing() -> None:
+    modules = all_modules()
+    assert {name: imports_of(modules[name], modules) for name in NAMESPACES} == {name: set() for name in NAMESPACES}
+
+
+def test_no_upward_or_sideways_import() -> None:
+    bad = []
+    for module, targets in import_graph().items():
+        row, package = layer_of(module)
+        for target in targets:
+            target_row, target_package = layer_of(target)
+            if target_row < row or (target_row == row and target_package != package):
+                bad.append(f"{module} -> {target}")
+    assert not bad, "imports that run up or sideways:\n" + "\n".join(sorted(bad))
+
+
+def test_no_import_circle() -> None:
+    circles = find_circles(import_graph())
+    assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_checker_sees_circles_and_layers() -> None:
+    """The rules themselves: a circle and an upward import are found, a clean graph passes."""
+    assert find_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert find_circles({"a": {"b"}, "b": set()}) == []
+    assert layer_of("app.games.connect4")[0] > layer_of("app.ai.mcts")[0] > layer_of("app.training.train")[0]
+    assert layer_of("app.coordination.p2p.node")[0] > layer_of("app.coordination.pipeline.cluster")[0]
