@@ -7,11 +7,14 @@ Pons' digits 1-7, the first column is 1); an empty line is the starting position
 one line per input line, written and flushed as soon as the line is read, so another program
 can drive this like an engine over a pipe:
 
-    {"moves": "4453", "policy": [7 floats], "value": 0.12, "best_move": 3}
+    {"moves": "4453", "policy": [7 floats], "value": 0.12, "best_move": 3,
+     "net_policy": [7 floats], "net_value": -0.05, "net_best_move": 2}
 
 `value` is from the side to move's view in [-1, 1]; `best_move` is the 0-based column;
 `policy` is the search's visit distribution, or with `--sims 0` the raw network's
-probabilities (and `value` the network's). A line that is not a legal, unfinished position
+probabilities (and `value` the network's). `net_policy`, `net_value` and `net_best_move`
+are always the raw network's own view of the position, so a user sees beside the search's
+choice what the network alone would have played and why the search disagreed. A line that is not a legal, unfinished position
 gets `{"moves": "...", "error": "..."}` and the run goes on. This format is a stable
 interface: add keys if needed, never rename or remove them.
 
@@ -50,10 +53,11 @@ def analyse_line(line: str, game: Game, evaluator: NetworkEvaluator, simulations
     if state.is_terminal:
         outcome = "a draw" if state.winner is None else f"won by player {state.winner + 1}"
         return {"moves": moves, "error": f"the game is over ({outcome}): nothing to analyse"}
+    priors, values = evaluator.evaluate([state])
+    net_policy, net_value = priors[0], float(values[0])
+    net_best = int(np.argmax(net_policy))
     if simulations == 0:
-        priors, values = evaluator.evaluate([state])
-        policy, value = priors[0], float(values[0])
-        best = int(np.argmax(policy))
+        policy, value, best = net_policy, net_value, net_best
     else:
         result: SearchResult = search(state, evaluator, simulations, cfg, rng,
                                       leaves_per_round=min(LEAVES_PER_ROUND, simulations))
@@ -63,6 +67,9 @@ def analyse_line(line: str, game: Game, evaluator: NetworkEvaluator, simulations
         "policy": [round(float(p), 6) for p in policy],
         "value": round(value, 6),
         "best_move": best,
+        "net_policy": [round(float(p), 6) for p in net_policy],
+        "net_value": round(net_value, 6),
+        "net_best_move": net_best,
     }
 
 

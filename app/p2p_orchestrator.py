@@ -13,19 +13,24 @@ import asyncio
 import sys
 from pathlib import Path
 
+from aiohttp import web
+
 from app.config import ConfigError, Settings, load_settings
 from app.coordination.daemons.manager import DaemonManager
 from app.coordination.daemons.registry import load_registry
 from app.coordination.pipeline.cluster import ClusterPipeline
 from app.coordination.pipeline.runners import pipeline_runners
 from app.coordination.daemons.dlq_retry import INFRA_RUNNERS
+from app.coordination.daemons.event_journal import EventJournal
 from app.coordination.daemons.event_router import EventRouter
 from app.coordination.daemons.health_server import HealthServer
 from app.coordination.daemons.metrics import Metrics
 from app.coordination.p2p.node import MeshNode
 from app.coordination.pipeline.context import PipelineContext
+from app.coordination.pipeline.mesh_events import watch_mesh
+from app.coordination.pipeline.dashboard_feed import DashboardFeed
 from app.coordination.pipeline.progress_display import show_progress
-from app.coordination.sync import GameSyncServer, model_routes
+from app.coordination.sync import GameSyncServer, model_file, model_routes
 from app.coordination.sync.dataset_server import dataset_routes
 from app.db.dead_letters import DeadLetterStore
 from app.db.registry import ModelRegistry
@@ -49,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="mesh HTTP port (default 8770)")
     p.add_argument("--health-port", type=int, help="health server port (default 8790)")
     p.add_argument("--role", help="which daemons.yaml roles this node runs (default: all)")
+    p.add_argument("--db-url", help="keep registry, games and work queue in this database, e.g. "
+                                    "postgresql+psycopg://user@host/mesh_n1 (default: SQLite files in the data dir)")
     p.add_argument("--peers", help="other nodes, host:port or id@host:port, comma separated")
     p.add_argument("--voters", help="voter node ids, comma separated (required with peers)")
     p.add_argument("--priority", type=int, help="bully-order priority of this node (higher leads)")
@@ -64,7 +71,7 @@ def node_settings(args: argparse.Namespace) -> Settings:
     settings = load_settings(args.config)
     overrides = {
         "data_dir": args.data_dir, "node_id": args.node_id, "host": args.host,
-        "mesh_port": args.port, "health_port": args.health_port, "role": args.role,
+        "mesh_port": args.port, "health_port": args.health_port, "role": args.role, "db_url": args.db_url,
     }
     node = settings.node.model_copy(update={k: v for k, v in overrides.items() if v is not None})
     split = lambda text: [x for x in text.split(",") if x] if text is not None else None  # noqa: E731
@@ -74,9 +81,11 @@ def node_settings(args: argparse.Namespace) -> Settings:
     return settings.model_copy(update={"node": node, "mesh": mesh})
 
 
-def build_mesh(settings: Settings, pipe: PipelineContext, export_threshold: int) -> tuple[MeshNode, GameSyncServer]:
-    """The mesh node with the pipeline's endpoints; clustered when there are other voters or peers."""
-    node = MeshNode(settings)
+def build_mesh(settings: Settings, pipe: PipelineContext, export_threshold: int,
+               metrics: Metrics | None = None) -> tuple[MeshNode, GameSyncServer]:
+    """The mesh node with the pipeline's endpoints; clustered when there are other voters or peers.
+    With `metrics`, the mesh counts into the node's registry (one /metrics for everything)."""
+    node = MeshNode(settings, registry=metrics.registry if metrics is not None else None)
     games = GameSyncServer(pipe.paths.games_db)
     node.add_routes(games.routes() + model_routes(pipe.paths.models_dir))
     node.add_routes(dataset_routes(pipe.paths.datasets_dir))  # joiners of a spanned training run
@@ -97,23 +106,31 @@ def _local_progress(pipe: PipelineContext) -> dict:
 
 async def run_node(args: argparse.Namespace, settings: Settings) -> int:
     pipe = PipelineContext(settings, config_path=args.config.resolve() if args.config else None)
-    metrics = Metrics()
+    metrics = Metrics(node=settings.node.node_id)
     dead_letters = DeadLetterStore(pipe.paths.dead_letters_db)
     router = EventRouter(metrics=metrics, dead_letters=dead_letters)
+    EventJournal(pipe.paths.events_file).subscribe(router)
     registry = load_registry(args.daemons, {**INFRA_RUNNERS, **pipeline_runners(pipe)})
     manager = DaemonManager(registry.select(settings.node.role), router=router, settings=settings, metrics=metrics)
     export_spec = registry.specs.get("export")
-    node, games = build_mesh(settings, pipe, int(export_spec.settings["min_new_games"]) if export_spec else 0)
-    health = HealthServer(manager, metrics, host=settings.node.host, port=settings.node.health_port)
+    node, games = build_mesh(settings, pipe, int(export_spec.settings["min_new_games"]) if export_spec else 0,
+                             metrics)
+    feed = DashboardFeed(pipe, node)
+    metrics.watch_daemons(manager.daemon_states)
+    metrics.watch_mesh(feed.mesh_gauges)
+    health = HealthServer(manager, metrics, host=settings.node.host, port=settings.node.health_port,
+                          dashboard=feed.snapshot)
+    node.add_routes(admin_routes(manager))
     await health.start()
     await node.start()
     manager.install_signal_handlers(deadline_s=DRAIN_DEADLINE_S)
     metrics.generation.set(pipe.state.best_generation)
     log.info("node_starting", data_dir=str(pipe.paths.data_dir), health=health.url,
              generation=pipe.state.generation, stage=pipe.state.stage.value)
-    background = [asyncio.create_task(show_progress(pipe, metrics))]
+    background = [asyncio.create_task(show_progress(pipe, metrics)), asyncio.create_task(feed.run())]
     if pipe.cluster is not None:
-        background.append(asyncio.create_task(pipe.cluster.publish_loop()))
+        background.append(asyncio.create_task(pipe.cluster.publish_loop(router)))
+        background.append(asyncio.create_task(watch_mesh(node, router)))
     if args.max_generations:
         background.append(asyncio.create_task(_stop_after(pipe, manager, args.max_generations)))
     try:
@@ -134,6 +151,18 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def admin_routes(manager: DaemonManager) -> list[web.RouteDef]:
+    """POST /admin/drain (signed; `python -m app.cli drain`): drain the daemons and stop the node."""
+    draining: list[asyncio.Task] = []
+
+    async def drain(_: web.Request) -> web.Response:
+        if not draining:
+            draining.append(asyncio.create_task(manager.drain_and_stop(DRAIN_DEADLINE_S)))
+        return web.json_response({"draining": True, "deadline_s": DRAIN_DEADLINE_S}, status=202)
+
+    return [web.post("/admin/drain", drain)]
+
+
 async def _teardown(pipe: PipelineContext, node: MeshNode, health: HealthServer) -> None:
     """Hand back a held claim (so the leader reschedules at once), then close the servers."""
     if pipe.cluster is not None:
@@ -148,7 +177,7 @@ async def _stop_after(pipe: PipelineContext, manager: DaemonManager, generations
 
     def done() -> bool:
         state = pipe.state
-        distributed = state.best_sha256 is None or state.best_path == str(pipe.paths.model_path(state.best_sha256))
+        distributed = state.best_sha256 is None or state.best_path == str(model_file(pipe.paths.models_dir, state.best_sha256))
         return pipe.decided_generations() >= generations and distributed
 
     while not done():
@@ -163,6 +192,11 @@ def main(argv: list[str] | None = None) -> int:
         settings = node_settings(args)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if settings.workload != "connect4":  # refused rather than silently running Connect Four
+        print(f"error: {args.config}: workload: {settings.workload!r}: its building blocks are in app/lm and "
+              "app/training/lm, but the daemons do not run it yet; only 'connect4' nodes can start",
+              file=sys.stderr)
         return 2
     configure_logging(settings.node.node_id, level=args.log_level)
     try:

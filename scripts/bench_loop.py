@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -41,6 +42,50 @@ def stage_shares(history: list[dict], started: float, ended: float) -> dict[str,
     spans[stage] = spans.get(stage, 0.0) + max(0.0, ended - since)
     total = sum(spans.values()) or 1.0
     return {k: round(v / total, 3) for k, v in sorted(spans.items())}
+
+
+def run_loop(config: Path | None, daemons: Path, data_dir: Path, minutes: float,
+             on_tick: Callable[[int], None] | None = None, tick_s: float = 2.0) -> tuple[float, float]:
+    """Run one orchestrator on `data_dir` for `minutes` (SIGTERM, then SIGKILL after a grace);
+    (started, ended) wall-clock times. `on_tick(pid)` is called every `tick_s` while it runs
+    (a sampler's hook). Its log goes to `<data_dir>.log` beside the data dir."""
+    cmd = [sys.executable, "-m", "app.p2p_orchestrator", "--daemons", str(daemons), "--data-dir", str(data_dir),
+           "--port", "0", "--health-port", "0", "--node-id", "bench"]
+    if config is not None:
+        cmd += ["--config", str(config)]
+    started = time.time()
+    deadline = started + minutes * 60
+    with open(data_dir.parent / f"{data_dir.name}.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+        try:
+            while proc.poll() is None and time.time() < deadline:
+                if on_tick is not None:
+                    on_tick(proc.pid)
+                try:
+                    proc.wait(timeout=max(0.0, min(tick_s, deadline - time.time())))
+                except subprocess.TimeoutExpired:
+                    pass
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+    return started, time.time()
+
+
+def game_counts(data_dir: Path) -> tuple[int, int]:
+    """(games, positions) stored by the loop."""
+    if not (data_dir / "games.db").exists():
+        return 0, 0
+    with ReplayDB(data_dir / "games.db") as db:
+        return db.count(), db.count_positions()
+
+
+def pipeline_history(data_dir: Path) -> list[dict]:
+    history_file = data_dir / "pipeline_history.jsonl"
+    return [json.loads(x) for x in history_file.read_text().splitlines()] if history_file.exists() else []
 
 
 def final_scores(model_path: str, settings, simulations: int, games: int, data_dir: Path) -> dict:
@@ -65,27 +110,10 @@ def main() -> int:
     args = p.parse_args()
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="bench_loop_"))
     settings = load_settings(args.config)
-    started = time.time()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "app.p2p_orchestrator", "--config", str(args.config), "--daemons", str(args.daemons),
-         "--data-dir", str(data_dir), "--port", "0", "--health-port", "0", "--node-id", "bench"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(data_dir.parent / f"{data_dir.name}.log", "w"),
-        start_new_session=True,
-    )
-    try:
-        proc.wait(timeout=args.minutes * 60)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    ended = time.time()
+    started, ended = run_loop(args.config, args.daemons, data_dir, args.minutes)
 
-    with ReplayDB(data_dir / "games.db") as db:
-        games, positions = db.count(), db.count_positions()
-    history_file = data_dir / "pipeline_history.jsonl"
-    history = [json.loads(x) for x in history_file.read_text().splitlines()] if history_file.exists() else []
+    games, positions = game_counts(data_dir)
+    history = pipeline_history(data_dir)
     with ModelRegistry(data_dir / "registry.db") as registry:
         models = registry.models()
         best = registry.current_best()

@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.config import ConfigError, load_settings  # noqa: E402
-from app.training.export import ExportError, export_dataset  # noqa: E402
+from app.training.export import ExportError, WindowGrowth, export_dataset  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
             window_games=args.window if args.window is not None else cfg.window_games,
             holdout_fraction=args.holdout_fraction if args.holdout_fraction is not None else cfg.holdout_fraction,
             augment=cfg.augment if args.augment is None else args.augment,
-            game=args.game, overwrite=args.overwrite,
+            game=args.game, overwrite=args.overwrite, value_target_mix=cfg.value_target_mix,
+            window_growth=WindowGrowth.from_config(cfg.window_base_games, cfg.window_alpha, cfg.window_beta),
         )
     except (ExportError, ConfigError) as exc:
         print(f"export failed: {exc}", file=sys.stderr)

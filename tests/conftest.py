@@ -9,6 +9,8 @@ import torch
 
 torch.set_num_threads(1)
 
+pytest_plugins = ["tests.db_backends"]  # db_target: storage tests on SQLite and a real PostgreSQL
+
 REPO = Path(__file__).resolve().parent.parent
 PONS_DIR = REPO.parent / "shared" / "benchmarks" / "connect4"
 

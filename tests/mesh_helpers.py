@@ -49,6 +49,24 @@ async def wait_for(cond: Callable[[], Awaitable[Any]], timeout: float, interval:
     raise AssertionError(f"condition not met within {timeout}s (last value: {last!r})")
 
 
+async def hello(addr: str) -> tuple[str, int]:
+    """(node id, boot) of the node at `addr`, from its public GET /mesh/hello."""
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"http://{addr}/mesh/hello", timeout=aiohttp.ClientTimeout(total=5.0)) as r:
+            data = await r.json()
+            return data["node_id"], data["boot"]
+
+
+async def signed(secret: bytes | str, addr: str, method: str, path: str, body: bytes, sender: str = "tester",
+                 now: float | None = None) -> dict[str, str]:
+    """Headers signing one request from `sender` to whichever node (and boot) answers at `addr`."""
+    from app.coordination.p2p.auth import sign
+
+    receiver, boot = await hello(addr)
+    key = secret.encode() if isinstance(secret, str) else secret
+    return sign(key, method, path, body, sender=sender, receiver=receiver, boot=boot, now=now)
+
+
 def assert_one_leader_per_term(data_dirs: list[Path]) -> dict[int, set[str]]:
     """The invariant: across every node's history, never two leaders in one term; and every
     leader a node observed in a term is that term's leader."""
@@ -154,7 +172,7 @@ class Cluster:
         try:
             async with self.session.get(f"http://{node.addr}/status", timeout=aiohttp.ClientTimeout(total=1.0)) as r:
                 return await r.json() if r.status == 200 else None
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             return None
 
     async def statuses(self, nodes: list[NodeProc] | None = None) -> dict[str, dict]:
@@ -267,7 +285,7 @@ async def _worker_main(addr: str, node_id: str, hold: float) -> int:
     from app.coordination.p2p.client import MeshClient
     from app.coordination.p2p.worker import WorkClient
 
-    client = MeshClient(os.environ["MESH_SECRET"].encode(), timeout=2.0)
+    client = MeshClient(os.environ["MESH_SECRET"].encode(), timeout=2.0, node_id=node_id)
     wc = WorkClient(client, node_id, addrs=lambda: [addr])
     try:
         claim = None

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from app.config.mesh import PROFILES, TimingProfile
 from tests.mesh_helpers import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,15 +25,25 @@ SMALL_CONFIG = {
     "selfplay": {"concurrent_games": 32},
     "train": {"batch_size": 128, "epochs": 2},
     "gauntlet": {"games_vs_baseline": 8, "max_games_vs_best": 16, "net_simulations": 8},
-    "promotion": {"min_score_vs_random": 0.5, "min_score_vs_heuristic": None},
+    # 0.0: these runs test the mesh and the pipeline, not strength, so every generation is
+    # promoted and no rejected one forces another round (test_promotion.py tests the gates)
+    "promotion": {"min_score_vs_random": 0.0, "min_score_vs_heuristic": None},
 }
+
+# Mesh timing for several voters on a machine whose cores are busy with other work: the `fast`
+# profile's 0.8 s lease and 0.5 s requests make three loaded voters flap (every leader change
+# loses the training claims), so tests about the pipeline across a leader change use this.
+BUSY_CPU_TIMING = {**PROFILES["fast"].model_dump(), "heartbeat_interval": 0.3, "suspect_after": 2.0,
+                   "dead_after": 6.0, "election_timeout_min": 2.5, "election_timeout_spread": 1.0,
+                   "leader_lease": 2.0, "request_timeout": 2.0, "bully_patience": 6.0, "claim_ttl": 20.0}
+TimingProfile(**BUSY_CPU_TIMING)  # valid (lease < election timeout, ...) or the import fails here
 
 SMALL_DAEMONS = {
     "restart": {"base_s": 0.5, "cap_s": 5},
     "daemons": {
         "dlq_retry": {},
         "selfplay": {"critical": True, "stop_timeout_s": 15,
-                     "settings": {"batch_games": 32, "simulations": 16, "workers": 1}},
+                     "settings": {"batch_games": 32, "simulations": 16}},
         "export": {"critical": True, "settings": {"min_new_games": 60, "poll_s": 0.5}},
         "train": {"depends_on": ["export"], "critical": True, "stop_timeout_s": 15, "settings": {"poll_s": 0.5}},
         "gauntlet": {"depends_on": ["train"], "critical": True, "settings": {"poll_s": 0.5}},
@@ -77,9 +88,10 @@ def write_node_files(root: Path, node_id: str = "solo", config: dict | None = No
     return NodeFiles(root, root / "config.yaml", root / "daemons.yaml", data_dir, health_port, mesh_port)
 
 
-def start_node(files: NodeFiles, *extra: str) -> subprocess.Popen:
-    """The real orchestrator in its own session, so a test can kill everything it started."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def start_node(files: NodeFiles, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """The real orchestrator in its own session, so a test can kill everything it started;
+    `env` adds variables (a test fault point, a secret) to this process's environment."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     log = open(files.root / "node.log", "ab")
     return subprocess.Popen(
         [sys.executable, "-m", "app.p2p_orchestrator", "--config", str(files.config),
@@ -99,11 +111,20 @@ def wait_until(predicate, timeout: float, interval: float = 0.2, what: str = "co
 
 
 def group_alive(pgid: int) -> bool:
+    """A live (not zombie) process is left in the group: killpg(0) also counts zombies, which
+    stay until whoever inherited them reaps them (not always promptly in a container)."""
     try:
         os.killpg(pgid, 0)
-        return True
     except ProcessLookupError:
         return False
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
 
 
 def kill_group(proc: subprocess.Popen) -> None:

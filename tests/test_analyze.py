@@ -59,12 +59,15 @@ class Engine:
 
 def check_answer(answer: dict, moves: str) -> None:
     state = GAME.parse(moves)
-    assert set(answer) == {"moves", "policy", "value", "best_move"}
+    # The stable keys stay; the network's own view comes beside them.
+    assert set(answer) == {"moves", "policy", "value", "best_move", "net_policy", "net_value", "net_best_move"}
     assert answer["moves"] == moves
-    assert len(answer["policy"]) == 7 and abs(sum(answer["policy"]) - 1.0) < 1e-4
-    assert all(p == 0 for p, legal in zip(answer["policy"], state.legal_mask()) if not legal)
-    assert state.legal_mask()[answer["best_move"]]
-    assert -1.0 <= answer["value"] <= 1.0
+    for policy, best, value in (("policy", "best_move", "value"), ("net_policy", "net_best_move", "net_value")):
+        assert len(answer[policy]) == 7 and abs(sum(answer[policy]) - 1.0) < 1e-4
+        assert all(p == 0 for p, legal in zip(answer[policy], state.legal_mask()) if not legal)
+        assert state.legal_mask()[answer[best]]
+        assert -1.0 <= answer[value] <= 1.0
+    assert answer["net_best_move"] == max(range(7), key=lambda a: answer["net_policy"][a])
 
 
 @pytest.mark.timeout(60)
@@ -111,6 +114,30 @@ def test_sims_zero_is_the_raw_network(model_path: Path) -> None:
         assert engine.close() == 0
     finally:
         engine.kill()
+    assert (first["net_policy"], first["net_value"], first["net_best_move"]) == (
+        first["policy"], first["value"], first["best_move"])
+
+
+@pytest.mark.timeout(60)
+def test_search_answer_shows_the_raw_network_beside_it(model_path: Path) -> None:
+    from app.ai.evaluators import NetworkEvaluator
+    from app.ai.model import load_model
+
+    engine = Engine("--model", str(model_path), "--sims", "64")
+    try:
+        answer = engine.ask("2433354242571")  # column 6 wins at once: the search finds it
+        assert engine.close() == 0
+    finally:
+        engine.kill()
+    check_answer(answer, "2433354242571")
+    assert answer["best_move"] == 5 and answer["value"] == 1.0
+    # the network's own policy and value for the position, whatever the search made of it
+    net, _ = load_model(model_path)
+    priors, values = NetworkEvaluator(net).evaluate([GAME.parse("2433354242571")])
+    assert answer["net_policy"] == pytest.approx(priors[0].tolist(), abs=1e-5)
+    assert answer["net_value"] == pytest.approx(float(values[0]), abs=1e-5)
+    assert answer["net_best_move"] == int(priors[0].argmax())
+    assert answer["policy"] != answer["net_policy"]
 
 
 def test_a_missing_model_is_a_clear_error(tmp_path: Path) -> None:

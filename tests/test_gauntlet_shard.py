@@ -73,7 +73,7 @@ def test_a_copy_that_does_not_belong_is_refused() -> None:
     assert "uid" in shard_refusal(shard("s1", [game("s9#0", 0)]), "cand", "a" * 64, "random", 2)
     stranger = ShardResult("s1", "a" * 64, "random", 0, 0, 1, (ShardGame("s1#0", "x", "random", 1, "44"),))
     assert "vs" in shard_refusal(stranger, "cand", "a" * 64, "random", 2)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="winner 2 is not 0, 1 or null"):
         ShardGame.from_json({"uid": "u", "p0": "a", "p1": "b", "w": 2, "m": ""})
 
 

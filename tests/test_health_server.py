@@ -55,27 +55,43 @@ async def test_readyz_follows_the_manager_from_starting_to_ready_to_draining(nod
 async def test_metrics_are_prometheus_text_with_the_pipeline_series(node):
     manager, server, http = node
     m = manager.metrics
+    status, _, body = await get(http, f"{server.url}/metrics")
+    before = body.decode()
+    # No fake zero: a gauge with no value yet is absent; a counter's 0 is real.
+    assert "mesh_training_loss{" not in before and "mesh_model_generation{" not in before
+    assert 'mesh_selfplay_games_total{node="local"} 0.0' in before.splitlines()
     m.games_total.inc(3)
+    m.positions_total.inc(126)
     m.positions_per_second.set(1234.5)
     m.training_loss.set(0.75)
     m.elo.labels(generation="2").set(1510)
     m.generation.set(2)
     m.promotions_total.inc()
+    m.watch_daemons(manager.daemon_states)
+    m.watch_mesh(lambda: {"term": 4, "is_leader": 1, "voters_alive": 3, "quorum_size": 2})
     await manager.router.publish(EventType.LEADER_ELECTED, {"term": 1, "leader_id": "a"})
     status, ctype, body = await get(http, f"{server.url}/metrics")
     text = body.decode()
     assert status == 200 and ctype.startswith("text/plain")
     for line in [
-        "games_total 3.0",
-        "positions_per_second 1234.5",
-        "training_loss 0.75",
-        'elo{generation="2"} 1510.0',
-        "generation 2.0",
-        "promotions_total 1.0",
-        'events_published_total{type="leader_elected"} 1.0',
+        'mesh_selfplay_games_total{node="local"} 3.0',
+        'mesh_selfplay_positions_total{node="local"} 126.0',
+        'mesh_selfplay_positions_per_second{node="local"} 1234.5',
+        'mesh_training_loss{node="local"} 0.75',
+        'mesh_model_elo{generation="2",node="local"} 1510.0',
+        'mesh_model_generation{node="local"} 2.0',
+        'mesh_promotions_total{node="local"} 1.0',
+        'mesh_events_published_total{node="local",type="leader_elected"} 1.0',
+        'mesh_daemon_state{critical="true",daemon="worker",node="local",state="pending"} 1.0',
+        'mesh_term{node="local"} 4.0',
+        'mesh_voters_alive{node="local"} 3.0',
     ]:
         assert line in text.splitlines(), line
-    assert "# TYPE daemon_restarts_total counter" in text
+    assert "# TYPE mesh_daemon_restarts_total counter" in text
+    names = {ln.split("{")[0].split(" ")[0] for ln in text.splitlines() if ln and not ln.startswith("#")}
+    assert all(n.startswith("mesh_") for n in names), names
+    # every series says which node it is from
+    assert all('node="local"' in ln for ln in text.splitlines() if ln and not ln.startswith("#"))
 
 
 async def test_daemons_endpoint_lists_each_daemon_state(node):
@@ -92,7 +108,41 @@ async def test_daemons_endpoint_lists_each_daemon_state(node):
 
 
 def test_each_metrics_object_has_its_own_registry():
-    a, b = Metrics(), Metrics()
+    a, b = Metrics(node="a"), Metrics(node="b")
     a.games_total.inc()
-    assert b.registry.get_sample_value("games_total") == 0.0
-    assert a.registry.get_sample_value("games_total") == 1.0
+    assert b.value("mesh_selfplay_games_total") == 0.0
+    assert a.value("mesh_selfplay_games_total") == 1.0
+
+
+async def test_dashboard_page_and_data_without_and_with_a_cluster_source():
+    router = EventRouter()
+    registry = build_registry({"daemons": {"worker": {"critical": True}}}, {"worker": (worker, {})})
+    manager = DaemonManager(registry.select("all"), router=router, settings=Settings())
+    calls = []
+
+    def source():
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("gossip not ready")
+        return {"nodes": [{"node_id": "a", "role": "leader"}], "generations": []}
+
+    bare = HealthServer(manager, router.metrics, port=0)
+    with_source = HealthServer(manager, router.metrics, port=0, dashboard=source)
+    await bare.start()
+    await with_source.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            status, ctype, page = await get(http, f"{bare.url}/")
+            assert status == 200 and ctype.startswith("text/html") and b"dashboard.json" in page
+            assert b"http://" not in page and b"https://" not in page  # nothing fetched from the network
+            async with http.get(f"{bare.url}/dashboard.json") as resp:
+                data = await resp.json()
+            assert data["node"] == "local" and data["daemons"][0]["name"] == "worker" and "nodes" not in data
+            async with http.get(f"{with_source.url}/dashboard.json") as resp:
+                assert (await resp.json())["nodes"][0]["role"] == "leader"
+            async with http.get(f"{with_source.url}/dashboard.json") as resp:
+                data = await resp.json()
+            assert resp.status == 200 and "gossip not ready" in data["error"] and data["daemons"]
+    finally:
+        await bare.stop()
+        await with_source.stop()

@@ -10,8 +10,21 @@ import aiohttp
 import pytest
 
 from app.config.base import ConfigError
-from app.coordination.p2p.auth import NONCE_HEADER, SIG_HEADER, TS_HEADER, AuthError, NonceCache, Verifier, load_secret, sign
+from app.coordination.p2p.auth import (
+    BOOT_HEADER,
+    FROM_HEADER,
+    NONCE_HEADER,
+    SIG_HEADER,
+    TO_HEADER,
+    TS_HEADER,
+    AuthError,
+    NonceCache,
+    Verifier,
+    load_secret,
+    sign,
+)
 from app.coordination.p2p.node import MeshNode
+from tests.mesh_helpers import signed
 
 pytestmark = pytest.mark.timeout(60)
 SECRET = b"api-test-secret"
@@ -38,7 +51,7 @@ GOSSIP = json.dumps({"sender": "x", "states": [], "view": {}}).encode()
 
 
 async def test_signed_request_accepted_and_operator_endpoints_public(node: MeshNode) -> None:
-    status, data = await post(node.addr, "/gossip", GOSSIP, sign(SECRET, "POST", "/gossip", GOSSIP))
+    status, data = await post(node.addr, "/gossip", GOSSIP, await signed(SECRET, node.addr, "POST", "/gossip", GOSSIP, sender="x"))
     assert status == 200 and data["sender"] == "solo"
     async with aiohttp.ClientSession() as s:
         async with s.get(f"http://{node.addr}/status") as r:
@@ -54,16 +67,16 @@ async def test_signed_request_accepted_and_operator_endpoints_public(node: MeshN
 
 async def test_unsigned_tampered_stale_replayed_are_401(node: MeshNode) -> None:
     assert (await post(node.addr, "/gossip", GOSSIP, {}))[0] == 401
-    headers = sign(SECRET, "POST", "/gossip", GOSSIP)
+    headers = await signed(SECRET, node.addr, "POST", "/gossip", GOSSIP, sender="x")
     tampered = GOSSIP.replace(b'"x"', b'"y"')
     status, data = await post(node.addr, "/gossip", tampered, headers)
     assert status == 401 and "signature" in data["error"]
     assert (await post(node.addr, "/vote", GOSSIP, headers))[0] == 401  # signed for another path
-    assert (await post(node.addr, "/gossip", GOSSIP, sign(b"wrong", "POST", "/gossip", GOSSIP)))[0] == 401
-    stale = sign(SECRET, "POST", "/gossip", GOSSIP, now=time.time() - 301)
+    assert (await post(node.addr, "/gossip", GOSSIP, await signed(b"wrong", node.addr, "POST", "/gossip", GOSSIP, sender="x")))[0] == 401
+    stale = await signed(SECRET, node.addr, "POST", "/gossip", GOSSIP, sender="x", now=time.time() - 301)
     status, data = await post(node.addr, "/gossip", GOSSIP, stale)
     assert status == 401 and "window" in data["error"]
-    fresh = sign(SECRET, "POST", "/gossip", GOSSIP)
+    fresh = await signed(SECRET, node.addr, "POST", "/gossip", GOSSIP, sender="x")
     assert (await post(node.addr, "/gossip", GOSSIP, fresh))[0] == 200
     status, data = await post(node.addr, "/gossip", GOSSIP, fresh)
     assert status == 401 and "replayed" in data["error"]
@@ -77,10 +90,10 @@ async def test_bad_bodies_are_400_or_413_with_a_message(node: MeshNode) -> None:
         (json.dumps({"term": 1, "candidate_id": "a", "surprise": 1}).encode(), "surprise"),
         (json.dumps({"term": 1, "candidate_id": "bad id!"}).encode(), "candidate_id"),
     ]:
-        status, data = await post(node.addr, "/vote", body, sign(SECRET, "POST", "/vote", body))
+        status, data = await post(node.addr, "/vote", body, await signed(SECRET, node.addr, "POST", "/vote", body))
         assert status == 400 and expect in data["error"], (body, data)
     big = b"{" + b" " * 5000 + b"}"
-    status, data = await post(node.addr, "/gossip", big, sign(SECRET, "POST", "/gossip", big))
+    status, data = await post(node.addr, "/gossip", big, await signed(SECRET, node.addr, "POST", "/gossip", big))
     assert status == 413 and "larger" in data["error"]
 
 
@@ -93,7 +106,7 @@ async def test_a_large_signed_body_arrives_whole_and_a_streamed_oversized_one_is
     try:
         pad = "x" * 600_000
         big = json.dumps({"sender": "x", "states": [], "view": {}, "pad": pad}).encode()
-        status, data = await post(n.addr, "/gossip", big, sign(SECRET, "POST", "/gossip", big))
+        status, data = await post(n.addr, "/gossip", big, await signed(SECRET, n.addr, "POST", "/gossip", big, sender="x"))
         assert status == 200 or (status == 400 and "pad" in data["error"]), data  # never a bad signature
         huge = b"{" + b" " * (1 << 20) + b"}"
 
@@ -103,7 +116,7 @@ async def test_a_large_signed_body_arrives_whole_and_a_streamed_oversized_one_is
 
         async with aiohttp.ClientSession() as s:
             async with s.post(f"http://{n.addr}/gossip", data=chunks(),
-                              headers=sign(SECRET, "POST", "/gossip", huge)) as r:
+                              headers=await signed(SECRET, n.addr, "POST", "/gossip", huge)) as r:
                 assert r.status == 413 and "larger" in (await r.json())["error"]
     finally:
         await n.stop()
@@ -120,23 +133,34 @@ async def test_work_endpoints_validate_and_fence(node: MeshNode) -> None:
 
     await until_leader()
     body = json.dumps({"node_id": "w", "item_id": "demo:1", "token": {"term": 0, "seq": 1}}).encode()
-    status, data = await post(node.addr, "/work/complete", body, sign(SECRET, "POST", "/work/complete", body))
+    status, data = await post(node.addr, "/work/complete", body, await signed(SECRET, node.addr, "POST", "/work/complete", body, sender="w"))
     assert status == 409 and "stale term" in data["reason"]
     body = json.dumps({"node_id": "w"}).encode()
-    status, data = await post(node.addr, "/work/claim", body, sign(SECRET, "POST", "/work/claim", body))
+    status, data = await post(node.addr, "/work/claim", body, await signed(SECRET, node.addr, "POST", "/work/claim", body, sender="w"))
     assert status == 200 and data["status"] == "no_work"
 
 
 def test_verifier_and_nonce_cache_units() -> None:
-    v = Verifier(SECRET)
-    h = sign(SECRET, "POST", "/a?x=1", b"body", now=1000.0)
-    v.verify("POST", "/a?x=1", h, b"body", now=1000.0)
+    v = Verifier(SECRET, "me", 3)
+    h = sign(SECRET, "POST", "/a?x=1", b"body", sender="a", receiver="me", boot=3, now=1000.0)
+    assert v.verify("POST", "/a?x=1", h, b"body", now=1000.0) == "a"
     with pytest.raises(AuthError, match="replayed"):
         v.verify("POST", "/a?x=1", h, b"body", now=1001.0)
     with pytest.raises(AuthError, match="unsigned"):
         v.verify("POST", "/a", {TS_HEADER: "1"}, b"", now=1.0)
     with pytest.raises(AuthError, match="malformed"):
-        v.verify("POST", "/a", {TS_HEADER: "x", NONCE_HEADER: "n", SIG_HEADER: "s"}, b"", now=1.0)
+        v.verify("POST", "/a", {TS_HEADER: "x", NONCE_HEADER: "n", SIG_HEADER: "s", FROM_HEADER: "a",
+                                TO_HEADER: "me", BOOT_HEADER: "3"}, b"", now=1.0)
+    with pytest.raises(AuthError, match="receiver|addressed to other"):
+        v.verify("POST", "/a", sign(SECRET, "POST", "/a", b"", sender="a", receiver="other", boot=3, now=5.0), b"", now=5.0)
+    with pytest.raises(AuthError, match="boot 2"):
+        v.verify("POST", "/a", sign(SECRET, "POST", "/a", b"", sender="a", receiver="me", boot=2, now=5.0), b"", now=5.0)
+    with pytest.raises(AuthError, match="not a finite number"):
+        v.verify("POST", "/a", {**sign(SECRET, "POST", "/a", b"", sender="a", receiver="me", boot=3), TS_HEADER: "nan"},
+                 b"", now=5.0)
+    with pytest.raises(AuthError, match="clock 400 s ahead of ours"):
+        v.verify("POST", "/a", sign(SECRET, "POST", "/a", b"", sender="a", receiver="me", boot=3, now=1405.0), b"",
+                 now=1005.0)
     cache = NonceCache(window=300, capacity=2)
     cache.check_and_add("a", 10.0, 10.0)
     cache.check_and_add("b", 11.0, 11.0)

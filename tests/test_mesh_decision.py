@@ -92,4 +92,4 @@ async def test_a_half_stored_value_is_finished_by_the_leader_and_never_replaced(
     assert first in ("tentative", "proposed")
     assert all([await leader.decide("generation/8", x) == first for x in ("x", "y")])
     assert await leader.decide("generation/9", None) is None  # nothing proposed, nothing decided
-    assert not any(n.committed("generation/9") for n in trio)
+    assert not any(n.stored_value("generation/9") for n in trio)

@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from app.coordination.p2p.discovery import PeerAddr, TailscaleSource, parse_peer, parse_peer_list, parse_tailscale_status
+from app.coordination.p2p.discovery import (
+    PeerAddr,
+    TailscaleSource,
+    parse_peer,
+    parse_peer_list,
+    parse_tailscale_status,
+)
 
 pytestmark = pytest.mark.timeout(30)
 

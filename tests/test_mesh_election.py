@@ -248,8 +248,12 @@ def test_term_relation() -> None:
 
 
 def test_profiles_keep_lease_shorter_than_election_timeout() -> None:
+    # The validator is what keeps every profile safe (a profile cannot even be built otherwise):
+    # prove it at each named profile's boundary, where a lease equal to the timeout is refused.
     for name, p in PROFILES.items():
-        assert p.leader_lease < p.election_timeout_min, name
+        with pytest.raises(ValueError, match="leader_lease"):
+            TimingProfile(**{**p.model_dump(), "leader_lease": p.election_timeout_min})
+        assert TimingProfile(**p.model_dump()) == p, name
     assert PROFILES["lan"].suspect_after <= 3.0 and PROFILES["wan"].suspect_after <= 10.0
     with pytest.raises(ValueError, match="leader_lease"):
         TimingProfile(**{**PROFILES["fast"].model_dump(), "leader_lease": 5.0})

@@ -21,7 +21,7 @@ from app.coordination.p2p.auth import sign
 from app.coordination.p2p.client import MeshClient
 from app.coordination.p2p.persist import TermStore
 from app.coordination.p2p.worker import WorkClient
-from tests.mesh_helpers import ROOT, SECRET, Cluster, wait_for
+from tests.mesh_helpers import ROOT, SECRET, Cluster, hello, wait_for
 
 FAST = PROFILES["fast"]
 
@@ -116,6 +116,7 @@ async def test_stale_claims_after_sigstop_and_claim_ttl_reassignment(tmp_path: P
         # -- SIGSTOP the leader past its lease: others elect; on SIGCONT it steps down and
         #    refuses the stale completion it receives first; the new leader refuses it too
         old = cluster.by_id(leader_id)
+        old_id, old_boot = await hello(old.addr)
         old.signal(signal.SIGSTOP)
         rest = [n for n in cluster.nodes if n is not old]
         new_id, new_term = await cluster.wait_single_leader(FAST.failover_aim * 2, rest)
@@ -125,7 +126,7 @@ async def test_stale_claims_after_sigstop_and_claim_ttl_reassignment(tmp_path: P
         async with aiohttp.ClientSession() as s:
             pending_call = asyncio.ensure_future(s.post(
                 f"http://{old.addr}/work/complete", data=body,
-                headers=sign(SECRET.encode(), "POST", "/work/complete", body),
+                headers=sign(SECRET.encode(), "POST", "/work/complete", body, sender="w2", receiver=old_id, boot=old_boot),
                 timeout=aiohttp.ClientTimeout(total=10)))
             await asyncio.sleep(0.3)  # the request waits in the stopped process's socket
             old.signal(signal.SIGCONT)

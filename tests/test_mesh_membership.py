@@ -79,7 +79,7 @@ def test_merge_is_order_independent(updates: list, rnd: random.Random) -> None:
         a.merge_state(s, 0.0)
     for s in shuffled:
         b.merge_state(s, 0.0)
-    key = lambda m: {n: r.state.stamp() for n, r in m.peers.items()}  # noqa: E731
+    key = lambda m: {n: r.state.stamp() for n, r in m.peers.items()}
     assert key(a) == key(b)
     for n, rec in a.peers.items():
         assert rec.state.stamp() == max(s.stamp() for s in states if s.node_id == n)

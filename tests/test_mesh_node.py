@@ -11,7 +11,7 @@ from aiohttp import web
 
 from app.coordination.p2p.node import ClusterView, MeshNode
 from app.coordination.p2p.work_rules import TRAINING_KIND, WorkSpec
-from tests.mesh_helpers import assert_one_leader_per_term, free_ports, wait_for
+from tests.mesh_helpers import assert_one_leader_per_term, free_ports, signed, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 SECRET = b"node-test-secret"
@@ -100,10 +100,9 @@ async def test_work_claims_through_any_node(trio: list[MeshNode]) -> None:
     assert failed.ok and leader.queue.item(demo.item.item_id)["state"] == "pending"
     # a claim sent to a follower is refused with a hint where the leader is
     async with aiohttp.ClientSession() as s:
-        from app.coordination.p2p.auth import sign
         body = b'{"node_id": "w"}'
         async with s.post(f"http://{follower.addr}/work/claim", data=body,
-                          headers=sign(SECRET, "POST", "/work/claim", body)) as r:
+                          headers=await signed(SECRET, follower.addr, "POST", "/work/claim", body, sender="w")) as r:
             data = await r.json()
             assert r.status == 503 and data["leader"] == leader.node_id and data["leader_addr"] == leader.addr
 
@@ -115,7 +114,7 @@ async def test_commit_through_quorum_and_conflicts(trio: list[MeshNode]) -> None
     assert await leader.commit("gen:1", "aaa") is True
     assert await leader.commit("gen:1", "aaa") is True  # idempotent
     assert await leader.commit("gen:1", "bbb") is False  # never two models for one generation
-    assert sum(n.committed("gen:1") == "aaa" for n in trio) >= 2
+    assert sum(n.stored_value("gen:1") == "aaa" for n in trio) >= 2
 
 
 async def test_failover_when_leader_stops_and_quorum_levels(trio: list[MeshNode]) -> None:
@@ -147,7 +146,6 @@ async def test_leadership_moves_by_explicit_transfer_and_stays(trio: list[MeshNo
     import os
     import sys
 
-    from app.coordination.p2p.auth import sign
     leader = await leader_of(trio)
     assert leader.node_id == "n2"
     old_term = leader.term
@@ -156,7 +154,7 @@ async def test_leadership_moves_by_explicit_transfer_and_stays(trio: list[MeshNo
         body = f'{{"target": "{target}"}}'.encode()
         async with aiohttp.ClientSession() as s:
             async with s.post(f"http://{node.addr}/admin/transfer", data=body,
-                              headers=sign(SECRET, "POST", "/admin/transfer", body)) as r:
+                              headers=await signed(SECRET, node.addr, "POST", "/admin/transfer", body)) as r:
                 return r.status, await r.json()
 
     follower = next(n for n in trio if n is not leader)

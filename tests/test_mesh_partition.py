@@ -15,8 +15,7 @@ import aiohttp
 import pytest
 
 from app.config.mesh import PROFILES
-from app.coordination.p2p.auth import sign
-from tests.mesh_helpers import SECRET, Cluster, PartitionProxy, wait_for
+from tests.mesh_helpers import SECRET, Cluster, PartitionProxy, signed, wait_for
 
 FAST = PROFILES["fast"]
 
@@ -24,12 +23,13 @@ FAST = PROFILES["fast"]
 async def claim_status(session: aiohttp.ClientSession, addr: str) -> int:
     body = json.dumps({"node_id": "probe"}).encode()
     try:
+        headers = await signed(SECRET, addr, "POST", "/work/claim", body, sender="probe")
         async with session.post(
-            f"http://{addr}/work/claim", data=body, headers=sign(SECRET.encode(), "POST", "/work/claim", body),
+            f"http://{addr}/work/claim", data=body, headers=headers,
             timeout=aiohttp.ClientTimeout(total=2.0),
         ) as r:
             return r.status
-    except (aiohttp.ClientError, asyncio.TimeoutError):
+    except (TimeoutError, aiohttp.ClientError):
         return 0
 
 

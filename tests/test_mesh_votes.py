@@ -11,10 +11,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from app.coordination.p2p.auth import sign
 from app.coordination.p2p.node import MeshNode
 from app.coordination.p2p.persist import TermStore
-from tests.mesh_helpers import free_ports
+from tests.mesh_helpers import free_ports, signed
 
 pytestmark = pytest.mark.timeout(60)
 SECRET = b"vote-test-secret"
@@ -31,7 +30,8 @@ def voter(data_dir: Path, port: int, peer_ports: list[int]) -> MeshNode:
 async def ask_vote(node: MeshNode, candidate: str, term: int) -> dict:
     body = json.dumps({"term": term, "candidate_id": candidate, "priority": 10, "pre_vote": False}).encode()
     async with aiohttp.ClientSession() as s:
-        async with s.post(f"http://{node.addr}/vote", data=body, headers=sign(SECRET, "POST", "/vote", body)) as r:
+        headers = await signed(SECRET, node.addr, "POST", "/vote", body, sender=candidate)
+        async with s.post(f"http://{node.addr}/vote", data=body, headers=headers) as r:
             assert r.status == 200, await r.text()
             return await r.json()
 

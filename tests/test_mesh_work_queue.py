@@ -10,7 +10,13 @@ from hypothesis import strategies as st
 
 from app.coordination.p2p.schemas import ClaimInfo, Token
 from app.coordination.p2p.work_queue import WorkQueue
-from app.coordination.p2p.work_rules import TRAINING_KIND, WorkSpec, fits, state_after_lapse, token_refusal
+from app.coordination.p2p.work_rules import (
+    TRAINING_KIND,
+    WorkSpec,
+    fits,
+    state_after_lapse,
+    token_refusal,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -18,8 +24,8 @@ SPECS = [WorkSpec("demo", "a"), WorkSpec("demo", "b"), WorkSpec(TRAINING_KIND, "
 
 
 @pytest.fixture
-def queue(tmp_path: Path):  # type: ignore[no-untyped-def]
-    q = WorkQueue(tmp_path / "q.db", max_attempts=2, default_ttl=10.0)
+def queue(db_target):  # type: ignore[no-untyped-def]  # SQLite, then PostgreSQL (tests/db_backends.py)
+    q = WorkQueue(db_target, max_attempts=2, default_ttl=10.0)
     q.rebuild(1, SPECS, [], [], now=0.0)
     yield q
     q.close()

@@ -44,7 +44,7 @@ def test_restart_mid_training_resumes_the_same_generation() -> None:
 def test_wrong_stage_is_refused() -> None:
     with pytest.raises(PipelineStateError, match="generation 1 is collecting, not training"):
         ps.trained(PipelineState(), "c", SHA)
-    with pytest.raises(PipelineStateError):
+    with pytest.raises(PipelineStateError, match="generation 1 is collecting, not evaluated"):
         ps.decided(PipelineState(), True)
 
 

@@ -97,7 +97,7 @@ def test_playout_values_shape_and_range() -> None:
     values = playout_values(states, 8, np.random.default_rng(0))
     assert values.shape == (len(states),)
     assert np.all(np.abs(values) <= 1.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="rollouts must be >= 1, got 0"):
         playout_values(states, 0, np.random.default_rng(0))
 
 

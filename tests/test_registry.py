@@ -15,8 +15,8 @@ def sha(n: int) -> str:
 
 
 @pytest.fixture
-def registry(tmp_path: Path):
-    reg = ModelRegistry(tmp_path / "registry.sqlite")
+def registry(db_target):  # an SQLite file, then a PostgreSQL database (tests/db_backends.py)
+    reg = ModelRegistry(db_target)
     yield reg
     reg.close()
 
@@ -30,7 +30,7 @@ def test_register_is_idempotent_and_starts_as_candidate(registry: ModelRegistry)
     assert [m.sha256 for m in registry.models()] == [sha(1)]
 
 
-def test_states_and_rollback_round_trip(tmp_path: Path, registry: ModelRegistry) -> None:
+def test_states_and_rollback_round_trip(db_target, registry: ModelRegistry) -> None:
     for g in range(4):
         registry.register(sha(g), f"/m/{g}.safetensors", g, sha(g - 1) if g else None)
     registry.promote(sha(0), "gen 0 gate passed")
@@ -57,7 +57,7 @@ def test_states_and_rollback_round_trip(tmp_path: Path, registry: ModelRegistry)
 
     # Everything survives a reopen, history included.
     registry.close()
-    reopened = ModelRegistry(tmp_path / "registry.sqlite")
+    reopened = ModelRegistry(db_target)
     try:
         assert reopened.current_best().sha256 == sha(0)
         statuses = [(c.old_status, c.new_status) for c in reopened.history(sha(3))]

@@ -20,8 +20,8 @@ def _game(uid: str, n_moves: int = 5) -> GameRecord:
     return GameRecord(uid=uid, game="connect4", moves=moves, winner=None, node_id="n1", search={"sims": 8})
 
 
-def test_insert_is_idempotent_by_uid(tmp_path) -> None:
-    with ReplayDB(tmp_path / "g.db") as db:
+def test_insert_is_idempotent_by_uid(db_target) -> None:
+    with ReplayDB(db_target) as db:
         assert db.add_game(_game("a")) is True
         assert db.add_game(_game("a")) is False
         assert db.add_games([_game("a"), _game("b", 3), _game("c", 0)]) == 2
@@ -31,8 +31,12 @@ def test_insert_is_idempotent_by_uid(tmp_path) -> None:
         assert back.moves[2].action == 2 and back.winner is None and back.search == {"sims": 8}
         assert [g.uid for g in db.games(newest=2)] == ["b", "c"]
         assert db.integrity_problems() == []
-    with sqlite3.connect(tmp_path / "g.db") as con:  # WAL is a property of the file: readers never block the writer
-        assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert db.count_by_node("n1") == 3 and db.max_id() >= 3
+    with ReplayDB(db_target) as again:  # reopened: the schema row is found, not re-created
+        assert again.uids() == ["a", "b", "c"]
+    if not isinstance(db_target, str):
+        with sqlite3.connect(db_target) as con:  # WAL is a property of the file: readers never block the writer
+            assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
 def test_record_json_round_trip() -> None:

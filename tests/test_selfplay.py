@@ -11,7 +11,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from app.ai.model import Architecture, ModelFormatError, ModelMeta, new_model, save_model
@@ -57,7 +56,7 @@ def assert_complete_games(db_path: Path, expected: int | None = None) -> list:
     return records
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)  # generous: worker processes on two busy cores
 def test_in_process_selfplay_with_a_network(tmp_path: Path, tiny_model) -> None:
     model_path, sha = tiny_model
     seen: list[int] = []
@@ -74,7 +73,7 @@ def test_in_process_selfplay_with_a_network(tmp_path: Path, tiny_model) -> None:
     assert len({r.uid for r in records}) == 6
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)  # generous: worker processes on two busy cores
 def test_worker_processes_play_uniform_games(tmp_path: Path) -> None:
     summary = run_selfplay(games=10, simulations=16, db_path=tmp_path / "g.db", workers=2, seed=1,
                            settings=small_settings(4))
@@ -86,7 +85,7 @@ def test_worker_processes_play_uniform_games(tmp_path: Path) -> None:
     assert len({tuple(m.action for m in r.moves) for r in records}) > 5
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)  # generous: worker processes on two busy cores
 def test_should_stop_from_another_thread_ends_early(tmp_path: Path) -> None:
     stop = threading.Event()
     out: dict = {}
@@ -102,7 +101,7 @@ def test_should_stop_from_another_thread_ends_early(tmp_path: Path) -> None:
 
     thread = threading.Thread(target=run)
     thread.start()
-    thread.join(45)
+    thread.join(150)  # a deadline for a stop that never comes, not a timing aim
     assert not thread.is_alive()
     summary = out["summary"]
     assert summary.stopped and 3 <= summary.games < 10_000
@@ -114,7 +113,7 @@ def test_bad_model_fails_before_any_process_starts(tmp_path: Path) -> None:
         run_selfplay(games=2, simulations=4, db_path=tmp_path / "g.db", model_path=tmp_path / "nope.safetensors")
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)  # generous: worker processes on two busy cores
 def test_a_failing_worker_is_reported(tmp_path: Path, tiny_model) -> None:
     model_path, _ = tiny_model
     with open(model_path, "r+b") as fh:  # corrupt the weights after the sidecar was written
@@ -124,7 +123,7 @@ def test_a_failing_worker_is_reported(tmp_path: Path, tiny_model) -> None:
         run_selfplay(games=2, simulations=4, db_path=tmp_path / "g.db", model_path=model_path, workers=1)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_cli_acceptance_command_stores_200_complete_games(tmp_path: Path) -> None:
     """The issue's acceptance command as written (15-20 s here), then the DB checked game by game."""
@@ -141,7 +140,7 @@ def test_cli_json_summary(tmp_path: Path) -> None:
     proc = subprocess.run(
         [PY, str(REPO / "scripts" / "selfplay.py"), "--games", "4", "--sims", "8", "--uniform",
          "--db", str(db), "--workers", "1", "--seed", "5", "--json"],
-        capture_output=True, text=True, timeout=50, cwd=tmp_path,
+        capture_output=True, text=True, timeout=170, cwd=tmp_path,  # generous: two busy cores
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1])["games"] == 4
@@ -152,7 +151,7 @@ def test_cli_rejects_bad_arguments(tmp_path: Path) -> None:
     proc = subprocess.run(
         [PY, str(REPO / "scripts" / "selfplay.py"), "--games", "2", "--uniform", "--db", str(tmp_path / "x.db"),
          "--model", "m.safetensors"],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True, text=True, timeout=170,
     )
     assert proc.returncode == 2 and "not allowed with" in proc.stderr
 
@@ -173,7 +172,7 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(300)
 def test_kill_9_of_the_writer_leaves_only_complete_games(tmp_path: Path) -> None:
     db = tmp_path / "games.db"
     proc = subprocess.Popen(
@@ -182,7 +181,7 @@ def test_kill_9_of_the_writer_leaves_only_complete_games(tmp_path: Path) -> None
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 45
+        deadline = time.monotonic() + 200  # deadlines for state, generous for two busy cores
         stored = 0
         while time.monotonic() < deadline and stored < 40:
             time.sleep(0.3)
@@ -197,7 +196,7 @@ def test_kill_9_of_the_writer_leaves_only_complete_games(tmp_path: Path) -> None
         os.kill(proc.pid, signal.SIGKILL)  # the writer, mid-run
         proc.wait(10)
         # The orphaned worker notices its parent is gone and exits by itself.
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while _group_alive(proc.pid) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not _group_alive(proc.pid), "a self-play worker outlived its writer"
@@ -207,6 +206,7 @@ def test_kill_9_of_the_writer_leaves_only_complete_games(tmp_path: Path) -> None
         except ProcessLookupError:
             pass
         proc.wait(10)
-    records = assert_complete_games(db)
+    records = assert_complete_games(db)  # each replays legally to its end with its recorded winner
     assert len(records) >= 40
-    assert np.all([len(r.moves) >= 7 for r in records])
+    # a draw only on a full board: no game was cut short and stored as a draw
+    assert all(r.winner is not None or len(r.moves) == 42 for r in records)

@@ -33,7 +33,7 @@ def test_bounds_are_walds() -> None:
     lower, upper = sprt_bounds(0.05, 0.05)
     assert lower == pytest.approx(math.log(0.05 / 0.95))
     assert upper == pytest.approx(math.log(0.95 / 0.05))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"alpha and beta must lie in \(0, 0.5\), got alpha=0.0"):
         sprt_bounds(0.0, 0.05)
 
 

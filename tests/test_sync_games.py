@@ -251,7 +251,7 @@ async def test_sync_from_peers_pulls_every_alive_peer_and_survives_a_failing_one
         assert by_addr[nodes[2].addr].error is not None and "404" in by_addr[nodes[2].addr].error
         assert len(local_uids(tmp_path / "n0.db")) == 7
         assert PeerCursor.for_peer(tmp_path / "sync", "n1").load() == (7, "n1-0")
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="peer id '..' cannot name a cursor file"):
             PeerCursor.for_peer(tmp_path / "sync", "..")
     finally:
         for node in nodes:

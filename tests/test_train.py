@@ -186,14 +186,18 @@ def test_rank_slices_partition_the_micro_batches(world_and_micro):
 @given(st.integers(1, 8), st.integers(1, 8))
 def test_rank_slices_refuse_uneven_splits(world, micro):
     if micro % world:
-        with pytest.raises(ScheduleError):
+        with pytest.raises(ScheduleError, match=f"cannot split {micro} micro-batches"):
             rank_slices(micro, world, 0)
+    else:  # an even split is accepted: every rank gets the same share
+        assert [len(rank_slices(micro, world, r)) for r in range(world)] == [micro // world] * world
+    with pytest.raises(ScheduleError, match=f"rank {world} of {world}"):
+        rank_slices(micro, world, world)  # a rank outside the world, whatever the split
 
 
 @given(st.integers(0, 16), st.integers(1, 8), st.one_of(st.none(), st.integers(1, 16)))
 def test_resolve_micro_batches(requested, world, previous):
     if previous is None and requested and requested % world:
-        with pytest.raises(ScheduleError):
+        with pytest.raises(ScheduleError, match=f"micro_batches={requested} is not a multiple of the world size {world}"):
             resolve_micro_batches(requested, world, previous)
         return
     micro, kept = resolve_micro_batches(requested, world, previous)
@@ -212,7 +216,7 @@ def test_epoch_permutation_is_a_deterministic_permutation(seed, epoch, n):
 @given(st.integers(1, 4096), st.integers(1, 5000), st.integers(1, 8))
 def test_effective_batch(requested, n, micro):
     if min(requested, n) < micro:
-        with pytest.raises(ScheduleError):
+        with pytest.raises(ScheduleError, match=f"cannot fill {micro} micro-batches"):
             effective_batch(requested, n, micro)
         return
     size = effective_batch(requested, n, micro)

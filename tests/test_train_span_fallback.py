@@ -109,12 +109,13 @@ async def test_a_stopped_joiner_tears_its_ranks_down(tmp_path: Path) -> None:
             assert time.monotonic() < deadline and not job.done(), (run_dir / "launcher.log").read_text()
             await asyncio.sleep(0.2)
         assert live_pids_with_marker(str(run_dir))  # launcher, torchrun and the rank are running
-        stopped_at = time.monotonic()
         ctx.stopping.set()
-        code = await asyncio.wait_for(job, 30)
-        assert code != 0 and time.monotonic() - stopped_at < 15
-        await asyncio.sleep(0.5)
-        assert live_pids_with_marker(str(run_dir)) == []
+        code = await asyncio.wait_for(job, 60)
+        assert code == 143  # the launcher's own SIGTERM exit, not the SIGKILL after the daemon's grace
+        deadline = time.monotonic() + 30
+        while live_pids_with_marker(str(run_dir)):  # torchrun and the rank go down after the launcher
+            assert time.monotonic() < deadline, live_pids_with_marker(str(run_dir))
+            await asyncio.sleep(0.2)
     finally:
         kill_pids(live_pids_with_marker(str(run_dir)))
         os.killpg(host.pid, signal.SIGTERM)

@@ -83,34 +83,40 @@ def choose_action(visits: np.ndarray, temperature: float, rng: np.random.Generat
 def run_searches(
     trees: Sequence[SearchTree],
     evaluator: Evaluator,
-    simulations: int,
+    simulations: int | Sequence[int],
     cfg: SearchConfig,
     rng: np.random.Generator,
-    add_noise: bool = False,
+    add_noise: bool | Sequence[bool] = False,
     leaves_per_round: int = 1,
 ) -> list[SearchResult]:
     """Run `simulations` new simulations in every tree, batching leaf evaluations across trees.
 
-    Raises ValueError for a terminal root (there is nothing to search). Roots never expanded
-    are evaluated first, in one batch, and that does not count as a simulation.
+    `simulations` and `add_noise` may also be given per tree (playout-cap randomisation mixes
+    a few full, noisy searches with many fast, noise-free ones in one batch). Raises
+    ValueError for a terminal root (there is nothing to search). Roots never expanded are
+    evaluated first, in one batch, and that does not count as a simulation.
     """
-    if simulations < 0:
-        raise ValueError(f"simulations must be >= 0, got {simulations}")
+    budgets = [simulations] * len(trees) if isinstance(simulations, (int, np.integer)) else [int(s) for s in simulations]
+    noisy = [add_noise] * len(trees) if isinstance(add_noise, (bool, np.bool_)) else [bool(n) for n in add_noise]
+    if len(budgets) != len(trees) or len(noisy) != len(trees):
+        raise ValueError(f"{len(budgets)} budgets and {len(noisy)} noise flags for {len(trees)} trees")
+    if any(b < 0 for b in budgets):
+        raise ValueError(f"simulations must be >= 0, got {min(budgets)}")
     if leaves_per_round < 1:
         raise ValueError(f"leaves_per_round must be >= 1, got {leaves_per_round}")
     for tree in trees:
         if tree.root_state.is_terminal:
             raise ValueError(f"cannot search a finished game: {tree.root_state.to_text()!r}")
     _expand_roots(trees, evaluator)
-    if add_noise:
-        for tree in trees:
+    for tree, noise in zip(trees, noisy):
+        if noise:
             legal = tree.root_state.legal_moves()
             tree.set_root_noise(rng.dirichlet([cfg.dirichlet_alpha] * len(legal)), cfg.dirichlet_fraction)
 
     c_puct = cfg.c_puct
     virtual = leaves_per_round > 1
-    remaining = [simulations] * len(trees)
-    active = [t for t in range(len(trees)) if simulations > 0]
+    remaining = list(budgets)
+    active = [t for t in range(len(trees)) if remaining[t] > 0]
     while active:
         pending: list[tuple[int, list[int], int]] = []  # (tree index, path, leaf)
         for t in active:

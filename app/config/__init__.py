@@ -13,6 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from app.config.base import ConfigError, StrictModel
+from app.config.lm import LMConfig, Workload, workload_problems
 from app.config.mesh import MeshConfig
 from app.config.pipeline import (
     ExportConfig,
@@ -24,9 +25,11 @@ from app.config.pipeline import (
     TrainConfig,
 )
 from app.config.node import NodeConfig
+from app.config.replication import ReplicationConfig
 
 
 class Settings(StrictModel):
+    workload: Workload = "connect4"  # which loop this node runs (app/config/lm.py: the rule for mixed settings)
     node: NodeConfig = NodeConfig()
     mesh: MeshConfig = MeshConfig()
     model: ModelConfig = ModelConfig()
@@ -36,6 +39,8 @@ class Settings(StrictModel):
     train: TrainConfig = TrainConfig()
     gauntlet: GauntletConfig = GauntletConfig()
     promotion: PromotionConfig = PromotionConfig()
+    replication: ReplicationConfig = ReplicationConfig()
+    lm: LMConfig = LMConfig()
 
 
 def load_settings(path: str | Path | None = None, **overrides: object) -> Settings:
@@ -53,15 +58,28 @@ def load_settings(path: str | Path | None = None, **overrides: object) -> Settin
             raise ConfigError(f"{path}: the top level must be a mapping")
     data.update({k: v for k, v in overrides.items() if v is not None})
     try:
-        return Settings.model_validate(data)
+        settings = Settings.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"{path or '<defaults>'}: {format_validation_error(exc)}") from None
+    _check_one_workload(settings, data, path)
+    return settings
+
+
+def _check_one_workload(settings: Settings, data: dict, path: Path | None) -> None:
+    """A file that sets keys of the other workload is refused, naming them. Checked on what the
+    file gives (not on the validated model), so a model_dump -> model_validate round trip of a
+    node's settings, which spells out every section, never trips it."""
+    section = lambda name: set(data.get(name) or {}) if isinstance(data.get(name), dict) else set()  # noqa: E731
+    problems = workload_problems(settings.workload, {"": set(data), "node": section("node"), "train": section("train")})
+    if problems:
+        raise ConfigError(f"{path or '<defaults>'}: " + "; ".join(f"{key}: {why}" for key, why in problems))
 
 
 def format_validation_error(exc: ValidationError) -> str:
     """One line per problem, 'dotted.key: message', for humans."""
     return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" if err["loc"] else err["msg"]
+        for err in exc.errors()
     )
 
 
@@ -69,10 +87,12 @@ __all__ = [
     "ConfigError",
     "ExportConfig",
     "GauntletConfig",
+    "LMConfig",
     "MeshConfig",
     "ModelConfig",
     "NodeConfig",
     "PromotionConfig",
+    "ReplicationConfig",
     "SearchConfig",
     "SelfplayConfig",
     "Settings",

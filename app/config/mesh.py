@@ -34,7 +34,7 @@ class TimingProfile(StrictModel):
     failover_aim: float = 5.0
 
     @model_validator(mode="after")
-    def _lease_shorter_than_election_timeout(self) -> "TimingProfile":
+    def _lease_shorter_than_election_timeout(self) -> TimingProfile:
         if not self.leader_lease < self.election_timeout_min:
             raise ValueError("leader_lease must be shorter than election_timeout_min")
         if not self.heartbeat_interval * 2 <= self.leader_lease:
@@ -101,6 +101,27 @@ PROFILES: dict[str, TimingProfile] = {
 }
 
 
+class TlsConfig(StrictModel):
+    """Cluster CA and this node's certificate (`python -m app.coordination.p2p.tls init`). With
+    TLS on, a peer's node id is the one its certificate names."""
+
+    ca_file: Path
+    cert_file: Path
+    key_file: Path
+
+
+class MeshLimits(StrictModel):
+    """What one node accepts from the network before it refuses (hostile or broken peers)."""
+
+    max_peers: int = Field(default=1024, ge=8)  # peer table; configured peers always fit
+    peer_evict_after: float | None = Field(default=None, gt=0)  # unknown peer silent this long: dropped (10 x dead_after)
+    header_deadline: float = Field(default=10.0, gt=0)  # a connection's request headers, from open or last answer
+    body_deadline: float = Field(default=10.0, gt=0)  # a request's body once its headers arrived
+    max_connections: int = Field(default=512, ge=8)  # open connections in all
+    max_connections_per_addr: int = Field(default=256, ge=2)  # ... from one address (loopback clusters share one)
+    keepalive_timeout: float = Field(default=15.0, gt=0)  # an idle kept-alive connection is closed
+
+
 class MeshConfig(StrictModel):
     peers: list[str] = []  # "host:port" or "node_id@host:port" (the latter pins that id's address)
     voters: list[str] = []  # node ids; empty = this node alone is the only voter
@@ -112,9 +133,11 @@ class MeshConfig(StrictModel):
     max_body_bytes: int = Field(default=1_048_576, ge=1024)
     max_attempts: int = Field(default=3, ge=1)  # work item attempts before it is given up
     timing: TimingProfile | None = None  # full override of the named profile
+    limits: MeshLimits = Field(default_factory=MeshLimits)
+    tls: TlsConfig | None = None  # off: plain HTTP (on networks already encrypted, e.g. Tailscale)
 
     @model_validator(mode="after")
-    def _known_profile(self) -> "MeshConfig":
+    def _known_profile(self) -> MeshConfig:
         if self.timing is None and self.profile not in PROFILES:
             raise ValueError(f"unknown profile {self.profile!r}; expected one of {sorted(PROFILES)}")
         return self

@@ -15,4 +15,7 @@ class NodeConfig(StrictModel):
     mesh_port: int = 8770
     health_port: int = 8790
     role: str = "all"  # which daemons.yaml roles this node runs
+    # registry, replay store and work queue in this database (postgresql+psycopg://...) rather
+    # than SQLite files under data_dir; one database per node
+    db_url: str | None = None
     game: str = "connect4"

@@ -15,18 +15,27 @@ class NodePaths:
     """Where a node keeps its files, all under one data directory."""
 
     data_dir: Path
+    db_url: str | None = None  # the node's database (registry, games, work queue) instead of files
 
     @property
-    def games_db(self) -> Path:
-        return self.data_dir / "games.db"
+    def games_db(self) -> Path | str:
+        return self.db_url or self.data_dir / "games.db"
 
     @property
-    def registry_db(self) -> Path:
-        return self.data_dir / "registry.db"
+    def registry_db(self) -> Path | str:
+        return self.db_url or self.data_dir / "registry.db"
+
+    @property
+    def work_queue_db(self) -> Path | str:
+        return self.db_url or self.data_dir / "work_queue.db"
 
     @property
     def dead_letters_db(self) -> Path:
         return self.data_dir / "dead_letters.db"
+
+    @property
+    def events_file(self) -> Path:
+        return self.data_dir / "events.jsonl"
 
     @property
     def state_file(self) -> Path:
@@ -41,6 +50,16 @@ class NodePaths:
         return self.data_dir / "models"
 
     @property
+    def rollouts_db(self) -> Path | str:
+        """The LM workload's rollout store (app/db/rollout_store.py)."""
+        return self.db_url or self.data_dir / "rollouts.db"
+
+    @property
+    def lm_models_dir(self) -> Path:
+        """The LM workload's models: Hugging Face directories `<sha256>/` (app/training/lm_model_dir.py)."""
+        return self.data_dir / "lm_models"
+
+    @property
     def datasets_dir(self) -> Path:
         return self.data_dir / "datasets"
 
@@ -48,5 +67,3 @@ class NodePaths:
     def runs_dir(self) -> Path:
         return self.data_dir / "runs"
 
-    def model_path(self, sha256: str) -> Path:
-        return self.models_dir / f"{sha256}.safetensors"

@@ -1,6 +1,8 @@
 """Settings of the training pipeline: model size, search, self-play, export, training,
 gauntlet and promotion gates. Read by app/ai and app/training."""
 
+from pydantic import Field
+
 from app.config.base import StrictModel
 
 
@@ -20,12 +22,24 @@ class SearchConfig(StrictModel):
 class SelfplayConfig(StrictModel):
     concurrent_games: int = 64
     workers: int = 1
+    # Playout-cap randomisation (KataGo): a move gets the full search (search.simulations, root
+    # noise, a policy target) with this probability, else a fast one of `fast_simulations`
+    # (no noise, not a training sample). 1.0 = every move a full search (off).
+    full_search_prob: float = Field(1.0, gt=0.0, le=1.0)
+    fast_simulations: int = Field(8, ge=1)
 
 
 class ExportConfig(StrictModel):
-    window_games: int = 20000
+    window_games: int = 20000  # the newest games trained on (the cap, when the window grows)
     holdout_fraction: float = 0.05
     augment: bool = True
+    # Value target = (1 - m) * game result + m * the search's root value (0 = the result only).
+    value_target_mix: float = Field(0.0, ge=0.0, le=1.0)
+    # A window that grows with the data (KataGo): all games up to `window_base_games`, then
+    # base * (1 + beta * ((total / base) ** alpha - 1) / alpha), capped at window_games. 0 = off.
+    window_base_games: int = Field(0, ge=0)
+    window_alpha: float = Field(0.75, gt=0.0, le=1.0)
+    window_beta: float = Field(0.4, ge=0.0)
 
 
 class TrainConfig(StrictModel):

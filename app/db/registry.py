@@ -11,20 +11,20 @@ Rows cross the API as frozen dataclasses, never live ORM objects.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from sqlalchemy import create_engine, delete, event, func, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from app.db.registry_tables import (
     MatchGameRow, ModelRow, ModelStatus, RatingRow, RegistryBase, RegistrySchemaInfo, StatusHistoryRow,
 )
-from app.db.sqlite_files import create_tables, set_sqlite_pragmas
+from app.db.engines import display_name, is_url, open_engine
+from app.db.sqlite_files import create_tables
 
 SCHEMA_VERSION = 1
 
@@ -75,9 +75,6 @@ class MatchGame:
     opening_plies: int = 0
     created_at: float = 0.0
 
-    def score_of_player0(self) -> float:
-        return 0.5 if self.winner is None else (1.0 if self.winner == 0 else 0.0)
-
 
 @dataclass(frozen=True)
 class StoredRating:
@@ -104,12 +101,14 @@ class ModelRegistry:
     """One SQLite file; safe for one writer process and many readers (WAL, busy timeout)."""
 
     def __init__(self, path: str | Path, create: bool = True) -> None:
-        self.path = Path(path)
-        if not self.path.exists() and not create:
+        """`path`: an SQLite file, or a database URL (app/db/engines.py)."""
+        self.path: Path | str = display_name(path) if is_url(path) else Path(path)
+        if isinstance(self.path, Path) and not self.path.exists() and not create:
             raise RegistryError(f"{self.path}: registry not found")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.engine = create_engine(f"sqlite:///{self.path}", future=True)
-        event.listen(self.engine, "connect", set_sqlite_pragmas)
+        try:
+            self.engine = open_engine(path)
+        except ValueError as exc:
+            raise RegistryError(str(exc)) from None
         try:
             create_tables(RegistryBase.metadata, self.engine)
             self._check_schema()
@@ -354,6 +353,3 @@ class ModelRegistry:
         with Session(self.engine) as session:
             return [StoredRating(r.player, r.elo, r.elo_low, r.elo_high, r.games, r.updated_at)
                     for r in session.scalars(select(RatingRow).order_by(RatingRow.elo.desc()))]
-
-    def dump_json(self) -> str:
-        return json.dumps([m.to_json() for m in self.models()], indent=2)

@@ -15,12 +15,13 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 from sqlalchemy import (
-    Float, ForeignKey, Integer, LargeBinary, String, Text, create_engine, event, func, select, text,
+    Float, ForeignKey, Integer, LargeBinary, String, Text, func, select, text,
 )
 from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
-from app.db.sqlite_files import create_tables, set_sqlite_pragmas
+from app.db.engines import display_name, is_url, open_engine
+from app.db.sqlite_files import create_tables
 
 SCHEMA_VERSION = 1
 
@@ -114,14 +115,14 @@ class ReplayDB:
     """One SQLite file of games. Safe for one writer process and many readers."""
 
     def __init__(self, path: str | Path, create: bool = True, readonly: bool = False) -> None:
-        self.path = Path(path)
-        if not self.path.exists() and (not create or readonly):
+        """`path`: an SQLite file, or a database URL (app/db/engines.py)."""
+        self.path: Path | str = display_name(path) if is_url(path) else Path(path)
+        if isinstance(self.path, Path) and not self.path.exists() and (not create or readonly):
             raise ReplayDBError(f"{self.path}: replay DB not found")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        url = f"sqlite:///file:{self.path}?mode=ro&uri=true" if readonly else f"sqlite:///{self.path}"
-        self.engine = create_engine(url, future=True)
-        if not readonly:
-            event.listen(self.engine, "connect", set_sqlite_pragmas)
+        try:
+            self.engine = open_engine(path, readonly=readonly)
+        except ValueError as exc:
+            raise ReplayDBError(str(exc)) from None
         try:
             if not readonly:
                 create_tables(Base.metadata, self.engine)
@@ -237,9 +238,10 @@ class ReplayDB:
         """Empty when the file is sound and every game has exactly its recorded number of moves."""
         problems: list[str] = []
         with self.engine.connect() as conn:
-            result = conn.execute(text("PRAGMA integrity_check")).scalar()
-            if result != "ok":
-                problems.append(f"sqlite integrity_check: {result}")
+            if self.engine.dialect.name == "sqlite":
+                result = conn.execute(text("PRAGMA integrity_check")).scalar()
+                if result != "ok":
+                    problems.append(f"sqlite integrity_check: {result}")
             bad = conn.execute(text(
                 "SELECT g.uid, g.length, COUNT(m.ply) FROM games g LEFT JOIN moves m ON m.game_id = g.id "
                 "GROUP BY g.id HAVING COUNT(m.ply) != g.length"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 
 from sqlalchemy import Engine, MetaData
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 
 def set_sqlite_pragmas(dbapi_conn: sqlite3.Connection, _record: object) -> None:
@@ -19,11 +19,13 @@ def set_sqlite_pragmas(dbapi_conn: sqlite3.Connection, _record: object) -> None:
 
 
 def create_tables(metadata: MetaData, engine: Engine) -> None:
-    """create_all, tolerating another process or thread creating the same tables at once."""
+    """create_all, tolerating another process or thread creating the same tables at once
+    (SQLite: "already exists"; PostgreSQL: that, or a duplicate key in its type catalogue)."""
     for attempt in range(3):
         try:
             metadata.create_all(engine)
             return
-        except OperationalError as exc:
-            if "already exists" not in str(exc.orig) or attempt == 2:
+        except (OperationalError, ProgrammingError, IntegrityError) as exc:
+            text = str(exc.orig)
+            if ("already exists" not in text and "duplicate key" not in text) or attempt == 2:
                 raise

@@ -80,9 +80,6 @@ class Connect4State(GameState):
         # The player who just moved made the four: the one not to move now.
         return 1 - self.to_move if self._won else None
 
-    def can_play(self, col: int) -> bool:
-        return 0 <= col < WIDTH and not (self.mask & _TOP[col])
-
     def legal_moves(self) -> list[int]:
         if self.is_terminal:
             return []

@@ -26,6 +26,7 @@ import numpy as np
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.atomic_files import fsync_dir
+from app.db.engines import display_name, is_url
 from app.db.replay_db import GameRecord, ReplayDB, ReplayDBError
 from app.games import Game, GameError, get_game
 from app.training.dataset import (
@@ -77,6 +78,38 @@ def select_window(
     return ordered[max(0, len(ordered) - window_games):], duplicates
 
 
+@dataclass(frozen=True)
+class WindowGrowth:
+    """A training window that grows with the data (KataGo's shape): every game while there
+    are at most `base_games`, then base * (1 + beta * ((total / base) ** alpha - 1) / alpha),
+    so early generations do not train on a fixed window mostly made of the first, weakest
+    games, and later ones still see more data than a fixed small window allows."""
+
+    base_games: int
+    alpha: float = 0.75
+    beta: float = 0.4
+
+    def size(self, total_games: int, cap: int) -> int:
+        if self.base_games <= 0 or not 0 < self.alpha <= 1 or self.beta < 0:
+            raise ExportError(f"window growth needs base_games > 0, 0 < alpha <= 1, beta >= 0; got {self}")
+        if total_games <= self.base_games:
+            return min(total_games, cap)
+        ratio = total_games / self.base_games
+        grown = self.base_games * (1.0 + self.beta * (ratio ** self.alpha - 1.0) / self.alpha)
+        return max(1, min(cap, int(grown)))
+
+    @staticmethod
+    def from_config(base_games: int, alpha: float, beta: float) -> "WindowGrowth | None":
+        """None (a fixed window) when `base_games` is 0, the config's default."""
+        return WindowGrowth(base_games, alpha, beta) if base_games > 0 else None
+
+
+def value_target(outcome: float, search_value: float, mix: float) -> float:
+    """The value head's target: the game's result, mixed with the search's root value by
+    `mix` (a lower-variance target: one game's result is a single noisy sample of the value)."""
+    return (1.0 - mix) * outcome + mix * float(search_value)
+
+
 def outcome_for(winner: int | None, to_move: int) -> float:
     """Final result from the view of the side to move: +1 win, 0 draw, -1 loss."""
     if winner is None:
@@ -87,14 +120,21 @@ def outcome_for(winner: int | None, to_move: int) -> float:
 # ---- samples ------------------------------------------------------------------------------
 
 
-def game_samples(game: Game, record: GameRecord, augment: bool) -> tuple[list[np.ndarray], list[np.ndarray], list[float]]:
-    """Replay one game through the rules: (planes, visit targets, outcomes), one per position
-    (times the number of symmetries when `augment`). A record the rules reject raises GameError."""
+def game_samples(game: Game, record: GameRecord, augment: bool,
+                 value_mix: float = 0.0) -> tuple[list[np.ndarray], list[np.ndarray], list[float]]:
+    """Replay one game through the rules: (planes, visit targets, value targets), one per
+    position (times the number of symmetries when `augment`); moves self-play marked as fast
+    searches (`search["fast_plies"]`, playout-cap randomisation) are played but not sampled.
+    A record the rules reject raises GameError."""
     planes_out: list[np.ndarray] = []
     policy_out: list[np.ndarray] = []
     value_out: list[float] = []
+    fast = set(record.search.get("fast_plies", ())) if isinstance(record.search, dict) else set()
     state = game.initial_state()
     for ply, move in enumerate(record.moves):
+        if ply in fast:
+            state = state.play(int(move.action))
+            continue
         visits = np.asarray(move.visits, dtype=np.float32)
         if visits.shape != (game.num_actions,) or not np.isfinite(visits).all() or (visits < 0).any():
             raise GameError(f"move {ply}: visit distribution of shape {visits.shape} is not {game.num_actions} non-negative numbers")
@@ -106,6 +146,8 @@ def game_samples(game: Game, record: GameRecord, augment: bool) -> tuple[list[np
             visits = visits / total
         planes = state.planes()
         value = outcome_for(record.winner, state.to_move)
+        if value_mix:
+            value = value_target(value, move.root_value, value_mix)
         images = game.symmetries(planes, visits) if augment else [(planes, visits)]
         for img_planes, img_policy in images:
             planes_out.append(img_planes)
@@ -117,13 +159,14 @@ def game_samples(game: Game, record: GameRecord, augment: bool) -> tuple[list[np
     return planes_out, policy_out, value_out
 
 
-def build_arrays(game: Game, records: Iterable[GameRecord], augment: bool, source: dict[str, str]) -> Arrays:
+def build_arrays(game: Game, records: Iterable[GameRecord], augment: bool, source: dict[str, str],
+                 value_mix: float = 0.0) -> Arrays:
     planes: list[np.ndarray] = []
     policy: list[np.ndarray] = []
     value: list[float] = []
     for record in records:
         try:
-            p, q, v = game_samples(game, record, augment)
+            p, q, v = game_samples(game, record, augment, value_mix)
         except (GameError, IndexError, TypeError) as exc:
             raise ExportError(f"{source.get(record.uid, '?')}: game {record.uid} is invalid: {exc}") from None
         planes += p
@@ -164,7 +207,8 @@ def probe_db(path: Path, lock_timeout_s: float) -> None:
 
 def read_db(path: Path, window_games: int, lock_timeout_s: float, check_integrity: bool) -> tuple[list[GameRecord], int]:
     """(newest `window_games` games by row, total games stored) of one DB."""
-    probe_db(path, lock_timeout_s)
+    if not is_url(path):  # a database server needs no file probe
+        probe_db(path, lock_timeout_s)
     try:
         with ReplayDB(path, create=False, readonly=True) as db:
             if check_integrity:
@@ -214,11 +258,16 @@ def export_dataset(
     overwrite: bool = False,
     lock_timeout_s: float = 2.0,
     check_integrity: bool = True,
+    value_target_mix: float = 0.0,
+    window_growth: WindowGrowth | None = None,
 ) -> ExportResult:
     """Export the newest `window_games` distinct games of `db_paths` to `out_dir`.
 
     Symmetry augmentation applies to the training split only: the holdout split measures the
-    positions as they were played. Raises ExportError (nothing written) on any bad input.
+    positions as they were played. `value_target_mix` mixes the search's root value into the
+    value targets of both splits; `window_growth` shrinks the window below `window_games`
+    while the inputs hold few games (see WindowGrowth). Raises ExportError (nothing written)
+    on any bad input.
     """
     if not db_paths:
         raise ExportError("no input replay DBs given")
@@ -226,20 +275,25 @@ def export_dataset(
         raise ExportError(f"window_games must be positive, got {window_games}")
     if not 0.0 <= holdout_fraction < 1.0:
         raise ExportError(f"holdout_fraction must be in [0, 1), got {holdout_fraction}")
+    if not 0.0 <= value_target_mix <= 1.0:
+        raise ExportError(f"value_target_mix must be in [0, 1], got {value_target_mix}")
     out = Path(out_dir)
     if out.exists() and not overwrite:
         raise ExportError(f"{out}: already exists (pass overwrite to replace it)")
-    paths = [Path(p) for p in db_paths]
+    paths = [p if is_url(p) else Path(p) for p in db_paths]  # a file, or a database URL (--db-url)
     per_input: list[list[GameRecord]] = []
     inputs: list[dict] = []
     source: dict[str, str] = {}
     for path in paths:
         records, total = read_db(path, window_games, lock_timeout_s, check_integrity)
         per_input.append(records)
-        inputs.append({"path": str(path.resolve()), "games_total": total, "games_read": len(records)})
+        shown = display_name(path) if is_url(path) else str(path.resolve())
+        inputs.append({"path": shown, "games_total": total, "games_read": len(records)})
         for record in records:
             source.setdefault(record.uid, str(path))
-    selected, duplicates = select_window(per_input, window_games)
+    window_used = window_games if window_growth is None else window_growth.size(
+        sum(i["games_total"] for i in inputs), window_games)  # a game in two inputs counts twice here
+    selected, duplicates = select_window(per_input, window_used)
     if not selected:
         raise ExportError(f"no games in {', '.join(map(str, paths))}: nothing to export")
     game_name = game or selected[0].game
@@ -252,8 +306,8 @@ def export_dataset(
         raise ExportError(str(exc)) from None
     holdout_games = [r for r in selected if is_holdout(r.uid, holdout_fraction)]
     train_games = [r for r in selected if not is_holdout(r.uid, holdout_fraction)]
-    train = build_arrays(rules, train_games, augment, source)
-    holdout = build_arrays(rules, holdout_games, False, source)
+    train = build_arrays(rules, train_games, augment, source, value_target_mix)
+    holdout = build_arrays(rules, holdout_games, False, source, value_target_mix)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
@@ -271,6 +325,8 @@ def export_dataset(
             "num_actions": rules.num_actions,
             "inputs": inputs,
             "window_games": window_games,
+            "window_games_used": window_used,
+            "value_target_mix": value_target_mix,
             "holdout_fraction": holdout_fraction,
             "augment": augment,
             "augment_applies_to": "train",

@@ -25,7 +25,7 @@ import queue
 import time
 import traceback
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -78,11 +78,31 @@ class SelfplaySummary:
 def search_settings(settings: Settings, simulations: int, evaluator: str) -> dict:
     """What GameRecord.search records: enough to know how a game's targets were made."""
     s = settings.search
-    return {
+    recorded = {
         "simulations": simulations, "c_puct": s.c_puct, "dirichlet_alpha": s.dirichlet_alpha,
         "dirichlet_fraction": s.dirichlet_fraction, "temperature_moves": s.temperature_moves,
         "evaluator": evaluator,
     }
+    if settings.selfplay.full_search_prob < 1.0:
+        recorded.update(full_search_prob=settings.selfplay.full_search_prob,
+                        fast_simulations=settings.selfplay.fast_simulations)
+    return recorded
+
+
+def search_budgets(n: int, simulations: int, full_search_prob: float, fast_simulations: int,
+                   rng: np.random.Generator) -> tuple[list[int], list[bool]]:
+    """Playout-cap randomisation: (simulations, is full search) for each of `n` moves.
+
+    A full search has `simulations` and root noise and is a training sample; a fast one has
+    `fast_simulations`, no noise, and only plays the move (KataGo: many cheap moves make more
+    games per second, and the few full searches keep the policy targets sharp). With
+    `full_search_prob` 1 every move is full and no random number is drawn, so self-play with
+    the feature off is exactly what it was before it existed.
+    """
+    if full_search_prob >= 1.0:
+        return [simulations] * n, [True] * n
+    full = (rng.random(n) < full_search_prob).tolist()
+    return [simulations if f else min(fast_simulations, simulations) for f in full], full
 
 
 def play_games(
@@ -113,10 +133,14 @@ def play_games(
     while slots:
         if should_stop is not None and should_stop():
             return
-        results = run_searches([s.tree for s in slots], evaluator, simulations, settings.search, rng, add_noise=True)
+        budgets, full = search_budgets(len(slots), simulations, settings.selfplay.full_search_prob,
+                                       settings.selfplay.fast_simulations, rng)
+        results = run_searches([s.tree for s in slots], evaluator, budgets, settings.search, rng, add_noise=full)
         still: list[_Slot] = []
-        for slot, result in zip(slots, results):
+        for slot, result, is_full in zip(slots, results, full):
             ply = len(slot.moves)
+            if not is_full:
+                slot.fast_plies.append(ply)
             action = choose_action(result.visits, temperature_for_ply(ply, settings.search.temperature_moves), rng)
             slot.moves.append(MoveRecord(action, result.visits.astype(np.float32).tolist(), result.root_value))
             slot.tree.advance(action)
@@ -124,9 +148,11 @@ def play_games(
             if not final.is_terminal:
                 still.append(slot)
                 continue
+            # fast_plies: moves of a fast search, which export leaves out of the training data
+            record_search = {**search, "fast_plies": slot.fast_plies} if "full_search_prob" in search else search
             yield GameRecord(
                 uid=uuid.uuid4().hex, game=game.name, moves=slot.moves, winner=final.winner,
-                model_sha256=model_sha256, node_id=node_id, search=search, config=config,
+                model_sha256=model_sha256, node_id=node_id, search=record_search, config=config,
                 started_at=slot.started_at, finished_at=time.time(),
             )
             if started < n_games:
@@ -139,6 +165,7 @@ class _Slot:
     tree: SearchTree
     moves: list[MoveRecord]
     started_at: float
+    fast_plies: list[int] = field(default_factory=list)
 
 
 def run_selfplay(
@@ -238,7 +265,7 @@ def _run_workers(shares, seeds, simulations, model_path, model_sha256, node_id, 
         proc = ctx.Process(
             target=_worker_main, name=f"selfplay-{i}", daemon=True,
             args=(i, share, seq, simulations, None if model_path is None else str(model_path),
-                  model_sha256, node_id, settings.model_dump(mode="json"), results, stop, os.getpid()),
+                  model_sha256, node_id, settings.model_dump(mode="json", exclude_unset=True), results, stop, os.getpid()),
         )
         proc.start()
         procs.append(proc)

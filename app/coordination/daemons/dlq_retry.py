@@ -3,23 +3,23 @@ down) get their event again with backoff, so a transient failure loses no event.
 
 from __future__ import annotations
 
-from typing import Any
+from pydantic import Field
 
+from app.config.base import StrictModel
 from app.coordination.daemons.event_router import RetryPolicy
-from app.coordination.daemons.registry import DaemonContext
+from app.coordination.daemons.registry import DaemonContext, RunnerEntry
 
 
-DLQ_RETRY_DEFAULTS: dict[str, Any] = {
-    "interval_s": 5.0,  # how often to look for due letters
-    "base_s": None,  # None: keep the router's RetryPolicy value
-    "cap_s": None,
-    "max_attempts": None,
-}
+class DlqRetrySettings(StrictModel):
+    interval_s: float = Field(5.0, gt=0)  # how often to look for due letters
+    base_s: float | None = Field(None, gt=0)  # None: keep the router's RetryPolicy value
+    cap_s: float | None = Field(None, gt=0)
+    max_attempts: int | None = Field(None, ge=1)
 
 
 async def dlq_retry_runner(ctx: DaemonContext) -> None:
     """Daemon: retry due dead letters every `interval_s` until stopped."""
-    interval = float(ctx.settings.get("interval_s") or DLQ_RETRY_DEFAULTS["interval_s"])
+    interval = float(ctx.settings["interval_s"])
     default = ctx.router.retry_policy
 
     def pick(key: str, fallback: float) -> float:
@@ -39,6 +39,6 @@ async def dlq_retry_runner(ctx: DaemonContext) -> None:
         await ctx.sleep(interval)
 
 
-# Runner-table entries (runner, default settings) of the infrastructure daemons, merged by the
-# orchestrator with the pipeline runners before loading daemons.yaml.
-INFRA_RUNNERS: dict[str, tuple[Any, dict[str, Any]]] = {"dlq_retry": (dlq_retry_runner, DLQ_RETRY_DEFAULTS)}
+# Runner-table entries of the infrastructure daemons, merged by the orchestrator with the
+# pipeline runners before loading daemons.yaml.
+INFRA_RUNNERS: dict[str, RunnerEntry] = {"dlq_retry": RunnerEntry(dlq_retry_runner, DlqRetrySettings)}

@@ -90,7 +90,7 @@ class EvaluationCompleted(Payload):
 class ModelPromoted(Payload):
     generation: NonNegative
     sha256: Sha256
-    path: str
+    path: str  # where the model is on this node, or will be once distribution fetched it
 
 
 class PromotionRejected(Payload):

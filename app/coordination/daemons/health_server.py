@@ -1,10 +1,11 @@
-"""Port 8790: /livez, /readyz, /metrics, /daemons.
+"""Port 8790: /livez, /readyz, /metrics, /daemons, and the dashboard (/ and /dashboard.json).
 
 /livez answers 200 whenever the event loop runs (no dependency checks, so an orchestrator
 never kills a node just because a peer is down); /readyz reflects the daemon manager's
 readiness (503 while starting, draining, or after a critical daemon gave up). The server
 depends on a small protocol, not on DaemonManager, so it can be started before the manager
-exists and tested on its own.
+exists and tested on its own. What it shows of the cluster comes through callbacks the
+orchestrator passes in (`dashboard`), never by importing the pipeline or the mesh.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from app.coordination.daemons.dashboard import DashboardSource, dashboard_routes
 from app.coordination.daemons.metrics import METRICS_CONTENT_TYPE, Metrics
 from app.log import get_logger
 
@@ -30,7 +32,8 @@ class HealthSource(Protocol):
     def daemon_states(self) -> list[dict[str, Any]]: ...
 
 
-def build_health_app(source: HealthSource, metrics: Metrics) -> web.Application:
+def build_health_app(source: HealthSource, metrics: Metrics,
+                     dashboard: DashboardSource | None = None) -> web.Application:
     async def livez(_: web.Request) -> web.Response:
         return web.json_response({"status": "alive"})
 
@@ -52,15 +55,24 @@ def build_health_app(source: HealthSource, metrics: Metrics) -> web.Application:
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_get("/daemons", daemons)
+
+    def local() -> dict[str, Any]:
+        ready = source.readiness()
+        return {"node": metrics.node, "ready": {"ready": ready.ready, "reason": ready.reason},
+                "daemons": source.daemon_states()}
+
+    app.router.add_routes(dashboard_routes(local, dashboard))
     return app
 
 
 class HealthServer:
     """The health app on host:port; port 0 picks a free port (see `.port` after start)."""
 
-    def __init__(self, source: HealthSource, metrics: Metrics, host: str = "127.0.0.1", port: int = 8790) -> None:
+    def __init__(self, source: HealthSource, metrics: Metrics, host: str = "127.0.0.1", port: int = 8790,
+                 dashboard: DashboardSource | None = None) -> None:
         self.host, self.port = host, port
-        self._runner = web.AppRunner(build_health_app(source, metrics), access_log=None, shutdown_timeout=2.0)
+        self._runner = web.AppRunner(build_health_app(source, metrics, dashboard), access_log=None,
+                                     shutdown_timeout=2.0)
 
     async def start(self) -> int:
         await self._runner.setup()

@@ -2,54 +2,174 @@
 
 A fresh CollectorRegistry per Metrics object (never the global default one) so tests and
 several in-process nodes can each have their own without "duplicated timeseries" errors.
-Names follow Prometheus conventions: base units (seconds, per second), counters end in _total.
+
+Conventions (https://prometheus.io/docs/practices/naming/): one namespace, `mesh_` (the mesh
+layer's own counters, e.g. `mesh_refusals_total`, share it); base units (seconds, bytes,
+timestamps in Unix seconds); counters end in `_total`; every series carries a `node` label (so
+one Prometheus sees a cluster without relabelling) and daemon series a `daemon` label. A gauge
+that has no value yet is absent, never a made-up 0: gauges appear on their first `set`, and the
+views the orchestrator registers (daemon states, the mesh) are read at scrape time and yield
+nothing until their source exists.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from typing import Any, Callable, Iterable, Mapping
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
+NAMESPACE = "mesh"
+DEFAULT_NODE = "local"
+
+disable_created_metrics()  # no `_created` twin per counter: half the series, none of them read
+
+
+class _NodeBound:
+    """A labelled collector with `node` pre-filled: `.labels(x)` fills the remaining labels;
+    `.set`/`.inc` act on the node's own series (created on first use, so no fake zero)."""
+
+    def __init__(self, metric: Counter | Gauge, node: str) -> None:
+        self._metric = metric
+        self._node = node
+
+    def labels(self, *values: str, **kw: str) -> Any:
+        if kw:
+            return self._metric.labels(node=self._node, **kw)
+        return self._metric.labels(self._node, *values)
+
+    def set(self, value: float) -> None:
+        self._metric.labels(self._node).set(value)
+
+    def inc(self, amount: float = 1.0) -> None:
+        self._metric.labels(self._node).inc(amount)
+
+
+class _Views(Collector):
+    """Series computed at scrape time from callbacks (daemon states, mesh view)."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.daemon_states: Callable[[], list[dict[str, Any]]] | None = None
+        self.mesh_view: Callable[[], Mapping[str, float] | None] | None = None
+
+    def describe(self) -> Iterable[Any]:
+        return []  # computed series: no fixed description (keeps registration cheap)
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        if self.daemon_states is not None:
+            fam = GaugeMetricFamily(f"{NAMESPACE}_daemon_state",
+                                    "1 for the state each daemon is in (state set; gave_up: crash loop, given up).",
+                                    labels=["node", "daemon", "critical", "state"])
+            for d in self.daemon_states():
+                state = "gave_up" if d["state"] == "failed" else d["state"]
+                fam.add_metric([self.node, d["name"], str(bool(d["critical"])).lower(), state], 1.0)
+            yield fam
+        view = self.mesh_view() if self.mesh_view is not None else None
+        for name, value in (view or {}).items():
+            help_text = MESH_VIEW_HELP.get(name, name)
+            fam = GaugeMetricFamily(f"{NAMESPACE}_{name}", help_text, labels=["node"])
+            fam.add_metric([self.node], float(value))
+            yield fam
+
+
+# What the orchestrator's mesh view may report (name without namespace -> help).
+MESH_VIEW_HELP = {
+    "term": "Election term this node is in.",
+    "is_leader": "1 when this node is the leader.",
+    "leader_known": "1 when this node follows a known leader (or is it).",
+    "voters": "Configured voters.",
+    "voters_alive": "Voters this node sees alive (itself included when it is one).",
+    "quorum_size": "Voters needed for a quorum: a majority of the configured voters.",
+    "peers_alive": "Peers this node sees alive.",
+    "cluster_best_generation": "Newest promoted generation this node knows the cluster decided.",
+    "cluster_games_created": "Self-play games the cluster created, as gossiped (may lag).",
+    "best_model_installed_timestamp_seconds": "When this node installed the model it plays with (Unix time).",
+}
 
 
 class Metrics:
-    """Attributes are prometheus-client collectors; the pipeline sets them directly."""
+    """Attributes bind `node`; the pipeline and manager set them directly."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, node: str = DEFAULT_NODE) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.node = node
         r = self.registry
-        # Pipeline.
-        self.games_total = Counter("games_total", "Self-play games finished on this node.", registry=r)
-        self.positions_per_second = Gauge(
-            "positions_per_second", "Self-play positions generated per second (recent rate).", registry=r
-        )
-        self.training_loss = Gauge("training_loss", "Loss of the latest training epoch.", registry=r)
-        self.elo = Gauge("elo", "Estimated Elo rating of a model generation.", ["generation"], registry=r)
-        self.generation = Gauge("generation", "Generation of the model this node plays with.", registry=r)
-        self.promotions_total = Counter("promotions_total", "Models promoted.", registry=r)
+        n = NAMESPACE
+
+        def counter(name: str, doc: str, *labels: str) -> _NodeBound:
+            metric = Counter(f"{n}_{name}", doc, ["node", *labels], registry=r)
+            if not labels:
+                metric.labels(node)  # a counter's 0 is a true value: export it from the start
+            return _NodeBound(metric, node)
+
+        def gauge(name: str, doc: str, *labels: str) -> _NodeBound:
+            return _NodeBound(Gauge(f"{n}_{name}", doc, ["node", *labels], registry=r), node)
+
+        # Pipeline. (Counter names are given without `_total`: prometheus-client appends it.)
+        self.games_total = counter("selfplay_games", "Self-play games finished on this node.")
+        self.positions_total = counter("selfplay_positions", "Self-play positions generated on this node.")
+        self.positions_per_second = gauge("selfplay_positions_per_second",
+                                          "Self-play positions per second over the latest batch.")
+        self.training_loss = gauge("training_loss", "Held-out loss of the latest training run on this node.")
+        self.elo = gauge("model_elo", "Estimated Elo rating of a model generation.", "generation")
+        self.generation = gauge("model_generation", "Generation of the model this node plays with.")
+        self.promotions_total = counter("promotions", "Models this node promoted.")
+        # Replication (app/coordination/pipeline/replication_daemon.py).
+        self.games_under_replicated = gauge(
+            "games_under_replicated", "This node's own games held by fewer nodes than the replication factor.")
+        self.games_under_replicated_oldest_age_seconds = gauge(
+            "games_under_replicated_oldest_age_seconds", "Age of this node's oldest under-replicated game.")
+        self.replication_pulled_games_total = counter(
+            "replication_pulled_games", "Games this node pulled from peers by anti-entropy.")
+        self.replication_received_bytes_total = counter(
+            "replication_received_bytes", "Bytes of anti-entropy answers this node received.")
         # Daemons.
-        self.daemon_restarts_total = Counter(
-            "daemon_restarts_total", "Daemon restarts after a crash or failed health check.", ["daemon"], registry=r
-        )
-        self.daemon_healthy = Gauge("daemon_healthy", "1 when the daemon passes its health check.", ["daemon"], registry=r)
-        self.ready = Gauge("ready", "1 when /readyz answers 200.", registry=r)
+        self.daemon_restarts_total = counter(
+            "daemon_restarts", "Daemon restarts after a crash or failed health check.", "daemon")
+        self.daemon_healthy = gauge("daemon_healthy", "1 when the daemon passes its health check.", "daemon")
+        self.ready = gauge("ready", "1 when /readyz answers 200.")
         # Events.
-        self.events_published_total = Counter(
-            "events_published_total", "Events accepted for delivery.", ["type"], registry=r
-        )
-        self.events_delivered_total = Counter(
-            "events_delivered_total", "Successful handler invocations.", ["type"], registry=r
-        )
-        self.events_duplicate_total = Counter(
-            "events_duplicate_total", "Events dropped as duplicates within the dedup TTL.", ["type"], registry=r
-        )
-        self.events_failed_total = Counter(
-            "events_failed_total", "Handler invocations that raised or timed out.", ["type"], registry=r
-        )
-        self.dead_letters_abandoned_total = Counter(
-            "dead_letters_abandoned_total", "Dead letters given up after the last retry.", ["type"], registry=r
-        )
+        self.events_published_total = counter("events_published", "Events accepted for delivery.", "type")
+        self.events_delivered_total = counter("events_delivered", "Successful handler invocations.", "type")
+        self.events_duplicate_total = counter(
+            "events_duplicate", "Events dropped as duplicates within the dedup TTL.", "type")
+        self.events_failed_total = counter("events_failed", "Handler invocations that raised or timed out.", "type")
+        self.dead_letters_abandoned_total = counter(
+            "dead_letters_abandoned", "Dead letters given up after the last retry.", "type")
+        self._views = _Views(node)
+        r.register(self._views)
+
+    def watch_daemons(self, daemon_states: Callable[[], list[dict[str, Any]]]) -> None:
+        """Export `mesh_daemon_state` from the manager's daemon states at each scrape."""
+        self._views.daemon_states = daemon_states
+
+    def watch_mesh(self, view: Callable[[], Mapping[str, float] | None]) -> None:
+        """Export the mesh view (keys of MESH_VIEW_HELP; a missing key is absent) at each scrape."""
+        self._views.mesh_view = view
+
+    def value(self, name: str, **labels: str) -> float | None:
+        """One sample of this node (`name` with its namespace), e.g. value("mesh_training_loss")."""
+        return self.registry.get_sample_value(name, {"node": self.node, **labels})
 
     def render(self) -> bytes:
-        """The Prometheus text exposition of every metric in this registry."""
-        return generate_latest(self.registry)
+        """The Prometheus text exposition of every metric in this registry; series registered
+        by other layers without a `node` label (the mesh's refusal counters) get this node's."""
+        return generate_latest(_NodeLabelled(self.registry, self.node))  # type: ignore[arg-type]
+
+
+class _NodeLabelled:
+    """A registry view that adds `node` to every sample lacking it."""
+
+    def __init__(self, registry: CollectorRegistry, node: str) -> None:
+        self.registry, self.node = registry, node
+
+    def collect(self) -> Iterable[Any]:
+        for family in self.registry.collect():
+            family.samples = [s if "node" in s.labels else s._replace(labels={**s.labels, "node": self.node})
+                              for s in family.samples]
+            yield family

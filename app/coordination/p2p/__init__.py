@@ -3,13 +3,21 @@ claims, quorum commits, and the HTTP API on port 8770.
 
 Modules (pure rules first, I/O at the edge):
     election.py    quorum_size, quorum_level, should_grant_vote, bully_rank, lease rules (pure)
-    membership.py  node table, gossip merge, ALIVE -> SUSPECT -> DEAD, refutation (no I/O)
-    work_rules.py  WorkSpec, fits, token_refusal, state_after_lapse (pure)
+    decision.py    one value per key: may_store, choose_value (pure)
+    work_rules.py  WorkSpec, fits, token_refusal, adoption of a claim by a new leader (pure)
+    schemas.py     wire models with bounded numbers (MAX_TERM) and typed capabilities
+    membership.py  bounded node table, gossip merge, ALIVE -> SUSPECT -> DEAD, eviction (no I/O)
+    view.py        ClusterView: what a work source sees
     persist.py     term/vote file, quorum-commit store, append-only history (atomic writes)
-    auth.py        HMAC signing, replay cache, aiohttp middleware; client.py signed client
-    consensus.py   terms, votes, heartbeats, lease, commit-through-quorum
-    work_queue.py  the leader's SQLite queue (models in app/db/work_queue.py)
-    node.py        MeshNode: wiring and loops; server.py: routes; worker.py: WorkClient
+    auth.py        HMAC signing naming sender, receiver and its boot; replay cache; middleware
+    tls.py         optional mutual TLS with a cluster CA (`python -m app.coordination.p2p.tls init`)
+    conn_guard.py  connection caps and header deadlines against slow and many clients
+    refusals.py    refusals counted by reason (/metrics), last one per peer (/status), bounded logs
+    client.py      signed client that learns who answers where
+    consensus_core.py  shared state, the one transition function, `admit` (the gate of leader messages)
+    deciding.py, transfer.py, consensus.py  Consensus: decisions, handover, election and heartbeats
+    work_queue.py  the leader's queue (models in app/db/work_queue.py)
+    node.py        MeshNode: wiring and loops; server.py: routes; node_status.py: /status; worker.py: WorkClient
     discovery.py   static peers, `tailscale status --json`
 
 Embedding (what the orchestrator uses):
@@ -23,11 +31,11 @@ Embedding (what the orchestrator uses):
     node.update_local_state(capabilities=..., inventory=..., claims=[ClaimInfo, ...])  # gossiped
     node.cluster_view()                 # ClusterView: nodes' gossiped NodeState + Liveness
     node.is_leader, node.term, node.leader_id, node.quorum_level, node.role, node.status()
-    await node.decide(key, proposal) -> str | None  # leader: the key's one decided value (decision.py):
+    await node.decide(key, proposal) -> str | None  # leader: the key's one decided value (deciding.py):
                                         # read a quorum, finish what an earlier leader half-stored,
                                         # else have floor(V/2)+1 voters store `proposal`
     await node.commit(key, value) -> bool    # decide(key, value) == value
-    node.committed(key) -> str | None        # this voter's stored value: tentative, never acted on
+    node.stored_value(key) -> str | None     # this voter's stored value: tentative, never acted on
     WorkClient(node.client, node_id, addrs=lambda: [...]).claim() / renew / complete / fail
 
 Rules (DESIGN.md, "The mesh"): quorum = floor(V/2)+1 of the configured voters; terms are
@@ -36,8 +44,11 @@ stickiness, so a healthy leader is never preempted; the leader's lease is shorte
 election timeout and it steps down without quorum acks; quorum LOST is read-only.
 
 Security: every node-to-node request is HMAC-signed (secret from env MESH_SECRET, env
-MESH_SECRET_FILE, or mesh.secret / mesh.secret_file); GET /status and GET /progress are
-operator endpoints and readable without a signature.
+MESH_SECRET_FILE, or mesh.secret / mesh.secret_file) and names its sender, its receiver and
+the receiver's boot, so a request is good once, for one node, in one run of it; with mesh.tls
+the sender is the node its certificate names. A message must come from the node it speaks
+for, and terms move only through Raft's messages from configured voters, never by gossip.
+GET /status, /progress, /mesh/hello and /metrics are operator endpoints, readable unsigned.
 """
 
 from __future__ import annotations

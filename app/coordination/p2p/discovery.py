@@ -103,7 +103,7 @@ class TailscaleSource:
             return self._disable(f"tailscale binary unavailable: {exc}")
         try:
             out, _ = await asyncio.wait_for(proc.communicate(), self.timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             proc.kill()
             await proc.wait()
             log.warning("tailscale status timed out; will retry", timeout=self.timeout)

@@ -6,6 +6,14 @@ recently. Suspicion is local: a peer whose stamp has not advanced for `suspect_a
 SUSPECT, for `dead_after` DEAD. Peers also gossip their view; a node that finds itself
 reported SUSPECT or DEAD refutes by bumping its incarnation, which outranks every older stamp.
 
+The table is bounded: configured peers (voters, pinned ids) are always kept; a peer learned
+only from others' gossip is dropped once nothing fresh was heard of it for `evict_after`, and
+when the table is full a new stranger is not added. A peer is *credible* when it is configured,
+talked to us itself, or its stamp advanced since we first heard of it (it is alive somewhere);
+a name that merely appeared in someone's gossip is not. The message this node gossips stays
+under a byte budget (credible peers first), so no flood of fake peers can make our own gossip
+too large for the others to accept; leader heartbeats and most gossip go to credible peers.
+
 The class takes `now` as an argument everywhere so the same code runs inside the node and in
 the single-process gossip simulation of `scripts/bench_mesh.py`.
 """
@@ -13,10 +21,11 @@ the single-process gossip simulation of `scripts/bench_mesh.py`.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
-from app.coordination.p2p.schemas import GossipMessage, NodeState
+from app.coordination.p2p.schemas import MAX_TERM, GossipMessage, NodeState
 
 
 class Liveness(str, Enum):
@@ -41,17 +50,30 @@ def is_newer(incoming: NodeState, known: NodeState | None) -> bool:
 class PeerRecord:
     state: NodeState
     last_seen: float  # monotonic time the stamp last advanced or the node talked to us
+    size: int = 0  # bytes of its state as JSON, for the message budget
+    direct: float | None = None  # monotonic time it last talked to us itself
+    advanced: float | None = None  # monotonic time its stamp last advanced after we first heard of it
+
+
+def _size(state: NodeState) -> int:
+    return len(state.model_dump_json())
 
 
 class Membership:
     """The local node's state plus the latest known state of every other node."""
 
     def __init__(
-        self, local: NodeState, suspect_after: float, dead_after: float, now: float
+        self, local: NodeState, suspect_after: float, dead_after: float, now: float,
+        known: Iterable[str] = (), max_peers: int = 1024, evict_after: float | None = None,
+        message_budget: int = 768 * 1024,
     ) -> None:
         self.local = local
         self.suspect_after = suspect_after
         self.dead_after = dead_after
+        self.known = set(known) - {local.node_id}  # configured: never evicted, always room
+        self.max_peers = max_peers
+        self.evict_after = evict_after if evict_after is not None else 10 * dead_after
+        self.message_budget = message_budget
         self.peers: dict[str, PeerRecord] = {}
         self._started = now
 
@@ -81,11 +103,29 @@ class Membership:
         rec = self.peers.get(node_id)
         if rec is not None:
             rec.last_seen = max(rec.last_seen, now)
+            rec.direct = now
+
+    def credible(self, node_id: str, now: float) -> bool:
+        """Configured; or, within `dead_after`, it talked to us itself or its stamp advanced."""
+        rec = self.peers.get(node_id)
+        if node_id in self.known:
+            return True
+        if rec is None:
+            return False
+        return any(t is not None and now - t < self.dead_after for t in (rec.direct, rec.advanced))
+
+    def evict(self, now: float) -> list[str]:
+        """Drop peers nobody configured that nothing fresh was heard of for `evict_after`."""
+        gone = [nid for nid, rec in self.peers.items()
+                if nid not in self.known and now - rec.last_seen >= self.evict_after]
+        for nid in gone:
+            del self.peers[nid]
+        return gone
 
     def merge_state(self, state: NodeState, now: float) -> bool:
         """Keep `state` if it is newer; True when it changed the table."""
         if state.node_id == self.node_id:
-            if state.stamp() > self.local.stamp():
+            if state.stamp() > self.local.stamp() and state.incarnation < MAX_TERM // 2:
                 # Someone holds a newer stamp of us than we do (we restarted without our
                 # file): jump past it so our own updates win again.
                 self.local = self.local.model_copy(
@@ -94,13 +134,22 @@ class Membership:
             return False
         rec = self.peers.get(state.node_id)
         if rec is None:
-            self.peers[state.node_id] = PeerRecord(state, now)
+            if state.node_id not in self.known and self._strangers() >= self.max_peers - len(self.known):
+                self.evict(now)
+                if self._strangers() >= self.max_peers - len(self.known):
+                    return False  # full of peers heard of recently: a stranger waits
+            self.peers[state.node_id] = PeerRecord(state, now, _size(state))
             return True
         if is_newer(state, rec.state):
             rec.state = state
+            rec.size = _size(state)
             rec.last_seen = max(rec.last_seen, now)
+            rec.advanced = now
             return True
         return False
+
+    def _strangers(self) -> int:
+        return len(self.peers) - sum(1 for k in self.known if k in self.peers)
 
     def merge(self, message: GossipMessage, now: float) -> int:
         """Merge a gossip message; refute if the sender thinks we are not alive."""
@@ -139,14 +188,30 @@ class Membership:
         return rec.state if rec else None
 
     def message(self, now: float) -> GossipMessage:
-        return GossipMessage(sender=self.node_id, states=self.states(), view=self.view(now))
+        """Our state and the peers' under the byte budget: credible peers first, then the
+        most recently refreshed."""
+        order = sorted(self.peers.items(), key=lambda kv: (not self.credible(kv[0], now), -kv[1].last_seen))
+        budget = self.message_budget - _size(self.local)
+        states, view = [self.local], {self.node_id: Liveness.ALIVE.value}
+        for nid, rec in order[:4095]:
+            budget -= rec.size + 64
+            if budget < 0:
+                break
+            states.append(rec.state)
+            view[nid] = self.liveness(nid, now).value
+        return GossipMessage(sender=self.node_id, states=states, view=view)
 
     def choose_targets(self, fanout: int, now: float, rng: random.Random) -> list[str]:
-        """Up to `fanout` peers, live ones first; one dead peer now and then so healed
-        partitions and restarted nodes are found again."""
+        """Up to `fanout` live peers: half of them credible (a flood of made-up names cannot crowd
+        those out), the rest drawn from all live peers (so gossip mixes and no closed clique
+        forms); one dead peer now and then, so healed partitions and restarted nodes are found."""
         live = [n for n in self.peers if self.liveness(n, now) is not Liveness.DEAD]
+        near = [n for n in live if self.credible(n, now)]
+        picked = rng.sample(near, min((fanout + 1) // 2, len(near)))  # credible ones always get slots
+        chosen = set(picked)
+        others = [n for n in live if n not in chosen]  # the rest uniformly: no closed cliques
+        picked += rng.sample(others, min(fanout - len(picked), len(others)))
         dead = [n for n in self.peers if self.liveness(n, now) is Liveness.DEAD]
-        picked = rng.sample(live, min(fanout, len(live)))
         if dead and (len(picked) < fanout or rng.random() < 0.25):
             picked.append(rng.choice(dead))
         return picked

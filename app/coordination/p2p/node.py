@@ -1,54 +1,49 @@
 """MeshNode: one node of the mesh: membership and gossip, the election (via Consensus), the
-leader's work queue, and the HTTP API, wired together with a few periodic loops."""
+leader's work queue, and the HTTP API, wired together with a few periodic loops.
+
+Its boot incarnation (bumped and persisted at every start) is what signed requests name as the
+receiver's boot, so nothing signed for an earlier run of this node is accepted by this one."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
 import socket
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from app.config import ConfigError, Settings
 from app.config.mesh import PROFILES, TimingProfile
 from app.coordination.p2p.auth import load_secret
 from app.coordination.p2p.client import MeshClient
+from app.coordination.p2p.conn_guard import ConnectionGuard
 from app.coordination.p2p.consensus import Consensus
-from app.coordination.p2p.decision import decide
 from app.coordination.p2p.discovery import TailscaleSource, parse_peer_list
 from app.coordination.p2p.election import QuorumLevel, Role
-from app.coordination.p2p.membership import Liveness, Membership
+from app.coordination.p2p.membership import Membership
 from app.coordination.p2p.node_status import default_capabilities, node_status
 from app.coordination.p2p.persist import CommitStore, HistoryLog, TermStore
+from app.coordination.p2p.refusals import Refusals
 from app.coordination.p2p.schemas import GossipMessage, NodeState
+from app.coordination.p2p.server import build_app
+from app.coordination.p2p.tls import (
+    cert_node_id,
+    client_context,
+    own_node_id,
+    server_context,
+)
+from app.coordination.p2p.view import ClusterView, WorkSource
 from app.coordination.p2p.work_queue import WorkQueue
-from app.coordination.p2p.work_rules import WorkSpec
 from app.coordination.p2p.worker import WorkClient
 from app.log import get_logger
 
 log = get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class ClusterView:
-    """What a work source sees: every known node's gossiped state and its liveness."""
-
-    self_id: str
-    term: int
-    leader: str | None
-    nodes: dict[str, NodeState]
-    liveness: dict[str, Liveness]
-
-    def alive(self) -> list[NodeState]:
-        return [s for nid, s in self.nodes.items() if self.liveness.get(nid) is Liveness.ALIVE]
-
-
-WorkSource = Callable[[ClusterView], Iterable[WorkSpec]]
 
 
 class MeshNode:
@@ -69,13 +64,18 @@ class MeshNode:
         tailscale: bool | None = None,
         work_source: WorkSource | None = None,
         capabilities: dict[str, Any] | None = None,
+        registry: CollectorRegistry | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        """`registry`: the node's Prometheus registry (refusal counts land there; a private one
+        when None). `wall_clock`: the clock signed timestamps are made and checked with."""
         s = settings or Settings()
         mesh = s.mesh
         self.node_id = node_id or s.node.node_id
         self.host = host or s.node.host
         self.port = s.node.mesh_port if port is None else port
         self.data_dir = Path(data_dir if data_dir is not None else s.node.data_dir)
+        self.db_url = s.node.db_url  # the work queue's database, when not a file under data_dir
         if isinstance(voters, str):
             voters = [v for v in voters.split(",") if v]
         self.voters = sorted(set(voters if voters is not None else mesh.voters))
@@ -104,6 +104,12 @@ class MeshNode:
         )
         self.max_body_bytes = mesh.max_body_bytes
         self.max_attempts = mesh.max_attempts
+        self.limits, self.tls, self.wall_clock = mesh.limits, mesh.tls, wall_clock
+        if self.tls is not None and (named := own_node_id(self.tls)) != self.node_id:
+            raise ConfigError(f"{self.tls.cert_file}: the certificate names {named}, this node is {self.node_id}")
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.refusals = Refusals(self.registry)
+        self.boot = 0  # set at start(): the persisted incarnation of this run
         self.tailscale = TailscaleSource(self.port) if (mesh.tailscale if tailscale is None else tailscale) else None
         self.work_source = work_source
         self.progress_provider: Callable[[], Any] | None = None
@@ -167,13 +173,9 @@ class MeshNode:
     def addr_of(self, node_id: str) -> str | None:
         if node_id == self.node_id:
             return self.addr
-        if node_id in self.pinned:
-            return self.pinned[node_id]
-        for seed, sid in self.seed_ids.items():
-            if sid == node_id:
-                return seed
-        state = self.membership.state_of(node_id)
-        return state.addr if state and state.addr else None
+        seed = self.pinned.get(node_id) or next((a for a, sid in self.seed_ids.items() if sid == node_id), None)
+        state = self.membership.state_of(node_id) if seed is None else None
+        return seed or (state.addr if state and state.addr else None)
 
     def cluster_view(self) -> ClusterView:
         now = time.monotonic()
@@ -185,61 +187,85 @@ class MeshNode:
         )
 
     def work_client(self) -> WorkClient:
-        """A WorkClient for this node whose held claims are gossiped with our state."""
+        """A WorkClient for this node whose held claims are gossiped with our state; it looks for
+        the leader through us and the credible peers (membership.py)."""
+        def addrs() -> list[str]:
+            m, now = self.membership, time.monotonic()
+            return [self.addr] + [a for a in (self.addr_of(n) for n in m.peers if m.credible(n, now)) if a]
         return WorkClient(
-            self.client, self.node_id,
-            addrs=lambda: [self.addr] + [a for a in (self.addr_of(n) for n in self.membership.peers) if a],
+            self.client, self.node_id, addrs=addrs,
             capabilities=lambda: dict(self.membership.local.capabilities),
             on_claims_changed=lambda claims: self.membership.update_local(claims=claims),
         )
 
     async def decide(self, key: str, proposal: str | None) -> str | None:
-        """Leader only: the value decided for `key` through a quorum (decision.py): `proposal`,
+        """Leader only: the value decided for `key` through a quorum (deciding.py): `proposal`,
         or what an earlier leader decided or half-stored; None without a quorum."""
-        return await decide(self.consensus, key, proposal)
+        return await self.consensus.decide(key, proposal)
 
     async def commit(self, key: str, value: str) -> bool:
         """Leader only: True once `value` is the decided value of `key`."""
         return await self.decide(key, value) == value
 
-    def committed(self, key: str) -> str | None:
-        """What this voter stored for `key`: tentative unless a quorum stored it too."""
+    def stored_value(self, key: str) -> str | None:
+        """What this voter stored for `key`: tentative (never to be acted on) unless a quorum
+        stored it too; the decided ones are in `commits.decided_values()`."""
         return self.commits.get(key)
+
+    def cert_id_of(self, request: web.Request) -> str | None:
+        """With TLS on: the node id the peer's certificate names (its requests must say the same)."""
+        if self.tls is None or request.transport is None:
+            return None
+        return cert_node_id(request.transport.get_extra_info("peercert"))
 
     # -- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
-        from app.coordination.p2p.server import build_app  # server imports this module
-
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.store = TermStore(self.data_dir / "mesh_term.json")
-        incarnation = self.store.next_incarnation()
+        incarnation = self.boot = self.store.next_incarnation()
         self.commits = CommitStore(self.data_dir / "mesh_commits.json")
         self.history = HistoryLog(self.data_dir / "mesh_history.jsonl", self.node_id)
-        self.queue = WorkQueue(self.data_dir / "work_queue.db", self.max_attempts, self.timing.claim_ttl)
-        self.client = MeshClient(self.secret, self.timing.request_timeout)
-        self.app = build_app(self, self._extra_routes, self._public_routes)
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
-        await site.start()
-        if self.port == 0:
-            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.queue = WorkQueue(self.db_url or self.data_dir / "work_queue.db", self.max_attempts, self.timing.claim_ttl)
+        self.client = MeshClient(self.secret, self.timing.request_timeout, node_id=self.node_id,
+                                 ssl_context=client_context(self.tls) if self.tls else None,
+                                 refusals=self.refusals, clock=self.wall_clock)
         now = time.monotonic()
         local = NodeState(
-            node_id=self.node_id, addr=self.addr, incarnation=incarnation, priority=self.priority,
+            node_id=self.node_id, addr="", incarnation=incarnation, priority=self.priority,
             voter=self.node_id in self.voters, capabilities=self._initial_capabilities,
             term=self.store.term,
         )
-        self.membership = Membership(local, self.timing.suspect_after, self.timing.dead_after, now)
+        self.membership = Membership(
+            local, self.timing.suspect_after, self.timing.dead_after, now, known=[*self.voters, *self.pinned],
+            max_peers=self.limits.max_peers, evict_after=self.limits.peer_evict_after,
+            message_budget=self.max_body_bytes * 3 // 4,
+        )
         self.consensus = Consensus(
             self.node_id, self.voters, self.priority, self.timing, self.store, self.commits,
             self.history, self.membership, self.client, self.addr_of, self._on_become_leader,
         )
+        guard = ConnectionGuard(self.limits.max_connections_per_addr, self.limits.max_connections,
+                                self.limits.header_deadline, on_refused=self.refusals.refused_in)
+        self.app = build_app(self, guard, self._extra_routes, self._public_routes)
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
+                                     keepalive_timeout=self.limits.keepalive_timeout)
+        await self._runner.setup()
+        assert self._runner.server is not None
+        guard.install(self._runner.server)
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True,
+                           ssl_context=server_context(self.tls) if self.tls else None, backlog=1024)
+        await site.start()
+        if self.port == 0:
+            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.membership.local = self.membership.local.model_copy(update={"addr": self.addr})
         self.history.append("started", self.term, addr=self.addr, incarnation=incarnation)
         log.info("mesh node started", addr=self.addr, voters=self.voters, term=self.term)
         self.started = True
-        for loop in (self._gossip_loop, self._election_loop, self._heartbeat_loop, self._reconcile_loop):
-            self._tasks.append(asyncio.create_task(loop()))
+        t = self.timing
+        for loop in (self._every(t.gossip_interval, self.gossip_round, "gossip round"), self._election_loop(),
+                     self._every(t.heartbeat_interval, self.consensus.heartbeat_round, "heartbeat round"),
+                     self._every(t.reconcile_interval, self.reconcile, "reconcile")):
+            self._tasks.append(asyncio.create_task(loop))
         if self.tailscale is not None:
             self._tasks.append(asyncio.create_task(self._discovery_loop()))
 
@@ -270,26 +296,20 @@ class MeshNode:
             elif self.consensus.is_voter and now >= self.consensus.election_deadline:
                 try:
                     await self.consensus.run_election()
-                except Exception:  # noqa: BLE001 - an election bug must not kill the loop
+                except Exception:
                     log.exception("election failed")
                 self.consensus.reset_election_deadline(time.monotonic())
 
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            if self.consensus.role is Role.LEADER:
-                try:
-                    await self.consensus.heartbeat_round()
-                except Exception:  # noqa: BLE001 - keep leading; the lease decides
-                    log.exception("heartbeat round failed")
-            await asyncio.sleep(self.timing.heartbeat_interval)
-
-    async def _gossip_loop(self) -> None:
+    async def _every(self, interval: float, step: Callable[[], object], what: str) -> None:
+        """Run `step` (sync or async) every `interval` s; one failure must not end the loop."""
         while True:
             try:
-                self.gossip_round()
-            except Exception:  # noqa: BLE001 - one bad round must not end gossip
-                log.exception("gossip round failed")
-            await asyncio.sleep(self.timing.gossip_interval)
+                result = step()
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception(f"{what} failed")
+            await asyncio.sleep(interval)
 
     def _sync_local(self) -> None:
         c = self.consensus
@@ -302,6 +322,7 @@ class MeshNode:
         now = time.monotonic()
         self._sync_local()
         self.membership.tick()
+        self.membership.evict(now)
         targets = [(nid, self.addr_of(nid)) for nid in self.membership.choose_targets(
             self.timing.gossip_fanout, now, self._rng)]
         known_addrs = {self.addr_of(n) for n in self.membership.peers}
@@ -327,20 +348,9 @@ class MeshNode:
             self._gossip_in_flight.discard(addr)
 
     def absorb(self, message: GossipMessage) -> None:
-        """Merge gossip (either direction) and obey any newer term it carries."""
-        now = time.monotonic()
-        self.membership.merge(message, now)
-        highest = max((s.term for s in message.states), default=0)
-        if highest > self.consensus.term:
-            self.consensus.observe_term(highest)
-
-    async def _reconcile_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.timing.reconcile_interval)
-            try:
-                self.reconcile()
-            except Exception:  # noqa: BLE001 - a work-source bug must not stop the mesh
-                log.exception("reconcile failed")
+        """Merge gossip (either direction). The terms it carries are what nodes say of
+        themselves, never adopted: terms move only through votes, heartbeats and commits."""
+        self.membership.merge(message, time.monotonic())
 
     def reconcile(self) -> None:
         if not self.consensus.can_mutate():
@@ -348,7 +358,9 @@ class MeshNode:
         view = self.cluster_view()
         specs = list(self.work_source(view)) if self.work_source is not None else None
         completed = {c for s in view.nodes.values() for c in s.completed}
-        self.queue.reconcile(specs, time.time(), completed=completed)
+        now = time.monotonic()
+        self.queue.reconcile(specs, now, completed=completed)
+        self.queue.adopt(self.term, view.live_claims(), now)
         self.membership.local = self.membership.local.model_copy(
             update={"completed": self.queue.recently_completed()}
         )
@@ -360,8 +372,8 @@ class MeshNode:
         in_flight = [c for s in view.nodes.values() for c in s.claims]
         completed = {c for s in view.nodes.values() for c in s.completed}
         try:
-            self.queue.rebuild(term, specs, in_flight, completed, time.time())
-        except Exception:  # noqa: BLE001
+            self.queue.rebuild(term, specs, in_flight, completed, time.monotonic(), live=view.live_claims())
+        except Exception:
             log.exception("queue rebuild failed")
         self._sync_local()
         task = asyncio.ensure_future(self.consensus.heartbeat_round())

@@ -1,35 +1,70 @@
-"""What `GET /status` shows of a node, and what a machine offers: read-only views of MeshNode."""
+"""What `GET /status` shows of a node, and what a machine offers: read-only views of a node
+(anything shaped like `StatusSource`; MeshNode is one)."""
 
 from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from app.coordination.p2p.node import MeshNode
+from app.coordination.p2p.consensus import Consensus
+from app.coordination.p2p.election import QuorumLevel, Role
+from app.coordination.p2p.membership import Membership
+from app.coordination.p2p.refusals import Refusals
+from app.coordination.p2p.work_queue import WorkQueue
 
 
-def node_status(node: "MeshNode") -> dict[str, Any]:
-    """Node, role, term, leader, voters alive, quorum level, peers with state and last seen,
-    the work queue (leader) and the claims it holds."""
+class StatusSource(Protocol):
+    node_id: str
+    voters: list[str]
+    boot: int
+    consensus: Consensus
+    membership: Membership
+    queue: WorkQueue
+    refusals: Refusals
+
+    @property
+    def addr(self) -> str: ...
+    @property
+    def role(self) -> Role: ...
+    @property
+    def term(self) -> int: ...
+    @property
+    def leader_id(self) -> str | None: ...
+    @property
+    def is_leader(self) -> bool: ...
+    @property
+    def quorum_level(self) -> QuorumLevel: ...
+    def addr_of(self, node_id: str) -> str | None: ...
+
+
+def node_status(node: StatusSource) -> dict[str, Any]:
+    """Node, role, term, leader, voters alive, quorum level, peers with state, last seen and the
+    last refusal each way (we_refused / they_refused: e.g. "clock 400 s ahead of ours"), the
+    work queue (leader) and the claims it holds."""
     now = time.monotonic()
     m = node.membership
     alive = m.alive_ids(now)
     peers = []
-    for nid, rec in sorted(m.peers.items()):
+    for nid in sorted(set(m.peers) | m.known):  # a configured peer we never heard from shows too
+        addr = node.addr_of(nid)
+        rec = m.peers.get(nid)
         peers.append({
-            "node_id": nid, "addr": node.addr_of(nid), "state": m.liveness(nid, now).value,
-            "last_seen_s": round(now - rec.last_seen, 3), "role": rec.state.role,
-            "term": rec.state.term, "leader": rec.state.leader,
-            "incarnation": rec.state.incarnation, "version": rec.state.version,
+            "node_id": nid, "addr": addr, "state": m.liveness(nid, now).value,
+            "last_seen_s": round(now - rec.last_seen, 3) if rec else None,
+            "role": rec.state.role if rec else None, "term": rec.state.term if rec else None,
+            "leader": rec.state.leader if rec else None,
+            "incarnation": rec.state.incarnation if rec else None, "version": rec.state.version if rec else None,
+            "credible": m.credible(nid, now),
+            "replication": rec.state.inventory.get("replication") if rec else None,  # its copies, as it gossips them
+            **node.refusals.of_peer(nid, *([addr] if addr else [])),
         })
     return {
         "node_id": node.node_id, "addr": node.addr, "role": node.role.value, "term": node.term,
         "leader": node.leader_id, "leader_addr": node.addr_of(node.leader_id) if node.leader_id else None,
         "voters": node.voters, "voters_alive": sorted(set(node.voters) & alive),
         "quorum_size": len(node.voters) // 2 + 1, "quorum_level": node.quorum_level.value,
-        "lease_valid": node.consensus.lease_valid(now), "incarnation": m.local.incarnation,
+        "lease_valid": node.consensus.lease_valid(now), "incarnation": m.local.incarnation, "boot": node.boot,
         "peers": peers,
         "work": node.queue.summary() if node.is_leader else None,
         "claims_held": [c.model_dump() for c in m.local.claims],

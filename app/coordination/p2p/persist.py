@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from app.atomic_files import atomic_write_json
+from app.config.base import ConfigError
 from app.coordination.p2p.decision import Stored, may_store
+from app.coordination.p2p.schemas import MAX_TERM
 
 
 def read_json(path: Path, default: Any) -> Any:
@@ -43,6 +45,8 @@ class TermStore:
             voted_for=raw.get("voted_for"),
             incarnation=int(raw.get("incarnation", 0)),
         )
+        if not 0 <= self.record.current_term <= MAX_TERM or not 0 <= self.record.incarnation < MAX_TERM:
+            raise ConfigError(f"{path}: term or incarnation outside 0..{MAX_TERM}; refusing a corrupt or poisoned file")
 
     @property
     def term(self) -> int:
@@ -55,6 +59,8 @@ class TermStore:
     def save(self, current_term: int, voted_for: str | None) -> None:
         if current_term < self.record.current_term:
             raise ValueError(f"term may not go back: {self.record.current_term} -> {current_term}")
+        if current_term > MAX_TERM:
+            raise ValueError(f"term {current_term} is above the bound {MAX_TERM}")
         new = TermRecord(current_term, voted_for, self.record.incarnation)
         self._write(new)
 

@@ -1,29 +1,67 @@
 """Wire formats between nodes: one pydantic model per request/response body.
 
 Models are strict about unknown keys on requests so a typo or a version skew is a 400 with a
-message rather than a silently ignored field. Free-form maps (capabilities, inventory,
-payloads) stay dicts because their contents belong to other layers.
+message rather than a silently ignored field. Numbers are bounded: terms and sequence numbers
+fit a signed 64-bit integer with room to grow (MAX_TERM), floats are finite, so no message can
+push a value past what the work queue's columns hold. Capabilities are typed (cpus, gpus,
+memory_gb, plus short scalar extras); inventory and payloads stay free-form because their
+contents belong to other layers (the parser bounds their depth and size: server.py).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import math
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 NodeId = str
 _ID = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
+MAX_TERM = 2**53  # far below 2**63 - 1: decades of elections and claims fit, and JSON doubles hold it exactly
+TermInt = Annotated[int, Field(ge=0, le=MAX_TERM)]
+SmallInt = Annotated[int, Field(ge=-(2**31), le=2**31)]
+Caps = Annotated[dict[str, Any], Field(default_factory=dict)]
 
 
 class Wire(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class Capabilities(Wire):
+    """What a worker says it has; `fits` (work_rules.py) compares it with an item's requirements."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    cpus: int = Field(default=0, ge=0, le=1_000_000)
+    gpus: int = Field(default=0, ge=0, le=100_000)
+    memory_gb: float = Field(default=0.0, ge=0, le=1e9)
+
+
+def typed_capabilities(raw: Any) -> dict[str, Any]:
+    """Validate a capabilities map (typed known keys, at most 32 short scalar extras) and return
+    it as the plain dict the other layers read."""
+    if not isinstance(raw, dict):
+        raise ValueError("capabilities must be an object")  # noqa: TRY004 - pydantic reports ValueError as a 400
+    if len(raw) > 32:
+        raise ValueError("at most 32 capabilities")
+    caps = Capabilities.model_validate(raw)
+    extras = caps.model_extra or {}
+    for key, value in extras.items():
+        if len(key) > 64 or not (value is None or isinstance(value, (bool, int, float, str))):
+            raise ValueError(f"capability {key[:64]!r}: expected a short name and a scalar value")
+        if isinstance(value, str) and len(value) > 256:
+            raise ValueError(f"capability {key!r}: value longer than 256 characters")
+        if isinstance(value, int) and abs(value) > 2**53:
+            raise ValueError(f"capability {key!r}: integer out of range")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"capability {key!r}: not a finite number")
+    return caps.model_dump()
 
 
 class Token(Wire):
     """Fencing token of a claim: a claim is valid only under the leader of `term`."""
 
-    term: int = Field(ge=0)
-    seq: int = Field(ge=0)
+    term: TermInt
+    seq: TermInt
 
 
 class ClaimInfo(Wire):
@@ -31,7 +69,7 @@ class ClaimInfo(Wire):
 
     item_id: str = Field(max_length=512)
     token: Token
-    attempts: int = Field(default=1, ge=0)
+    attempts: int = Field(default=1, ge=0, le=2**31)
     expires_at: float = 0.0
 
 
@@ -40,17 +78,22 @@ class NodeState(Wire):
 
     node_id: NodeId = _ID
     addr: str = Field(default="", max_length=256)
-    incarnation: int = Field(default=0, ge=0)
-    version: int = Field(default=0, ge=0)
-    role: str = "follower"
-    term: int = Field(default=0, ge=0)
-    leader: str | None = None
-    priority: int = 0
+    incarnation: TermInt = 0
+    version: TermInt = 0
+    role: str = Field(default="follower", max_length=32)
+    term: TermInt = 0  # what the node says; never adopted from gossip (consensus.py)
+    leader: str | None = Field(default=None, max_length=128)
+    priority: SmallInt = 0
     voter: bool = False
-    capabilities: dict[str, Any] = {}
+    capabilities: Caps
     inventory: dict[str, Any] = {}
-    claims: list[ClaimInfo] = []
-    completed: list[str] = []  # leader only: recently completed work item ids
+    claims: list[ClaimInfo] = Field(default_factory=list, max_length=1024)
+    completed: list[str] = Field(default_factory=list, max_length=4096)  # leader only: recently completed item ids
+
+    @field_validator("capabilities")
+    @classmethod
+    def _typed(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return typed_capabilities(v)
 
     def stamp(self) -> tuple[int, int]:
         return (self.incarnation, self.version)
@@ -61,11 +104,18 @@ class GossipMessage(Wire):
     states: list[NodeState] = Field(default_factory=list, max_length=4096)
     view: dict[str, str] = {}  # sender's liveness of each node: alive / suspect / dead
 
+    @field_validator("view")
+    @classmethod
+    def _bounded_view(cls, v: dict[str, str]) -> dict[str, str]:
+        if len(v) > 4096 or any(len(k) > 128 or len(x) > 16 for k, x in v.items()):
+            raise ValueError("at most 4096 entries of a node id and a liveness word")
+        return v
+
 
 class VoteRequest(Wire):
-    term: int = Field(ge=0)
+    term: TermInt
     candidate_id: NodeId = _ID
-    priority: int = 0
+    priority: SmallInt = 0
     pre_vote: bool = False
     transfer_from: NodeId | None = Field(default=None, min_length=1, max_length=128)  # a leader's handover
 
@@ -73,7 +123,7 @@ class VoteRequest(Wire):
 class TimeoutNowRequest(Wire):
     """Leader -> chosen successor: I have stepped down; stand for election now (transfer.py)."""
 
-    term: int = Field(ge=0)
+    term: TermInt
     leader_id: NodeId = _ID
 
 
@@ -84,33 +134,34 @@ class TransferRequest(Wire):
 
 
 class VoteResponse(Wire):
-    term: int
+    term: TermInt
     granted: bool
     reason: str = ""
     voter_id: NodeId = ""
 
 
 class HeartbeatRequest(Wire):
-    term: int = Field(ge=0)
+    term: TermInt
     leader_id: NodeId = _ID
     sent_at: float = 0.0
 
 
 class HeartbeatResponse(Wire):
-    term: int
+    term: TermInt
     ok: bool
     node_id: NodeId = ""
+    reason: str = ""
 
 
 class CommitRequest(Wire):
-    term: int = Field(ge=0)
+    term: TermInt
     leader_id: NodeId = _ID
     key: str = Field(min_length=1, max_length=256)
     value: str = Field(max_length=4096)
 
 
 class CommitResponse(Wire):
-    term: int
+    term: TermInt
     stored: bool
     reason: str = ""
 
@@ -118,22 +169,27 @@ class CommitResponse(Wire):
 class CommitReadRequest(Wire):
     """Phase 1 of a decision (app/coordination/p2p/decision.py): what do you hold for `key`?"""
 
-    term: int = Field(ge=0)
+    term: TermInt
     leader_id: NodeId = _ID
     key: str = Field(min_length=1, max_length=256)
 
 
 class CommitReadResponse(Wire):
-    term: int
+    term: TermInt
     ok: bool  # False: the request's term was stale
     value: str | None = None
-    value_term: int | None = None
+    value_term: TermInt | None = None
 
 
 class ClaimRequest(Wire):
-    node_id: NodeId = _ID
-    capabilities: dict[str, Any] = {}
-    kinds: list[str] | None = None
+    node_id: NodeId = _ID  # must be the sender (server.py)
+    capabilities: Caps
+    kinds: list[str] | None = Field(default=None, max_length=64)
+
+    @field_validator("capabilities")
+    @classmethod
+    def _typed(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return typed_capabilities(v)
 
 
 class WorkItemOut(Wire):
@@ -166,3 +222,4 @@ class TokenResponse(Wire):
     ok: bool
     reason: str = ""
     ttl: float | None = None
+    token: Token | None = None  # a renew under a new leader: the token to use from now on

@@ -1,25 +1,43 @@
 """HTTP API of a mesh node (port 8770).
 
-Operator endpoints, readable without a signature: GET /status, GET /progress.
+Operator endpoints, readable without a signature: GET /status, /progress, /mesh/hello (who answers
+here, for signing), /metrics (Prometheus text of the node's registry).
 Node-to-node endpoints, HMAC-signed: POST /gossip, /vote, /heartbeat, /commit, /commit/read, /commit/decided,
 /transfer/timeout_now, /admin/transfer (operator: hand leadership over),
 /work/claim, /work/claim_training, /work/renew, /work/complete, /work/fail.
-Malformed bodies get 400 with a message; token operations on a stale claim get 409; a claim
-sent to a node that cannot hand out work (not leader, no lease, quorum LOST) gets 503 with the
-leader it knows of, so the worker can retry there.
+
+Every body is parsed with bounded size and depth; anything malformed is a 400 with a reason,
+never a 500. Each message must come from the node it speaks for (the signed sender: a gossip's
+sender, a vote's candidate, a claim's node; the leader checks are consensus_core.admit). Token
+operations on a stale claim get 409; a claim sent to a node that cannot hand out work (not
+leader, no lease, quorum LOST) gets 503 with the leader it knows of, so the worker can retry.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ValidationError
 
-from app.coordination.p2p.auth import BODY_KEY, Verifier, auth_middleware, json_error
+from app.config.mesh import MeshLimits
+from app.coordination.p2p.auth import (
+    BODY_KEY,
+    BOOT_HEADER,
+    NODE_HEADER,
+    SENDER_KEY,
+    Verifier,
+    auth_middleware,
+    json_error,
+)
+from app.coordination.p2p.conn_guard import ConnectionGuard
+from app.coordination.p2p.consensus import Consensus
+from app.coordination.p2p.membership import Membership
+from app.coordination.p2p.refusals import Refusals
 from app.coordination.p2p.schemas import (
     ClaimRequest,
     ClaimResponse,
@@ -27,35 +45,88 @@ from app.coordination.p2p.schemas import (
     CommitRequest,
     GossipMessage,
     HeartbeatRequest,
-    TokenRequest,
     TimeoutNowRequest,
+    TokenRequest,
     TokenResponse,
     TransferRequest,
     VoteRequest,
 )
-from app.coordination.p2p.decision import handle_decided, handle_read, handle_store
-from app.coordination.p2p.transfer import handle_timeout_now, transfer_leadership
+from app.coordination.p2p.work_queue import WorkQueue
 from app.coordination.p2p.work_rules import TRAINING_KIND, TRAINING_KINDS
 from app.log import get_logger
 
-if TYPE_CHECKING:
-    from app.coordination.p2p.node import MeshNode
-
 log = get_logger(__name__)
 M = TypeVar("M", bound=BaseModel)
-PUBLIC = [("GET", "/status"), ("GET", "/progress")]
+PUBLIC = [("GET", "/status"), ("GET", "/progress"), ("GET", "/mesh/hello"), ("GET", "/metrics")]
+MAX_DEPTH = 32
+
+
+class ServedNode(Protocol):
+    """What the API needs of a node (MeshNode provides it)."""
+
+    node_id: str
+    boot: int
+    secret: bytes
+    max_body_bytes: int
+    limits: MeshLimits
+    consensus: Consensus
+    membership: Membership
+    queue: WorkQueue
+    refusals: Refusals
+    registry: CollectorRegistry
+    progress_provider: Callable[[], Any] | None
+    wall_clock: Callable[[], float]
+
+    @property
+    def term(self) -> int: ...
+    @property
+    def is_leader(self) -> bool: ...
+    @property
+    def leader_id(self) -> str | None: ...
+    def addr_of(self, node_id: str) -> str | None: ...
+    def status(self) -> dict[str, Any]: ...
+    def absorb(self, message: GossipMessage) -> None: ...
+    def cert_id_of(self, request: web.Request) -> str | None: ...
 
 
 class BadRequest(Exception):
     pass
 
 
-def parse_body(request: web.Request, model: type[M]) -> M:
-    raw = request.get(BODY_KEY, b"")
+def _depth(value: Any) -> int:
+    """Nesting depth of parsed JSON, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth > MAX_DEPTH:
+            break
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return deepest
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def parse_json(raw: bytes) -> Any:
+    """JSON with bounded depth, finite numbers and bounded integer digits; BadRequest otherwise."""
     try:
-        data = json.loads(raw) if raw else None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"body is not valid JSON: {exc}") from None
+        data = json.loads(raw, parse_constant=_no_constants) if raw else None
+    except RecursionError:
+        raise BadRequest(f"body is nested deeper than {MAX_DEPTH} levels") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError, too many digits, NaN
+        raise BadRequest(f"body is not valid JSON: {str(exc)[:200]}") from None
+    if _depth(data) > MAX_DEPTH:
+        raise BadRequest(f"body is nested deeper than {MAX_DEPTH} levels")
+    return data
+
+
+def parse_body(request: web.Request, model: type[M]) -> M:
+    data = parse_json(request.get(BODY_KEY, b""))
     if not isinstance(data, dict):
         raise BadRequest("body must be a JSON object")
     try:
@@ -64,7 +135,20 @@ def parse_body(request: web.Request, model: type[M]) -> M:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or '<body>'}: {e['msg']}" for e in exc.errors()[:10]
         )
-        raise BadRequest(f"invalid {model.__name__}: {problems}") from None
+        raise BadRequest(f"invalid {model.__name__}: {problems}"[:2000]) from None
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise BadRequest(f"invalid {model.__name__}: {str(exc)[:500]}") from None
+
+
+def sender_of(request: web.Request) -> str:
+    return request.get(SENDER_KEY, "")
+
+
+def same_sender(request: web.Request, claimed: str, what: str) -> None:
+    """The message must come from the node it speaks for."""
+    sender = sender_of(request)
+    if sender != claimed:
+        raise BadRequest(f"{what} is {claimed} but the request was signed by {sender}")
 
 
 def ok(model: BaseModel | dict[str, Any], status: int = 200) -> web.Response:
@@ -72,33 +156,56 @@ def ok(model: BaseModel | dict[str, Any], status: int = 200) -> web.Response:
     return web.Response(status=status, text=text, content_type="application/json")
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+def error_middleware(refusals: Refusals):  # type: ignore[no-untyped-def]
     """Typed errors become JSON answers; nothing leaks a traceback to the client."""
-    try:
-        return await handler(request)
-    except BadRequest as exc:
-        return json_error(400, str(exc))
-    except web.HTTPException as exc:
-        if exc.status >= 400:
-            return json_error(exc.status, exc.reason)
-        raise
-    except Exception:  # noqa: BLE001 - logged here, never sent to the client
-        log.exception("request failed", path=request.path)
-        return json_error(500, "internal error")
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except BadRequest as exc:
+            refusals.refused_in(sender_of(request) or request.remote or "?", "bad_request", str(exc)[:300])
+            return json_error(400, str(exc), code="bad_request")
+        except web.HTTPException as exc:
+            if exc.status >= 400:
+                return json_error(exc.status, exc.reason)
+            raise
+        except Exception:
+            log.exception("request failed", path=request.path)
+            return json_error(500, "internal error")
+
+    return middleware
 
 
 def build_app(
-    node: "MeshNode", extra_routes: Iterable[web.RouteDef] = (), extra_public: Iterable[tuple[str, str]] = ()
+    node: ServedNode, guard: ConnectionGuard, extra_routes: Iterable[web.RouteDef] = (),
+    extra_public: Iterable[tuple[str, str]] = (),
 ) -> web.Application:
-    verifier = Verifier(node.secret)
+    verifier = Verifier(node.secret, node.node_id, node.boot, clock=node.wall_clock)
     app = web.Application(
-        middlewares=[error_middleware, auth_middleware(verifier, node.max_body_bytes, [*PUBLIC, *extra_public])],
+        middlewares=[
+            guard.middleware(), error_middleware(node.refusals),
+            auth_middleware(verifier, node.max_body_bytes, [*PUBLIC, *extra_public], body_deadline=node.limits.body_deadline,
+                            cert_id_of=node.cert_id_of, on_refused=node.refusals.refused_in),
+        ],
         client_max_size=node.max_body_bytes,
     )
 
+    async def who_answers(request: web.Request, response: web.StreamResponse) -> None:
+        response.headers[NODE_HEADER] = node.node_id
+        response.headers[BOOT_HEADER] = str(node.boot)
+
+    app.on_response_prepare.append(who_answers)
+    c = node.consensus
+
     async def status(request: web.Request) -> web.Response:
         return ok(node.status())
+
+    async def hello(request: web.Request) -> web.Response:
+        return ok({"node_id": node.node_id, "boot": node.boot})
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(node.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def progress(request: web.Request) -> web.Response:
         data = node.progress_provider() if node.progress_provider else {"generations": []}
@@ -106,32 +213,33 @@ def build_app(
 
     async def gossip(request: web.Request) -> web.Response:
         msg = parse_body(request, GossipMessage)
+        same_sender(request, msg.sender, "the gossip's sender")
         node.absorb(msg)
         return ok(node.membership.message(time.monotonic()))
 
     async def vote(request: web.Request) -> web.Response:
-        return ok(node.consensus.handle_vote(parse_body(request, VoteRequest)))
+        return ok(c.handle_vote(sender_of(request), parse_body(request, VoteRequest)))
 
     async def heartbeat(request: web.Request) -> web.Response:
-        return ok(node.consensus.handle_heartbeat(parse_body(request, HeartbeatRequest)))
+        return ok(c.handle_heartbeat(sender_of(request), parse_body(request, HeartbeatRequest)))
 
     def answered(handler, schema, refused):  # type: ignore[no-untyped-def]
         """A voter-side handler of the decision/transfer protocols: 200, or 409 when it refused."""
         async def endpoint(request: web.Request) -> web.Response:
-            resp = handler(node.consensus, parse_body(request, schema))
+            resp = handler(sender_of(request), parse_body(request, schema))
             return ok(resp, 409 if refused(resp) else 200)
         return endpoint
 
-    commit = answered(handle_store, CommitRequest, lambda r: not r.stored)
-    commit_decided = answered(handle_decided, CommitRequest, lambda r: not r.stored)
-    commit_read = answered(handle_read, CommitReadRequest, lambda r: not r.ok)
-    timeout_now = answered(handle_timeout_now, TimeoutNowRequest, lambda r: not r.ok)
+    commit = answered(c.handle_store, CommitRequest, lambda r: not r.stored)
+    commit_decided = answered(c.handle_decided, CommitRequest, lambda r: not r.stored)
+    commit_read = answered(c.handle_read, CommitReadRequest, lambda r: not r.ok)
+    timeout_now = answered(c.handle_timeout_now, TimeoutNowRequest, lambda r: not r.ok)
 
     async def transfer(request: web.Request) -> web.Response:
         req = parse_body(request, TransferRequest)
         if not node.is_leader:
             return elsewhere("not the leader")
-        why = await transfer_leadership(node.consensus, req.target, node.membership.alive_ids(time.monotonic()))
+        why = await c.transfer_leadership(req.target, node.membership.alive_ids(time.monotonic()))
         if why is not None:
             return ok({"error": why}, 409)
         return ok({"transferred_to": req.target, "from_term": node.term})
@@ -142,19 +250,20 @@ def build_app(
                    "leader_addr": node.addr_of(node.leader_id) if node.leader_id else None}, 503)
 
     def not_serving() -> web.Response | None:
-        if not node.consensus.can_mutate():
+        if not c.can_mutate():
             return elsewhere("not the leader" if not node.is_leader else "no quorum (read-only)")
         return None
 
     async def claim_common(request: web.Request, training_only: bool) -> web.Response:
         req = parse_body(request, ClaimRequest)
+        same_sender(request, req.node_id, "the claim's node_id")
         refused = not_serving()
         if refused is not None:
             return refused
         kinds = [TRAINING_KIND] if training_only else req.kinds
         if training_only and req.kinds:  # e.g. a joiner asking for training_join items only
             kinds = [k for k in req.kinds if k in TRAINING_KINDS]
-        grant = node.queue.claim(req.node_id, req.capabilities, kinds, node.term, time.time())
+        grant = node.queue.claim(req.node_id, req.capabilities, kinds, node.term, time.monotonic())
         if grant is None:
             return ok(ClaimResponse(status="no_work"))
         return ok(ClaimResponse(status="claimed", item=grant.item, token=grant.token, ttl=grant.ttl))
@@ -167,19 +276,21 @@ def build_app(
 
     async def renew(request: web.Request) -> web.Response:
         req = parse_body(request, TokenRequest)
-        reason, ttl = node.queue.renew(
-            req.node_id, req.item_id, req.token, node.term, node.consensus.can_mutate(), time.time()
+        same_sender(request, req.node_id, "the claim's node_id")
+        reason, ttl, token = node.queue.renew_token(
+            req.node_id, req.item_id, req.token, node.term, c.can_mutate(), time.monotonic()
         )
         if reason is not None:
             return ok(TokenResponse(ok=False, reason=reason), 409)
-        return ok(TokenResponse(ok=True, ttl=ttl))
+        return ok(TokenResponse(ok=True, ttl=ttl, token=token))
 
     def finish(success: bool):  # type: ignore[no-untyped-def]
         async def handler(request: web.Request) -> web.Response:
             req = parse_body(request, TokenRequest)
+            same_sender(request, req.node_id, "the claim's node_id")
             reason = node.queue.finish(
-                req.node_id, req.item_id, req.token, node.term, node.consensus.can_mutate(),
-                time.time(), ok=success, error=req.error,
+                req.node_id, req.item_id, req.token, node.term, c.can_mutate(),
+                time.monotonic(), ok=success, error=req.error,
             )
             if reason is not None:
                 return ok(TokenResponse(ok=False, reason=reason), 409)
@@ -189,6 +300,8 @@ def build_app(
 
     app.add_routes([
         web.get("/status", status),
+        web.get("/mesh/hello", hello),
+        web.get("/metrics", metrics),
         web.get("/progress", progress),
         web.post("/gossip", gossip),
         web.post("/vote", vote),

@@ -12,21 +12,18 @@ the way to move leadership (to a better machine, before maintenance) is to hand 
      bully preference) for this one vote; the term and one-vote-per-term rules still hold.
 
 If the target never wins (it died meanwhile), the cluster elects a leader as after any leader
-loss. `transfer_refusal` is the pure part.
+loss. `transfer_refusal` is the pure part; `Transferring` holds Consensus's two methods.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
+from app.coordination.p2p.consensus_core import ConsensusCore
 from app.coordination.p2p.election import Role
 from app.coordination.p2p.schemas import TimeoutNowRequest, TokenResponse
 from app.log import get_logger
-
-if TYPE_CHECKING:
-    from app.coordination.p2p.consensus import Consensus
 
 log = get_logger(__name__)
 
@@ -45,30 +42,30 @@ def transfer_refusal(is_leader: bool, self_id: str, target: str, voters: Iterabl
     return None
 
 
-async def transfer_leadership(c: "Consensus", target: str, alive: Iterable[str]) -> str | None:
-    """Leader: step down and hand over to `target`; None once the handover was delivered,
-    else why not (nothing changed when refused before stepping down)."""
-    refusal = transfer_refusal(c.role is Role.LEADER, c.node_id, target, c.voters, alive)
-    if refusal is not None:
-        return refusal
-    addr = c.addr_of(target)
-    if not addr:
-        return f"no address known for {target}"
-    term = c.term
-    c.step_down(f"transferring leadership to {target}")
-    c.last_leader_contact = time.monotonic()  # no election of our own, no vote but the target's, for a while
-    log.info("leadership_transfer", term=term, target=target)
-    answer = await c.client.post(addr, "/transfer/timeout_now", TimeoutNowRequest(term=term, leader_id=c.node_id),
-                                 TokenResponse, c.timing.request_timeout)
-    if answer is None or not answer.ok:
-        return f"{target} did not take the handover; the cluster elects a leader as after a leader loss"
-    return None
+class Transferring(ConsensusCore):
+    async def transfer_leadership(self, target: str, alive: Iterable[str]) -> str | None:
+        """Leader: step down and hand over to `target`; None once the handover was delivered,
+        else why not (nothing changed when refused before stepping down)."""
+        refusal = transfer_refusal(self.role is Role.LEADER, self.node_id, target, self.voters, alive)
+        if refusal is not None:
+            return refusal
+        addr = self.addr_of(target)
+        if not addr:
+            return f"no address known for {target}"
+        term = self.term
+        self.step_down(f"transferring leadership to {target}")
+        self.last_leader_contact = time.monotonic()  # no election of our own, no vote but the target's, for a while
+        log.info("leadership_transfer", term=term, target=target)
+        answer = await self.client.post(addr, "/transfer/timeout_now", TimeoutNowRequest(term=term, leader_id=self.node_id),
+                                        TokenResponse, self.timing.request_timeout)
+        if answer is None or not answer.ok:
+            return f"{target} did not take the handover; the cluster elects a leader as after a leader loss"
+        return None
 
-
-def handle_timeout_now(c: "Consensus", req: TimeoutNowRequest) -> TokenResponse:
-    """Target: stand for election now if the handover comes from our leader in our term."""
-    if req.term != c.term or req.leader_id != c.leader_id or not c.is_voter:
-        return TokenResponse(ok=False, reason=f"handover from {req.leader_id} in term {req.term} does not match "
-                                              f"term {c.term}, leader {c.leader_id}")
-    c.spawn(c.run_election(transfer_from=req.leader_id))
-    return TokenResponse(ok=True)
+    def handle_timeout_now(self, sender: str, req: TimeoutNowRequest) -> TokenResponse:
+        """Target: stand for election now if the handover comes from our leader in our term."""
+        if req.term != self.term or sender != req.leader_id or req.leader_id != self.leader_id or not self.is_voter:
+            return TokenResponse(ok=False, reason=f"handover from {sender} for {req.leader_id} in term {req.term} "
+                                                  f"does not match term {self.term}, leader {self.leader_id}")
+        self.spawn(self.run_election(transfer_from=req.leader_id))
+        return TokenResponse(ok=True)

@@ -3,8 +3,11 @@
 Level-triggered: `rebuild` at the start of a term and `reconcile` every few seconds derive
 the queue from what must be done (the work source over the cluster view) plus what gossip
 says is in flight or finished, so a leader change loses no work. Claims made under an older
-term are void under a new one: their holders get 409 and the items go back to the queue
-with their attempt counts kept.
+term are void under a new one, except those the new leader learns of from gossip while their
+holder is alive: it adopts them (no wasted round), and the holder's next renew is answered with
+a token of the new term. An item the new leader already gave to another node stays refused (409).
+
+Every `now` here is the leader's monotonic clock (claim expiry must not move with wall-clock jumps).
 """
 
 from __future__ import annotations
@@ -18,7 +21,14 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.coordination.p2p.schemas import ClaimInfo, Token, WorkItemOut
-from app.coordination.p2p.work_rules import WorkSpec, fits, state_after_lapse, token_refusal
+from app.coordination.p2p.work_rules import (
+    WorkSpec,
+    adopted_token_matches,
+    fits,
+    may_adopt,
+    state_after_lapse,
+    token_refusal,
+)
 from app.db.work_queue import CLAIMED, DONE, FAILED, PENDING, WorkItemRow, make_engine
 
 
@@ -49,8 +59,11 @@ class WorkQueue:
         in_flight: Iterable[ClaimInfo],
         completed: Iterable[str],
         now: float,
+        live: Iterable[tuple[str, ClaimInfo]] = (),
     ) -> None:
-        """Start of a term: void older claims, fold in what gossip knows, then reconcile."""
+        """Start of a term: void older claims, fold in what gossip knows, reconcile, then adopt
+        the `live` claims ((holder, claim) of holders that are alive)."""
+        in_flight = list(in_flight)
         with Session(self.engine) as s, s.begin():
             for row in s.scalars(select(WorkItemRow).where(WorkItemRow.state == CLAIMED)):
                 if (row.claim_term or 0) < term:
@@ -62,6 +75,26 @@ class WorkQueue:
             for row in s.scalars(select(WorkItemRow).where(WorkItemRow.item_id.in_(attempts))):
                 row.attempts = max(row.attempts, attempts[row.item_id])
         self.reconcile(specs, now, completed=completed, in_flight_attempts=attempts)
+        self.adopt(term, live, now)
+
+    def adopt(self, term: int, live: Iterable[tuple[str, ClaimInfo]], now: float) -> list[str]:
+        """Take over claims of earlier leaders whose holders are alive (work_rules.may_adopt);
+        the item ids adopted."""
+        adopted = []
+        with Session(self.engine) as s, s.begin():
+            for holder, info in live:
+                row = s.get(WorkItemRow, info.item_id)
+                if row is None or not may_adopt(
+                    current_term=term, token_term=info.token.term, token_seq=info.token.seq, item_state=row.state,
+                    adopted_term=row.adopted_term, adopted_seq=row.adopted_seq, holder_alive=True,
+                ) or holder in ((row.requirements or {}).get("exclude_nodes") or ()):
+                    continue
+                row.state, row.attempts = CLAIMED, max(row.attempts, info.attempts, 1)
+                row.claim_term, row.claim_seq, row.claimed_by = term, self._next_seq(s, term), holder
+                row.adopted_term, row.adopted_seq = info.token.term, info.token.seq
+                row.expires_at = now + (row.ttl or self.default_ttl)
+                adopted.append(row.item_id)
+        return adopted
 
     def reconcile(
         self,
@@ -103,7 +136,7 @@ class WorkQueue:
 
     def _release(self, row: WorkItemRow) -> None:
         row.state = state_after_lapse(row.attempts, self.max_attempts)
-        row.claim_term = row.claim_seq = row.claimed_by = row.expires_at = None
+        row.claim_term = row.claim_seq = row.claimed_by = row.expires_at = None  # adopted_* kept: no re-adoption
 
     # -- worker calls ----------------------------------------------------------------
     def claim(
@@ -137,15 +170,21 @@ class WorkQueue:
         return seq
 
     def renew(self, node_id: str, iid: str, token: Token, term: int, can_mutate: bool, now: float) -> tuple[str | None, float | None]:
+        reason, ttl, _ = self.renew_token(node_id, iid, token, term, can_mutate, now)
+        return reason, ttl
+
+    def renew_token(self, node_id: str, iid: str, token: Token, term: int, can_mutate: bool, now: float
+                    ) -> tuple[str | None, float | None, Token | None]:
+        """(refusal, ttl, the token to use from now on: a new-term one for an adopted claim)."""
         with Session(self.engine) as s, s.begin():
             row = s.get(WorkItemRow, iid)
             refusal = self._refusal(row, node_id, token, term, can_mutate, now)
             if refusal is not None:
-                return refusal, None
+                return refusal, None, None
             assert row is not None
             ttl = row.ttl or self.default_ttl
             row.expires_at = now + ttl
-            return None, ttl
+            return None, ttl, Token(term=row.claim_term or term, seq=row.claim_seq or 0)
 
     def finish(
         self, node_id: str, iid: str, token: Token, term: int, can_mutate: bool, now: float,
@@ -169,6 +208,12 @@ class WorkQueue:
     def _refusal(
         self, row: WorkItemRow | None, node_id: str, token: Token, term: int, can_mutate: bool, now: float
     ) -> str | None:
+        if can_mutate and row is not None and adopted_token_matches(
+            current_term=term, token_term=token.term, token_seq=token.seq, item_state=row.state,
+            item_term=row.claim_term, claimed_by=row.claimed_by, node_id=node_id,
+            adopted_term=row.adopted_term, adopted_seq=row.adopted_seq,
+        ):
+            token = Token(term=term, seq=row.claim_seq or 0)  # the adopted claim, under its new token
         return token_refusal(
             can_mutate=can_mutate, current_term=term, token_term=token.term, token_seq=token.seq,
             item_state=row.state if row else None, item_term=row.claim_term if row else None,
@@ -201,6 +246,7 @@ class WorkQueue:
             return {
                 "item_id": row.item_id, "state": row.state, "attempts": row.attempts,
                 "claimed_by": row.claimed_by, "claim_term": row.claim_term, "claim_seq": row.claim_seq,
+                "adopted_from": None if row.adopted_term is None else [row.adopted_term, row.adopted_seq],
             }
 
 

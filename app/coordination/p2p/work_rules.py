@@ -1,5 +1,5 @@
 """Pure rules of the work queue: what fits a worker, when a fencing token is stale, what
-happens to an item whose claim lapsed."""
+happens to an item whose claim lapsed, and when a new leader adopts a claim it learned of."""
 
 from __future__ import annotations
 
@@ -39,9 +39,12 @@ def fits(requirements: Mapping[str, Any], capabilities: Mapping[str, Any], node_
         return False
     if requirements.get("needs_gpu") and not capabilities.get("gpus", 0):
         return False
-    if float(capabilities.get("memory_gb", 0) or 0) < float(requirements.get("min_memory_gb", 0) or 0):
-        return False
-    if int(capabilities.get("cpus", 0) or 0) < int(requirements.get("min_cpus", 0) or 0):
+    try:
+        if float(capabilities.get("memory_gb", 0) or 0) < float(requirements.get("min_memory_gb", 0) or 0):
+            return False
+        if int(capabilities.get("cpus", 0) or 0) < int(requirements.get("min_cpus", 0) or 0):
+            return False
+    except (TypeError, ValueError):  # capabilities are typed on the wire; this guards local callers
         return False
     return True
 
@@ -81,3 +84,24 @@ def token_refusal(
 def state_after_lapse(attempts: int, max_attempts: int) -> str:
     """A claim that expired or failed: back to the queue until attempts run out."""
     return "failed" if attempts >= max_attempts else "pending"
+
+
+def adopted_token_matches(
+    *, current_term: int, token_term: int, token_seq: int, item_state: str | None, item_term: int | None,
+    claimed_by: str | None, node_id: str, adopted_term: int | None, adopted_seq: int | None,
+) -> bool:
+    """A token of an earlier leader that this leader adopted (it learned the claim from gossip):
+    its holder's renew / complete / fail is accepted and handed the new-term token."""
+    return (token_term < current_term and item_state == "claimed" and item_term == current_term
+            and claimed_by == node_id and (adopted_term, adopted_seq) == (token_term, token_seq))
+
+
+def may_adopt(
+    *, current_term: int, token_term: int, token_seq: int, item_state: str | None,
+    adopted_term: int | None, adopted_seq: int | None, holder_alive: bool,
+) -> bool:
+    """A new leader takes over a live claim an earlier leader gave (no wasted round), unless the
+    item is no longer free here (given to another node, or done) or this very token was adopted
+    before (it lapsed since: the holder did not renew in time)."""
+    return (holder_alive and token_term < current_term and item_state == "pending"
+            and (adopted_term, adopted_seq) != (token_term, token_seq))

@@ -1,7 +1,9 @@
 """Worker side of the work queue: find the leader, claim, renew, complete, fail.
 
-A claim is only as good as its fencing token: any 409 means the claim is gone (a new leader,
-an expiry, a reassignment) and the worker must drop the work, not retry the same token.
+A claim is only as good as its fencing token: any 409 means the claim is gone (a new leader
+that did not adopt it, an expiry, a reassignment) and the worker must drop the work, not retry
+the same token. A new leader that adopted the claim answers the next renew with a token of its
+term; the client keeps it (in `held`) and uses it for every later call on that claim.
 """
 
 from __future__ import annotations
@@ -13,7 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.coordination.p2p.client import MeshClient
-from app.coordination.p2p.schemas import ClaimInfo, ClaimResponse, Token, TokenRequest, WorkItemOut
+from app.coordination.p2p.schemas import (
+    ClaimInfo,
+    ClaimResponse,
+    Token,
+    TokenRequest,
+    WorkItemOut,
+)
 
 
 @dataclass(frozen=True)
@@ -44,7 +52,7 @@ class WorkClient:
         self.on_claims_changed = on_claims_changed  # e.g. gossip them, so a new leader knows
         self.held: dict[str, ClaimInfo] = {}
 
-    def _track(self, claim: "Claim", holding: bool) -> None:
+    def _track(self, claim: Claim, holding: bool) -> None:
         if holding:
             self.held[claim.item.item_id] = ClaimInfo(
                 item_id=claim.item.item_id, token=claim.token, attempts=claim.item.attempts,
@@ -72,7 +80,7 @@ class WorkClient:
         path = "/work/claim_training" if training else "/work/claim"
         body = {"node_id": self.node_id, "capabilities": self.capabilities(), "kinds": kinds}
         try:
-            status, data = await self.client.request("POST", leader, path, body)
+            status, data = await self.client.request("POST", leader, path, body, sender=self.node_id)
         except Exception:  # noqa: BLE001 - no answer is "no claim"
             return None
         if status != 200 or not isinstance(data, dict):
@@ -84,14 +92,27 @@ class WorkClient:
         self._track(claim, True)
         return claim
 
+    def token_of(self, claim: Claim) -> Token:
+        """The newest token of `claim` (a new leader may have handed one out at a renew)."""
+        held = self.held.get(claim.item.item_id)
+        return held.token if held is not None else claim.token
+
     async def _token_call(self, path: str, claim: Claim, **extra: Any) -> Outcome:
-        body = TokenRequest(node_id=self.node_id, item_id=claim.item.item_id, token=claim.token, **extra)
+        body = TokenRequest(node_id=self.node_id, item_id=claim.item.item_id, token=self.token_of(claim), **extra)
         leader = await self.find_leader() or claim.leader_addr
         try:
-            status, data = await self.client.request("POST", leader, path, body)
+            status, data = await self.client.request("POST", leader, path, body, sender=self.node_id)
         except Exception as exc:  # noqa: BLE001
             return Outcome(False, 0, f"no answer: {exc!r}")
         reason = data.get("reason", "") if isinstance(data, dict) else str(data)
+        new_token = data.get("token") if status == 200 and isinstance(data, dict) else None
+        held = self.held.get(claim.item.item_id)
+        if isinstance(new_token, dict) and held is not None and path == "/work/renew":
+            token = Token.model_validate(new_token)
+            if token != held.token:
+                self.held[claim.item.item_id] = held.model_copy(update={"token": token})
+                if self.on_claims_changed is not None:
+                    self.on_claims_changed(list(self.held.values()))
         if status == 409 or (status == 200 and path != "/work/renew"):
             self._track(claim, False)  # finished, or the claim is gone: stop advertising it
         return Outcome(status == 200, status, reason)

@@ -27,11 +27,17 @@ from app.coordination.pipeline.shard_board import ShardBoard
 from app.coordination.pipeline.generation_log import COMMIT_PREFIX, GenerationLog, GenerationRecord, latest_promoted
 from app.coordination.p2p.node import ClusterView, MeshNode
 from app.coordination.p2p.schemas import Token
-from app.coordination.p2p.server import BadRequest, parse_body
+from app.coordination.p2p.server import BadRequest, parse_body, same_sender
 from app.coordination.p2p.worker import Claim, WorkClient
 from app.coordination.pipeline.context import PipelineContext
+from app.coordination.pipeline.dashboard_feed import generation_stats
+from app.coordination.pipeline.rollback import (
+    ROLLBACK_PREFIX, RollbackLog, RollbackRecord, effective_records, rollback_routes,
+)
 from app.coordination.pipeline.scheduling import gauntlet_specs, schedule, summarize
-from app.coordination.sync import installed_models
+from app.coordination.daemons.event_router import EventRouter
+from app.coordination.daemons.events import EventType
+from app.coordination.sync import installed_models, model_file
 from app.db.replay_db import ReplayDB
 from app.log import get_logger
 
@@ -59,27 +65,35 @@ class ClusterPipeline:
         self.node = node
         self.pipe = pipe
         self.threshold = threshold
-        self.log = GenerationLog(pipe.paths.data_dir / "generations.json")
+        self.generations = GenerationLog(pipe.paths.data_dir / "generations.json")
+        self.rollbacks = RollbackLog(pipe.paths.data_dir / "rollbacks.json")  # quorum-decided (rollback.py)
         self.work: WorkClient | None = None
         self.current: GenerationClaim | None = None
         self._renewer: asyncio.Task | None = None
         self._claim_lost = asyncio.Event()
         self.gauntlet = ShardBoard(pipe.paths.data_dir / "gauntlet_results.json")  # spread gauntlets
         self.rendezvous: dict[str, Any] | None = None  # gossiped while this node hosts a spanned run
+        self.replication: dict[str, Any] | None = None  # the replication daemon's latest counts
 
     # -- what this node gossips, and what it learns -----------------------------------
     def inventory(self) -> dict[str, Any]:
         with ReplayDB(self.pipe.paths.games_db) as db:
             created = db.count_by_node(self.pipe.node_id)
+            positions = db.count_positions(self.pipe.node_id)
             max_id = db.max_id()
         state = self.pipe.state
         return {
-            "games_created": created, "games_max_id": max_id,
+            "games_created": created, "games_max_id": max_id, "positions_created": positions,
+            "quorum_level": self.node.quorum_level.value,  # for other nodes' dashboards
+            "gen_stats": generation_stats(self.pipe.paths),  # Elo interval and loss per model sha
+            **({"work": self.node.queue.summary()} if self.node.is_leader else {}),
             "models": installed_models(self.pipe.paths.models_dir),
             "best_sha256": state.best_sha256, "best_generation": state.best_generation,
-            "generations": self.log.to_json()[-RECORDS_GOSSIPED:],
+            "generations": self.generations.to_json()[-RECORDS_GOSSIPED:],
+            "rollbacks": self.rollbacks.to_json()[-RECORDS_GOSSIPED:],
             **self.gauntlet.inventory(),
             **({"train_rendezvous": self.rendezvous} if self.rendezvous is not None else {}),
+            **({"replication": self.replication} if self.replication is not None else {}),
         }
 
     def absorb(self, view: ClusterView) -> None:
@@ -91,8 +105,14 @@ class ClusterPipeline:
         if commits is not None:
             incoming += [GenerationRecord.from_value(v) for k, v in commits.decided_values().items()
                          if k.startswith(COMMIT_PREFIX)]
-        for conflict in self.log.merge(incoming):
+        for conflict in self.generations.merge(incoming):
             log.error("generation_record_refused", detail=conflict)
+        rollbacks = [RollbackRecord.from_value(r) for s in view.nodes.values() for r in s.inventory.get("rollbacks", [])]
+        if commits is not None:
+            rollbacks += [RollbackRecord.from_value(v) for k, v in commits.decided_values().items()
+                          if k.startswith(ROLLBACK_PREFIX)]
+        for conflict in self.rollbacks.merge(rollbacks):
+            log.error("rollback_record_refused", detail=conflict)
 
     async def recover_next_decision(self) -> None:
         """Leader: a predecessor may have had the next generation stored on a quorum and died
@@ -100,20 +120,31 @@ class ClusterPipeline:
         brings the decision into the log before the generation would be trained again."""
         if not self.node.is_leader:
             return
-        last = max(self.log.records, default=0)
+        last = max(self.generations.records, default=0)
         decided = await self.node.decide(f"{COMMIT_PREFIX}{last + 1}", None)
         if decided is not None:
             record = GenerationRecord.from_value(decided)
             log.info("generation_recovered", generation=record.generation, sha256=record.sha256[:12])
-            self.log.merge([record])
+            self.generations.merge([record])
 
-    async def publish_loop(self, interval_s: float = 1.0) -> None:
+    async def publish_loop(self, router: EventRouter | None = None, interval_s: float = 1.0) -> None:
+        """Gossip this node's inventory and learn the cluster's decisions; a promotion learned
+        here (decided by another node) is published as MODEL_PROMOTED on `router`."""
+        announced = set(self.generations.records)  # known at start: distribution checks those itself
         while True:
             try:
                 await self.recover_next_decision()
                 self.absorb(self.node.cluster_view())
                 inventory = await asyncio.to_thread(self.inventory)
                 self.node.update_local_state(inventory=inventory)
+                learned = sorted(set(self.generations.records) - announced)
+                announced.update(learned)
+                for generation in learned:
+                    record = self.generations.records[generation]
+                    if record.promoted and router is not None:
+                        await router.publish(EventType.MODEL_PROMOTED, {
+                            "generation": generation, "sha256": record.sha256,
+                            "path": str(model_file(self.pipe.paths.models_dir, record.sha256))})
             except Exception:  # noqa: BLE001 - gossip content must never stop the node
                 log.exception("inventory_publish_failed")
             await asyncio.sleep(interval_s)
@@ -123,18 +154,19 @@ class ClusterPipeline:
         self.absorb(view)
         alive = {s.node_id for s in view.alive()}
         train = self.pipe.settings.train
-        return schedule(summarize(view.nodes, alive), self.log.records, self.threshold,
+        return schedule(summarize(view.nodes, alive), self.effective_records(), self.threshold,
                         ttl=self.node.timing.claim_ttl, max_nodes=train.max_nodes,
                         span_cpu_nodes=train.span_cpu_nodes) + gauntlet_specs(
-            {nid: s.inventory for nid, s in view.nodes.items()}, alive, self.log.records,
+            {nid: s.inventory for nid, s in view.nodes.items()}, alive, self.effective_records(),
             ttl=self.node.timing.claim_ttl)
 
     def routes(self) -> list[web.RouteDef]:
-        return [web.post("/pipeline/decision", self._handle_decision)]
+        return [web.post("/pipeline/decision", self._handle_decision), *rollback_routes(self)]
 
     async def _handle_decision(self, request: web.Request) -> web.Response:
         try:
             body = parse_body(request, DecisionRequest)  # the body the signature was checked on
+            same_sender(request, body.node_id, "the proposing node")  # a signature proves the sender, not the body
             record = GenerationRecord.from_value(body.record)
         except BadRequest as exc:
             return web.json_response({"error": str(exc)}, status=400)
@@ -147,11 +179,11 @@ class ClusterPipeline:
                                       node.consensus.can_mutate(), time.monotonic())
         if refusal is not None:
             return web.json_response({"error": f"stale claim: {refusal}"}, status=409)
-        held = self.log.records.get(record.generation)
+        held = self.generations.records.get(record.generation)
         decided = held.to_value() if held is not None else await node.decide(record.commit_key(), record.to_value())
         if decided is None:
             return web.json_response({"error": "no quorum stored the decision"}, status=503)
-        self.log.merge([GenerationRecord.from_value(decided)])
+        self.generations.merge([GenerationRecord.from_value(decided)])
         if decided != record.to_value():
             return web.json_response({"error": f"generation {record.generation} already decided",
                                       "record": GenerationRecord.from_value(decided).__dict__}, status=409)
@@ -178,9 +210,6 @@ class ClusterPipeline:
         log.warning("generation_claim_lost", item=claim.item.item_id, reason=outcome.reason)
         self._claim_lost.set()
 
-    def claim_lost(self) -> bool:
-        return self._claim_lost.is_set()
-
     async def propose(self, record: GenerationRecord) -> tuple[bool, str]:
         """Ask the leader to commit `record`; (committed, why not). Releases the claim either way."""
         current = self.current
@@ -200,7 +229,7 @@ class ClusterPipeline:
                 except Exception as exc:  # noqa: BLE001
                     status, data = 0, {"error": repr(exc)}
                 if status == 200:
-                    self.log.merge([record])
+                    self.generations.merge([record])
                     await self.work.complete(current.claim, {"sha256": record.sha256})
                     self._release()
                     return True, ""
@@ -242,11 +271,16 @@ class ClusterPipeline:
 
     # -- everyone ----------------------------------------------------------------------
     def target_best(self) -> GenerationRecord | None:
-        return latest_promoted(self.log.records)
+        return latest_promoted(self.effective_records())
+
+    def effective_records(self) -> dict[int, GenerationRecord]:
+        """The decided generations with rolled-back promotions withdrawn (rollback.py)."""
+        return effective_records(self.generations.records, self.rollbacks.records)
 
     def progress(self) -> dict[str, Any]:
         """GET /progress: the decided generations; the same on every node once gossip settles."""
-        records = self.log.to_json()
+        records = self.generations.to_json()
         best = self.target_best()
         return {"format": 1, "current_best": best.sha256 if best else None,
-                "best_generation": best.generation if best else 0, "generations": records}
+                "best_generation": best.generation if best else 0, "generations": records,
+                "rolled_back": sorted(self.rollbacks.records)}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,8 @@ from app.coordination.daemons.events import EventType
 from app.db.replay_db import ReplayDB
 from app.coordination.pipeline.state import PipelineState, PipelineStateStore
 
+TEST_HOLD_ENV = "SELFPLAY_MESH_TEST_HOLD_STAGE"  # see PipelineContext._test_hold; unset in production
+
 
 class PipelineContext:
     """One per node process; created by the orchestrator and handed to the pipeline runners."""
@@ -29,7 +32,7 @@ class PipelineContext:
     def __init__(self, settings: Settings, config_path: Path | None = None) -> None:
         self.settings = settings
         self.config_path = config_path  # handed to training subprocesses (model/train sections)
-        self.paths = NodePaths(Path(settings.node.data_dir))
+        self.paths = NodePaths(Path(settings.node.data_dir), settings.node.db_url)
         self.paths.data_dir.mkdir(parents=True, exist_ok=True)
         self._store = PipelineStateStore(self.paths.state_file)
         self._state = self._store.load()
@@ -47,6 +50,7 @@ class PipelineContext:
 
     async def update(self, transition: Callable[[PipelineState], PipelineState]) -> PipelineState:
         """Apply a pure transition and persist it before anyone sees the new state."""
+        await self._test_hold(transition)
         async with self._lock:
             old = self._state
             new = transition(old)
@@ -57,6 +61,23 @@ class PipelineContext:
         async with self._changed:
             self._changed.notify_all()
         return new
+
+    async def _test_hold(self, transition: Callable[[PipelineState], PipelineState]) -> None:
+        """Test fault point, off unless the environment sets it: with
+        `SELFPLAY_MESH_TEST_HOLD_STAGE=<stage>`, a transition that would move the state out of
+        that stage never happens; the daemon asking for it waits (until the node is stopped or
+        killed) after writing `<data_dir>/test_hold_<stage>`, so a test can stop or kill the node
+        parked exactly there (tests/test_pipeline_resume_e2e.py, every stage, SIGTERM and
+        kill -9). The work of the stage is done by then; only its record is held back."""
+        stage = os.environ.get(TEST_HOLD_ENV)
+        if not stage or self._state.stage.value != stage:
+            return
+        if transition(self._state).stage.value == stage:
+            return  # stays in the stage (a resumed run): nothing to hold
+        marker = self.paths.data_dir / f"test_hold_{stage}"
+        await asyncio.to_thread(marker.write_text, f"{self._state.generation}\n")
+        while True:
+            await asyncio.sleep(3600)
 
     async def wait_for_change(self, timeout_s: float) -> None:
         """Return when the state changes or after `timeout_s`, whichever comes first."""
@@ -77,7 +98,7 @@ class PipelineContext:
     def decided_generations(self) -> int:
         """Generations promoted or rejected: by this node alone, or by the whole cluster."""
         if self.cluster is not None:
-            return len(self.cluster.log.records)
+            return len(self.cluster.generations.records)
         return self._state.decided
 
     def newest_game_id(self) -> int:

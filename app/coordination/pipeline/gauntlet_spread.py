@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from app.coordination.pipeline.gauntlet_plan import RESULTS_KEY, GauntletRequest, Shard, shards_of
 from app.coordination.pipeline.shard_worker import claim_shard, play_claimed_shard
+from app.coordination.sync import install_model, model_file
 from app.ai.players import net_spec
 from app.db.registry import ModelRegistry
 from app.log import get_logger
@@ -28,7 +29,6 @@ from app.training.gauntlet import GauntletReport, GauntletStopped, OpponentResul
 from app.training.gauntlet_shard import (
     MergedGauntlet, ShardResult, baseline_text, merge_shards, play_shard, shard_players, shard_refusal,
 )
-from app.coordination.pipeline.model_store import install_model
 
 if TYPE_CHECKING:
     from app.coordination.pipeline.context import PipelineContext
@@ -109,7 +109,7 @@ async def spread_gauntlet(pipe: "PipelineContext", state: "PipelineState", basel
     opponents = {kind: shard_players(path, spec, pipe.settings, request.net_simulations)[1].name
                  for kind, (spec, _) in request.baselines.items()}
     collector = ShardCollector(pipe, request, candidate.name, opponents)
-    pipe.cluster.gauntlet.prune(set(pipe.cluster.log.records))  # a node without the shard daemon prunes here
+    pipe.cluster.gauntlet.prune(set(pipe.cluster.generations.records))  # a node without the shard daemon prunes here
     pipe.cluster.gauntlet.set_request(request)
     log.info("gauntlet_spread", generation=state.generation, shards=len(collector.shards))
     match_id, best = uuid.uuid4().hex[:16], None
@@ -147,7 +147,7 @@ async def collect_shards(pipe: "PipelineContext", collector: ShardCollector, dea
         shard = missing[0]
         log.info("gauntlet_shard_timed_out", item=shard.item_id, played_here=True)
         result = await asyncio.to_thread(
-            play_shard, pipe.paths.model_path(request.candidate_sha256), shard.baseline, shard.games, shard.seed,
+            play_shard, model_file(pipe.paths.models_dir, request.candidate_sha256), shard.baseline, shard.games, shard.seed,
             shard.item_id, pipe.settings, pipe.paths.registry_db, request.net_simulations, workers,
             pipe.node_id, should_stop)
         pipe.cluster.gauntlet.publish(request.generation, result)

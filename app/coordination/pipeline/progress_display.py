@@ -47,7 +47,7 @@ async def show_progress(pipe: PipelineContext, metrics: Metrics, interval_s: flo
         if state.evaluation:
             last_gauntlet = summarize_evaluation(state.evaluation)
         games = await asyncio.to_thread(pipe.newest_game_id)
-        loss = metrics.registry.get_sample_value("training_loss")
+        loss = metrics.value("mesh_training_loss")
         line = describe(state, games, loss or None, last_gauntlet)
         if line != last_line:
             print(line, file=out, flush=True)

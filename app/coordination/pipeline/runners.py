@@ -15,7 +15,6 @@ import asyncio
 import functools
 import random
 from pathlib import Path
-from typing import Any
 
 from app.coordination.daemons.registry import DaemonContext, RunnerEntry
 from app.coordination.daemons.events import EventType
@@ -23,18 +22,24 @@ from app.coordination.pipeline.shard_worker import gauntlet_shards_daemon
 from app.coordination.pipeline.gauntlet_spread import spread_gauntlet
 from app.coordination.pipeline.generation_log import GenerationRecord
 from app.coordination.pipeline.context import PipelineContext, wait_for_wake, wake_on
-from app.coordination.sync import ModelFetchError, fetch_from_mesh, is_installed, sync_from_peers
+from app.coordination.sync import ModelFetchError, fetch_from_mesh, install_model, is_installed, model_file, sync_from_peers
 from app.coordination.pipeline.train_join import train_join_daemon
+from app.coordination.pipeline.replication_daemon import ReplicationSettings, replication_daemon
 from app.coordination.pipeline.training_job import run_training
-from app.db.registry import ModelRegistry, ModelStatus
+from app.db.registry import ModelRegistry, ModelStatus, RegistryError
 from app.coordination.pipeline import state as ps
 from app.coordination.pipeline.evaluation_record import decide_from_evaluation, evaluation_from_report
-from app.training.export import export_dataset
+from app.training.export import WindowGrowth, export_dataset
 from app.training.gauntlet import GauntletStopped, run_gauntlet
-from app.coordination.pipeline.model_store import install_model
+from app.coordination.pipeline.runner_settings import (
+    ClaimPolled, ExportSettings, Polled, SelfplaySettings, TrainSettings,
+)
 from app.coordination.pipeline.state import Stage
-from app.training.promotion import Gates, promote_model, register_candidate, reject_model
+from app.training.promotion import (
+    Gates, PromotionError, promote_model, register_candidate, reject_model, rollback_model,
+)
 from app.training.selfplay import run_selfplay
+from app.log import get_logger
 
 
 async def selfplay_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
@@ -49,12 +54,13 @@ async def selfplay_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
             continue
         summary = await asyncio.to_thread(
             run_selfplay, games=cfg["batch_games"], simulations=cfg["simulations"] or pipe.settings.search.simulations,
-            db_path=pipe.paths.games_db, model_path=state.best_path, workers=cfg["workers"],
+            db_path=pipe.paths.games_db, model_path=state.best_path, workers=pipe.settings.selfplay.workers,
             seed=random.randrange(2**31), node_id=pipe.node_id, settings=pipe.settings,
             should_stop=ctx.stopping.is_set,
         )
         total = await asyncio.to_thread(pipe.newest_game_id)
         ctx.metrics.games_total.inc(summary.games)
+        ctx.metrics.positions_total.inc(summary.positions)
         ctx.metrics.positions_per_second.set(summary.positions_per_second)
         if summary.games:
             await ctx.router.publish(EventType.NEW_GAMES_AVAILABLE, {"count": summary.games, "total": total})
@@ -64,7 +70,7 @@ async def selfplay_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
 async def export_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
     """Turns the newest games into a dataset when a generation is due: enough new local games
     on a lone node; a training claim from the leader in a cluster (after pulling peers' games)."""
-    wake = wake_on(ctx, EventType.NEW_GAMES_AVAILABLE)
+    wake = wake_on(ctx, EventType.NEW_GAMES_AVAILABLE, EventType.LEADER_ELECTED, EventType.QUORUM_CHANGED)
     threshold = int(ctx.settings["min_new_games"])
     if pipe.cluster is not None and pipe.state.stage is not Stage.COLLECTING and pipe.cluster.current is None:
         await pipe.update(ps.abandoned)  # a restart lost the claim: the leader reschedules it
@@ -107,6 +113,8 @@ async def _export(pipe: PipelineContext, ctx: DaemonContext, generation: int, ne
     result = await asyncio.to_thread(
         export_dataset, [pipe.paths.games_db], out, window_games=cfg.window_games,
         holdout_fraction=cfg.holdout_fraction, augment=cfg.augment, overwrite=True,
+        value_target_mix=cfg.value_target_mix,
+        window_growth=WindowGrowth.from_config(cfg.window_base_games, cfg.window_alpha, cfg.window_beta),
     )
     state = await pipe.update(lambda s: ps.exported(s, str(out), result.dataset_sha256, newest))
     ctx.log.info("dataset_exported", generation=state.generation, games=result.manifest["counts"]["games"],
@@ -170,10 +178,10 @@ async def gauntlet_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
             gates = generation_gates(pipe, state.generation)
             try:
                 report = await (spread_gauntlet(  # cluster: baseline games spread over the nodes
-                    pipe, state, gates.baselines(), ctx.settings["workers"], ctx.stopping.is_set,
+                    pipe, state, gates.baselines(), pipe.settings.gauntlet.workers, ctx.stopping.is_set,
                 ) if pipe.cluster is not None else asyncio.to_thread(
                     run_gauntlet, state.candidate_path, gates.baselines(), state.best_path, pipe.settings,
-                    pipe.paths.registry_db, workers=ctx.settings["workers"], seed=state.generation,
+                    pipe.paths.registry_db, workers=pipe.settings.gauntlet.workers, seed=state.generation,
                     should_stop=ctx.stopping.is_set,
                 ))
             except GauntletStopped:
@@ -196,13 +204,17 @@ async def gauntlet_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
 async def promote_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
     """Applies the promotion gates to an evaluated candidate and records the decision; in a
     cluster the decision counts only once the leader committed it through a voter quorum."""
-    wake = wake_on(ctx, EventType.EVALUATION_COMPLETED)
+    wake = wake_on(ctx, EventType.EVALUATION_COMPLETED, EventType.QUORUM_CHANGED)
     ctx.mark_healthy()
     while True:
         state = pipe.state
         if state.stage is Stage.EVALUATED:
             gates = generation_gates(pipe, state.generation)
-            decision = decide_from_evaluation(state.evaluation, gates, has_best=state.best_sha256 is not None)
+            # A restart after the registry recorded the promotion finds the candidate already
+            # distributed as the best: it is not a previous best to beat (else the SPRT gate,
+            # never played for generation 1, would now reject what was promoted: decided twice).
+            has_best = state.best_sha256 is not None and state.best_sha256 != state.candidate_sha256
+            decision = decide_from_evaluation(state.evaluation, gates, has_best=has_best)
             generation, sha, path = state.generation, state.candidate_sha256, state.candidate_path
             if pipe.cluster is not None:
                 if decision.promote:  # installed first, so peers can fetch it once it is committed
@@ -272,7 +284,7 @@ async def distribution_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None
 
 async def _target_best(pipe: PipelineContext) -> tuple[str, Path, int] | None:
     """(sha256, installed path, generation) of the model self-play should use, or None."""
-    switched = lambda sha: pipe.state.best_path == str(pipe.paths.model_path(sha))  # noqa: E731
+    switched = lambda sha: pipe.state.best_path == str(model_file(pipe.paths.models_dir, sha))  # noqa: E731
     if pipe.cluster is None:
         best = await asyncio.to_thread(_current_best, pipe)
         if best is None or switched(best[0]):
@@ -280,12 +292,18 @@ async def _target_best(pipe: PipelineContext) -> tuple[str, Path, int] | None:
         sha, src, generation = best
         return sha, await asyncio.to_thread(install_model, src, pipe.paths.models_dir, sha), generation
     record = pipe.cluster.target_best()
-    if record is None or record.generation < pipe.state.best_generation or switched(record.sha256):
+    # an older target only after a quorum-decided rollback of what this node plays (rollback.py)
+    rolled_back = pipe.state.best_generation in pipe.cluster.rollbacks.records
+    if record is None or (record.generation < pipe.state.best_generation and not rolled_back) \
+            or switched(record.sha256):
         return None
     if not is_installed(pipe.paths.models_dir, record.sha256):
         await fetch_from_mesh(pipe.cluster.node, record.sha256, pipe.paths.models_dir)
-    path = pipe.paths.model_path(record.sha256)
-    await asyncio.to_thread(_register_promoted, pipe, path, record.reason)
+    path = model_file(pipe.paths.models_dir, record.sha256)
+    if rolled_back:  # back to an earlier model: the registry follows as a rollback, not a promotion
+        await asyncio.to_thread(_registry_rollback, pipe, record.sha256, pipe.state.best_generation)
+    else:
+        await asyncio.to_thread(_register_promoted, pipe, path, record.reason)
     return record.sha256, path, record.generation
 
 
@@ -303,23 +321,35 @@ def _register_promoted(pipe: PipelineContext, path: Path, reason: str) -> None:
             promote_model(registry, entry.sha256, f"committed by the cluster: {reason}"[:500])
 
 
+def _registry_rollback(pipe: PipelineContext, sha256: str, generation: int) -> None:
+    """Mirror the cluster's rollback in this node's registry, so its /progress agrees (best
+    effort: a node that never registered the earlier model has nothing to roll back to)."""
+    with ModelRegistry(pipe.paths.registry_db) as registry:
+        best = registry.current_best()
+        if best is None or best.sha256 == sha256:
+            return
+        try:
+            rollback_model(registry, sha256, f"cluster rolled back generation {generation}")
+        except (PromotionError, RegistryError) as exc:
+            get_logger(__name__).warning("registry_rollback_failed", sha256=sha256[:12], error=str(exc))
+
+
 def generation_gates(pipe: PipelineContext, generation: int) -> Gates:
     return Gates.from_config(pipe.settings.promotion, generation)
 
 
 def pipeline_runners(pipe: PipelineContext) -> dict[str, RunnerEntry]:
     """The runner table of the pipeline daemons: name -> runner bound to `pipe`, and the
-    settings keys daemons.yaml may set for it (with their defaults)."""
+    schema of the settings daemons.yaml may set for it (app/coordination/pipeline/runner_settings.py)."""
     bind = lambda fn: functools.partial(fn, pipe)  # noqa: E731
-    poll: dict[str, Any] = {"poll_s": 5.0}
     return {
-        "selfplay": RunnerEntry(bind(selfplay_daemon), {
-            "batch_games": 64, "simulations": 0, "workers": 1, "pause_while_evaluating": True}),
-        "export": RunnerEntry(bind(export_daemon), {**poll, "min_new_games": 2000, "sync_budget_s": 60.0}),
-        "train": RunnerEntry(bind(train_daemon), {**poll, "max_failures": 5}),
-        "train_join": RunnerEntry(bind(train_join_daemon), {"poll_s": 2.0}),
-        "gauntlet": RunnerEntry(bind(gauntlet_daemon), {**poll, "workers": 1}),
-        "gauntlet_shards": RunnerEntry(bind(gauntlet_shards_daemon), {"poll_s": 2.0, "workers": 1}),
-        "promote": RunnerEntry(bind(promote_daemon), dict(poll)),
-        "distribution": RunnerEntry(bind(distribution_daemon), dict(poll)),
+        "selfplay": RunnerEntry(bind(selfplay_daemon), SelfplaySettings),
+        "export": RunnerEntry(bind(export_daemon), ExportSettings),
+        "train": RunnerEntry(bind(train_daemon), TrainSettings),
+        "train_join": RunnerEntry(bind(train_join_daemon), ClaimPolled),
+        "gauntlet": RunnerEntry(bind(gauntlet_daemon), Polled),
+        "gauntlet_shards": RunnerEntry(bind(gauntlet_shards_daemon), ClaimPolled),
+        "promote": RunnerEntry(bind(promote_daemon), Polled),
+        "distribution": RunnerEntry(bind(distribution_daemon), Polled),
+        "replication": RunnerEntry(bind(replication_daemon), ReplicationSettings),
     }

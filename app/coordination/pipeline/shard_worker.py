@@ -13,6 +13,8 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from app.coordination.daemons.events import EventType
+from app.coordination.pipeline.context import wait_for_wake, wake_on
 from app.coordination.pipeline.gauntlet_plan import GAUNTLET_KIND
 from app.coordination.p2p.worker import Claim, WorkClient
 from app.coordination.sync import ModelFetchError, fetch_from_mesh
@@ -77,15 +79,16 @@ async def play_claimed_shard(pipe: "PipelineContext", claim: Claim, workers: int
 async def gauntlet_shards_daemon(pipe: "PipelineContext", ctx: "DaemonContext") -> None:
     """Plays other nodes' gauntlet shards whenever this node has no generation of its own in
     flight (the claimant plays its shards from its gauntlet); nothing to do on a lone node."""
+    wake = wake_on(ctx, EventType.LEADER_ELECTED)  # a new leader cut the shards anew
     ctx.mark_healthy()
     while pipe.cluster is not None and not ctx.stopping.is_set():
-        pipe.cluster.gauntlet.prune(set(pipe.cluster.log.records))
+        pipe.cluster.gauntlet.prune(set(pipe.cluster.generations.records))
         claim = await claim_shard(pipe.cluster) if pipe.state.stage is Stage.COLLECTING else None
         if claim is not None:
-            await play_claimed_shard(pipe, claim, int(ctx.settings["workers"]), ctx.stopping.is_set)
+            await play_claimed_shard(pipe, claim, pipe.settings.gauntlet.workers, ctx.stopping.is_set)
             ctx.mark_healthy()
             continue
         ctx.mark_healthy()
-        if await ctx.sleep(float(ctx.settings["poll_s"])):
+        if await wait_for_wake(ctx, wake, float(ctx.settings["poll_s"])):
             return
     await ctx.stopping.wait()

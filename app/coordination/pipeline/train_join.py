@@ -28,7 +28,8 @@ from app.atomic_files import atomic_write_json
 from app.coordination.daemons.registry import DaemonContext
 from app.coordination.p2p.work_rules import TRAINING_JOIN_KIND
 from app.coordination.p2p.worker import Claim, WorkClient
-from app.coordination.pipeline.context import PipelineContext
+from app.coordination.daemons.events import EventType
+from app.coordination.pipeline.context import PipelineContext, wait_for_wake, wake_on
 from app.coordination.sync import fetch_from_mesh
 from app.coordination.sync.dataset_fetch import fetch_dataset
 from app.coordination.pipeline.training_job import SpanArgs, launcher_command, launcher_log_tail, run_launcher
@@ -42,7 +43,9 @@ def join_run_dir(pipe: PipelineContext, generation: int) -> Path:
 
 
 async def train_join_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
-    """Claims join items while this node is free (no generation of its own in flight)."""
+    """Claims join items while this node is free (no generation of its own in flight); a new
+    leader (LEADER_ELECTED) is asked at once, the poll is the safety net."""
+    wake = wake_on(ctx, EventType.LEADER_ELECTED)
     ctx.mark_healthy()
     while not ctx.stopping.is_set():
         cluster = pipe.cluster
@@ -53,7 +56,7 @@ async def train_join_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
                 await join_claimed(pipe, ctx, work, claim)
                 continue
         ctx.mark_healthy()
-        if await ctx.sleep(float(ctx.settings["poll_s"])):
+        if await wait_for_wake(ctx, wake, float(ctx.settings["poll_s"])):
             return
 
 

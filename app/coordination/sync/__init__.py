@@ -7,7 +7,12 @@ requests, and both are safe to interrupt at any point:
     game_server.py   GET /games/manifest, POST /games/fetch   (GameSyncServer, game_routes)
     game_sync.py     pull_games, sync_from_peers, PeerCursor, SyncReport, SyncError
     model_server.py  GET /models/<sha256>, GET /models/<sha256>/meta   (model_routes)
-    model_fetch.py   fetch_model, fetch_from_mesh, peers_with_model, installed_models, ModelFetchError
+    model_store.py   the <sha256>.safetensors store: model_file, install_model, is_installed, installed_models
+    model_fetch.py   fetch_model, fetch_from_mesh, peers_with_model, ModelFetchError
+    ranges.py        id ranges, range digests, placement by rendezvous hash (pure)
+    replica_store.py ReplicatedStore (the interface anti-entropy needs), GameStore (the replay DB)
+    replica_server.py /replica/<store>/digest, /ids, /fetch   (replica_routes; games: GameSyncServer)
+    replication.py   Replicator: one anti-entropy round (pull what is lacking, count own copies)
 
 Embedding (orchestrator):
 
@@ -20,18 +25,13 @@ Embedding (orchestrator):
 
 from app.coordination.sync.game_server import GameSyncServer, game_routes
 from app.coordination.sync.game_sync import PeerCursor, SyncError, SyncReport, pull_games, sync_from_peers
-from app.coordination.sync.model_fetch import (
-    ModelFetchError,
-    fetch_from_mesh,
-    fetch_model,
-    installed_models,
-    is_installed,
-    peers_with_model,
-)
+from app.coordination.sync.model_fetch import ModelFetchError, fetch_from_mesh, fetch_model, peers_with_model
+from app.coordination.sync.model_store import install_model, installed_models, is_installed, model_file
 from app.coordination.sync.model_server import model_routes
 
 __all__ = [
     "GameSyncServer", "ModelFetchError", "PeerCursor", "SyncError", "SyncReport", "fetch_from_mesh",
-    "fetch_model", "game_routes", "installed_models", "is_installed", "model_routes", "peers_with_model",
+    "fetch_model", "game_routes", "install_model", "installed_models", "is_installed", "model_file", "model_routes",
+    "peers_with_model",
     "pull_games", "sync_from_peers",
 ]

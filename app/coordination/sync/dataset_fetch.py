@@ -16,12 +16,12 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
 
 from app.atomic_files import fsync_dir
-from app.coordination.p2p.auth import sign
 from app.coordination.p2p.client import MeshClient
 from app.coordination.sync.streaming import CHUNK, FetchError, PeerFailed, download, first_verified_copy
 from app.coordination.sync.wire import is_sha256
@@ -69,31 +69,43 @@ async def fetch_dataset(
 ) -> Path:
     """The installed path of dataset `sha256`, fetched from the first peer with a verified copy.
     `timeout` bounds connecting and each read, not the whole transfer."""
-    if not is_sha256(sha256):
-        raise ValueError(f"{sha256!r} is not a sha256 (64 lowercase hex digits)")
-    datasets_dir = Path(datasets_dir)
-    final = installed_dataset(datasets_dir, sha256)
-    if final.is_dir() and await asyncio.to_thread(verify_dataset, final, sha256) is None:
-        return final
-    datasets_dir.mkdir(parents=True, exist_ok=True)
-
-    async def fetch(session: aiohttp.ClientSession, addr: str, staging: Path) -> Path:
-        await _fetch_into(client, session, addr, sha256, staging, max_file_bytes)
-        await asyncio.to_thread(_install, staging, final)
-        return final
-
-    path, failures = await first_verified_copy("dataset", sha256, peer_addrs, datasets_dir, timeout, fetch)
+    path, failures = await fetch_manifest_dir(client, sha256, peer_addrs, datasets_dir, what="dataset",
+                                              route="/datasets", verify=verify_dataset, timeout=timeout,
+                                              max_file_bytes=max_file_bytes)
     if path is not None:
         return path
     raise DatasetFetchError(sha256, failures)
 
 
-async def _fetch_into(client: MeshClient, session: aiohttp.ClientSession, addr: str, sha256: str,
+async def fetch_manifest_dir(
+    client: MeshClient, sha256: str, peer_addrs: list[str], root: str | Path, *, what: str, route: str,
+    verify: Callable[[Path, str], str | None], timeout: float = 10.0, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+) -> tuple[Path | None, dict[str, str]]:
+    """Any directory named by the sha256 of its manifest (a dataset, an LM checkpoint) served
+    under `<route>/<sha256>/`, installed as `<root>/<sha256>/`: (path, {}) or (None, every
+    peer's failure). `verify(path, sha256)` checks a copy already installed."""
+    if not is_sha256(sha256):
+        raise ValueError(f"{sha256!r} is not a sha256 (64 lowercase hex digits)")
+    root = Path(root)
+    final = root / sha256
+    if final.is_dir() and await asyncio.to_thread(verify, final, sha256) is None:
+        return final, {}
+    root.mkdir(parents=True, exist_ok=True)
+
+    async def fetch(session: aiohttp.ClientSession, addr: str, staging: Path) -> Path:
+        await _fetch_into(client, session, addr, f"{route}/{sha256}", sha256, staging, max_file_bytes)
+        await asyncio.to_thread(_install, staging, final)
+        return final
+
+    return await first_verified_copy(what, sha256, peer_addrs, root, timeout, fetch, client)
+
+
+async def _fetch_into(client: MeshClient, session: aiohttp.ClientSession, addr: str, base: str, sha256: str,
                       staging: Path, max_file_bytes: int) -> None:
-    raw = await _get(client, session, addr, f"/datasets/{sha256}/manifest", MAX_MANIFEST_BYTES)
+    raw = await _get(client, session, addr, f"{base}/manifest", MAX_MANIFEST_BYTES)
     actual = hashlib.sha256(raw).hexdigest()
     if actual != sha256:
-        raise PeerFailed(f"manifest hashes to {actual[:16]}, not the dataset asked for")
+        raise PeerFailed(f"manifest hashes to {actual[:16]}, not the one asked for")
     try:
         manifest = json.loads(raw)
         files = manifest["files"]
@@ -106,7 +118,7 @@ async def _fetch_into(client: MeshClient, session: aiohttp.ClientSession, addr: 
     for name, want, size in entries:
         if size > max_file_bytes:
             raise PeerFailed(f"{name}: {size} bytes is over the {max_file_bytes} limit")
-        got, digest = await download(client, session, addr, f"/datasets/{sha256}/files/{name}", staging / name,
+        got, digest = await download(client, session, addr, f"{base}/files/{name}", staging / name,
                                      size, name)
         if got != size or digest != want:
             raise PeerFailed(f"{name} corrupt: {got} bytes hash to {digest[:16]}, "
@@ -118,7 +130,7 @@ async def _fetch_into(client: MeshClient, session: aiohttp.ClientSession, addr: 
 
 
 async def _get(client: MeshClient, session: aiohttp.ClientSession, addr: str, path: str, limit: int) -> bytes:
-    async with session.get(f"http://{addr}{path}", headers=sign(client.secret, "GET", path, b"")) as resp:
+    async with session.get(client.url(addr, path), headers=await client.signed_headers(addr, "GET", path)) as resp:
         if resp.status != 200:
             raise PeerFailed(f"{path}: HTTP {resp.status}: {(await resp.text())[:200]}")
         data = bytearray()

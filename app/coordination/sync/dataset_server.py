@@ -11,16 +11,20 @@ does not re-hash what it serves: the fetcher verifies every byte against the man
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
 
 from app.coordination.p2p.auth import json_error
 from app.coordination.sync.wire import is_sha256
-from app.training.dataset import MANIFEST_NAME, DatasetError, read_manifest
+from app.training.dataset import MANIFEST_NAME, read_manifest
 
 
-def find_dataset(datasets_dir: Path, sha256: str) -> Path | None:
+ManifestReader = Callable[[Path], tuple[dict, str]]  # (manifest, its sha256); ValueError when unusable
+
+
+def find_dataset(datasets_dir: Path, sha256: str, reader: ManifestReader = read_manifest) -> Path | None:
     """The dataset directory whose manifest hashes to `sha256` (hidden staging dirs skipped)."""
     if not datasets_dir.is_dir():
         return None
@@ -28,26 +32,28 @@ def find_dataset(datasets_dir: Path, sha256: str) -> Path | None:
         if path.name.startswith(".") or not path.is_dir():
             continue
         try:
-            _, sha = read_manifest(path)
-        except DatasetError:
+            _, sha = reader(path)
+        except ValueError:  # DatasetError and the other readers' errors
             continue
         if sha == sha256:
             return path
     return None
 
 
-def dataset_routes(datasets_dir: str | Path) -> list[web.RouteDef]:
-    """Routes for `node.add_routes(...)` (signed, not public)."""
+def dataset_routes(datasets_dir: str | Path, *, route: str = "/datasets", what: str = "dataset",
+                   reader: ManifestReader = read_manifest) -> list[web.RouteDef]:
+    """Routes for `node.add_routes(...)` (signed, not public). The same routes serve any
+    directory named by the sha256 of its manifest (`route`, `reader`): LM checkpoints too."""
     root = Path(datasets_dir)
 
     def locate(request: web.Request) -> tuple[Path | None, dict | None, web.Response | None]:
         sha = request.match_info["sha256"]
         if not is_sha256(sha):
-            return None, None, json_error(400, "dataset id must be a sha256: 64 lowercase hex digits")
-        path = find_dataset(root, sha)
+            return None, None, json_error(400, f"{what} id must be a sha256: 64 lowercase hex digits")
+        path = find_dataset(root, sha, reader)
         if path is None:
-            return None, None, json_error(404, f"dataset {sha} is not on this node")
-        manifest, _ = read_manifest(path)
+            return None, None, json_error(404, f"{what} {sha} is not on this node")
+        manifest, _ = reader(path)
         return path, manifest, None
 
     async def manifest(request: web.Request) -> web.StreamResponse:
@@ -65,7 +71,7 @@ def dataset_routes(datasets_dir: str | Path) -> list[web.RouteDef]:
         name = request.match_info["name"]
         files = manifest.get("files")
         if not isinstance(files, dict) or name not in files or not (path / name).is_file():
-            return json_error(404, f"dataset {request.match_info['sha256']} has no file {name!r}")
+            return json_error(404, f"{what} {request.match_info['sha256']} has no file {name!r}")
         return web.FileResponse(path / name, headers={"Content-Type": "application/octet-stream"})
 
-    return [web.get("/datasets/{sha256}/manifest", manifest), web.get("/datasets/{sha256}/files/{name}", file)]
+    return [web.get(route + "/{sha256}/manifest", manifest), web.get(route + "/{sha256}/files/{name}", file)]

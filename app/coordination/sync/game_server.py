@@ -5,6 +5,9 @@ Two signed endpoints, both bounded so that no request makes a node build an unbo
     GET  /games/manifest?after=<row id>&limit=<n>   -> {"entries": [[row_id, uid], ...], "max_id", "first"}
     POST /games/fetch {"uids": [...]}               -> {"games": [...], "deferred": [...], "missing": [...]}
 
+and the anti-entropy endpoints of the same games as a ReplicatedStore, /replica/games/...
+(replica_server.py: digests of id ranges, ids of a range, games by id).
+
 Row ids are the peer's own insertion order, so a puller can remember "everything up to row N
 is synced" as one number per peer. SQLite work runs in a thread so the mesh's heartbeats are
 never stuck behind a disk read.
@@ -16,6 +19,7 @@ import asyncio
 import json
 import threading
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 from pydantic import ValidationError
@@ -24,7 +28,10 @@ from sqlalchemy.orm import Session
 
 from app.coordination.p2p.auth import json_error
 from app.coordination.p2p.server import BadRequest, parse_body
+from app.coordination.sync.replica_server import replica_routes
+from app.coordination.sync.replica_store import GameStore
 from app.coordination.sync.wire import DEFAULT_FETCH_BYTES, FetchRequest, ManifestQuery
+from app.db.engines import is_url
 from app.db.replay_db import GameRow, ReplayDB
 
 
@@ -36,9 +43,10 @@ class GameSyncServer:
     """Serves one node's replay DB to its peers; opens the DB on first use, keeps it open."""
 
     def __init__(self, db_path: str | Path, max_fetch_bytes: int = DEFAULT_FETCH_BYTES) -> None:
-        self.db_path = Path(db_path)
+        self.db_path = db_path if is_url(db_path) else Path(db_path)  # a file, or a database URL
         self.max_fetch_bytes = max_fetch_bytes
         self._db: ReplayDB | None = None
+        self._store: GameStore | None = None
         self._lock = threading.Lock()
 
     def db(self) -> ReplayDB:
@@ -47,14 +55,24 @@ class GameSyncServer:
                 self._db = ReplayDB(self.db_path)
             return self._db
 
+    def store(self) -> GameStore:
+        """The games as a ReplicatedStore (its range index lives as long as this server)."""
+        db = self.db()
+        with self._lock:
+            if self._store is None:
+                self._store = GameStore(db)
+            return self._store
+
     def close(self) -> None:
         with self._lock:
+            self._store = None
             if self._db is not None:
                 self._db.close()
                 self._db = None
 
     def routes(self) -> list[web.RouteDef]:
-        return [web.get("/games/manifest", self.manifest), web.post("/games/fetch", self.fetch)]
+        return [web.get("/games/manifest", self.manifest), web.post("/games/fetch", self.fetch),
+                *replica_routes("games", _LazyStore(self), self.max_fetch_bytes)]
 
     # -- handlers -------------------------------------------------------------------
     async def manifest(self, request: web.Request) -> web.Response:
@@ -106,6 +124,16 @@ class GameSyncServer:
             '{"games": [' + ",".join(parts) + "], "
             f'"deferred": {json.dumps(deferred)}, "missing": {json.dumps(missing)}}}'
         )
+
+
+class _LazyStore:
+    """The server's GameStore, opened on first use (the DB may not exist when routes are made)."""
+
+    def __init__(self, server: GameSyncServer) -> None:
+        self._server = server
+
+    def __getattr__(self, name: str) -> Any:  # forwards the ReplicatedStore methods
+        return getattr(self._server.store(), name)
 
 
 def game_routes(db_path: str | Path, max_fetch_bytes: int = DEFAULT_FETCH_BYTES) -> list[web.RouteDef]:

@@ -2,8 +2,7 @@
 
 Each peer is tried in turn: its sidecar must name the sha256 asked for, and its weights are
 streamed into a private temp directory inside the models dir while being hashed. Only bytes
-that hash to the sha256 are renamed into `<models_dir>/<sha256>.safetensors` (weights first,
-then sidecar, as `install_model` does, so a sidecar never names a missing file). A corrupt,
+that hash to the sha256 are renamed into the model store (`model_store.install_staged`). A corrupt,
 truncated or stalled download is deleted and the next peer tried; nothing partial ever sits
 under the final name, so self-play can never pick it up.
 
@@ -15,15 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import aiohttp
 
-from app.ai.model import ModelFormatError, file_sha256, read_meta, sidecar_path
+from app.ai.model import ModelFormatError, read_meta, sidecar_path
 from app.coordination.p2p.client import MeshClient
+from app.coordination.sync.model_store import install_staged, is_installed, model_file
 from app.coordination.sync.streaming import FetchError, PeerFailed, download, first_verified_copy
 from app.coordination.sync.wire import is_sha256
 from app.log import get_logger
@@ -40,26 +39,6 @@ class ModelFetchError(FetchError):
 
     def __init__(self, sha256: str, failures: dict[str, str]) -> None:
         super().__init__("model", sha256, failures, "no peer has it")
-
-
-def installed_path(models_dir: str | Path, sha256: str) -> Path:
-    return Path(models_dir) / f"{sha256}.safetensors"
-
-
-def is_installed(models_dir: str | Path, sha256: str) -> bool:
-    """Weights and sidecar present and the weights hash to their name (reads the whole file)."""
-    path = installed_path(models_dir, sha256)
-    return path.is_file() and sidecar_path(path).is_file() and file_sha256(path) == sha256
-
-
-def installed_models(models_dir: str | Path) -> list[str]:
-    """The sha256s this node can serve (for the gossiped inventory); cheap: names, not hashes."""
-    root = Path(models_dir)
-    if not root.is_dir():
-        return []
-    return sorted(
-        p.stem for p in root.glob("*.safetensors") if is_sha256(p.stem) and sidecar_path(p).is_file()
-    )
 
 
 def peers_with_model(
@@ -98,13 +77,13 @@ async def fetch_model(
         raise ValueError(f"{sha256!r} is not a sha256 (64 lowercase hex digits)")
     models_dir = Path(models_dir)
     if await asyncio.to_thread(is_installed, models_dir, sha256):
-        return installed_path(models_dir, sha256)
+        return model_file(models_dir, sha256)
     models_dir.mkdir(parents=True, exist_ok=True)
 
     async def fetch(session: aiohttp.ClientSession, addr: str, staging: Path) -> Path:
         return await _fetch_from(client, session, addr, sha256, staging, models_dir, timeout, max_bytes)
 
-    path, failures = await first_verified_copy("model", sha256, peer_addrs, models_dir, timeout, fetch)
+    path, failures = await first_verified_copy("model", sha256, peer_addrs, models_dir, timeout, fetch, client)
     if path is not None:
         return path
     raise ModelFetchError(sha256, failures)
@@ -131,23 +110,7 @@ async def _fetch_from(
     size, actual = await download(client, session, addr, f"/models/{sha256}", weights, max_bytes, "weights")
     if actual != sha256:
         raise PeerFailed(f"weights corrupt: {size} bytes hash to {actual[:16]}")
-    await asyncio.to_thread(_install, weights, models_dir, sha256)
-    return installed_path(models_dir, sha256)
-
-
-def _install(weights: Path, models_dir: Path, sha256: str) -> None:
-    """Verified staging files -> final names: weights first, so a sidecar never names a missing file."""
-    side = sidecar_path(weights)
-    with open(side, "rb+") as fh:
-        os.fsync(fh.fileno())
-    final = installed_path(models_dir, sha256)
-    os.replace(weights, final)
-    os.replace(side, sidecar_path(final))
-    dir_fd = os.open(models_dir, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    return await asyncio.to_thread(install_staged, weights, models_dir, sha256)
 
 
 async def fetch_from_mesh(node: "MeshNode", sha256: str, models_dir: str | Path, **kwargs: object) -> Path:

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from app.ai.model import sidecar_path
 from app.coordination.p2p.auth import json_error
+from app.coordination.sync.model_store import is_present, model_file
 from app.coordination.sync.wire import is_sha256
 
 
@@ -30,10 +31,9 @@ def model_routes(models_dir: str | Path) -> list[web.RouteDef]:
         sha = request.match_info["sha256"]
         if not is_sha256(sha):
             return None, json_error(400, "model id must be a sha256: 64 lowercase hex digits")
-        weights = root / f"{sha}.safetensors"
-        if not (weights.is_file() and sidecar_path(weights).is_file()):
+        if not is_present(root, sha):
             return None, json_error(404, f"model {sha} is not in this node's store")
-        return weights, None
+        return model_file(root, sha), None
 
     async def weights(request: web.Request) -> web.StreamResponse:
         path, error = locate(request)

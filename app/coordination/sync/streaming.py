@@ -16,7 +16,6 @@ from typing import TypeVar
 
 import aiohttp
 
-from app.coordination.p2p.auth import sign
 from app.coordination.p2p.client import MeshClient
 from app.log import get_logger
 
@@ -51,7 +50,7 @@ async def download(client: MeshClient, session: aiohttp.ClientSession, addr: str
                    dest: Path, max_bytes: int, label: str) -> tuple[int, str]:
     """Signed GET of `path` from `addr` into `dest`, fsynced: (bytes, sha256 hex). Refuses a
     non-200 answer, more than `max_bytes`, and fewer bytes than a Content-Length promised."""
-    async with session.get(f"http://{addr}{path}", headers=sign(client.secret, "GET", path, b"")) as resp:
+    async with session.get(client.url(addr, path), headers=await client.signed_headers(addr, "GET", path)) as resp:
         if resp.status != 200:
             raise PeerFailed(f"{label}: HTTP {resp.status}")
         if resp.content_length is not None and resp.content_length > max_bytes:
@@ -74,14 +73,16 @@ async def download(client: MeshClient, session: aiohttp.ClientSession, addr: str
 
 async def first_verified_copy(
     what: str, sha256: str, peer_addrs: list[str], root: Path, timeout: float,
-    fetch: Callable[[aiohttp.ClientSession, str, Path], Awaitable[T]],
+    fetch: Callable[[aiohttp.ClientSession, str, Path], Awaitable[T]], client: MeshClient,
 ) -> tuple[T | None, dict[str, str]]:
     """Ask each peer in turn: `fetch(session, addr, staging)` downloads into a fresh staging dir
     under `root`, verifies and installs, or raises PeerFailed. (its result, {}) for the first
-    peer that works, else (None, every peer's failure). Staging dirs never outlive a try."""
+    peer that works, else (None, every peer's failure). Staging dirs never outlive a try.
+    The session speaks TLS with the mesh client's certificate when the mesh does."""
     sweep_staging(root)
     failures: dict[str, str] = {}
-    async with aiohttp.ClientSession(timeout=stream_timeout(timeout)) as session:
+    connector = aiohttp.TCPConnector(ssl=client.ssl_context or True)
+    async with aiohttp.ClientSession(timeout=stream_timeout(timeout), connector=connector) as session:
         for addr in peer_addrs:
             staging = root / f".fetch-{sha256[:16]}-{secrets.token_hex(4)}"
             try:

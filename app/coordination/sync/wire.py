@@ -59,3 +59,57 @@ class FetchAnswer(BaseModel):
     games: list[dict[str, Any]]
     deferred: list[str] = []
     missing: list[str] = []
+
+
+# -- anti-entropy replication (replica_server.py, replication.py) --------------------------------
+MAX_ORIGIN_LEN = 128
+MAX_PREFIX_LEN = 6  # ranges.MAX_DEPTH
+MAX_IDS_LIMIT = 5000
+
+Origin = Annotated[str, Field(max_length=MAX_ORIGIN_LEN)]
+Prefix = Annotated[str, Field(max_length=MAX_PREFIX_LEN, pattern=r"^[0-9a-f]*$")]
+WireDigest = tuple[int, str]  # (count, XOR of the ids' hashes as 16 hex digits)
+
+
+class RangeDigestQuery(_Strict):
+    """Body of POST /replica/<store>/digest: the 16 children of one range of one origin."""
+
+    origin: Origin
+    prefix: Prefix = ""
+
+
+class RangeDigests(BaseModel):
+    digest: WireDigest
+    children: list[WireDigest] = Field(min_length=16, max_length=16)
+
+
+class TopDigests(BaseModel):
+    """Answer of GET /replica/<store>/digest: every origin's whole-space digest."""
+
+    origins: dict[str, WireDigest]
+    count: int = Field(ge=0)
+
+
+class RangeIdsQuery(_Strict):
+    """Body of POST /replica/<store>/ids: origin's ids in a range, after `after`, ascending."""
+
+    origin: Origin
+    prefix: Prefix = ""
+    after: Annotated[str, Field(max_length=MAX_UID_LEN)] = ""
+    limit: int = Field(default=1000, ge=1, le=MAX_IDS_LIMIT)
+
+
+class RangeIds(BaseModel):
+    ids: list[Uid]
+
+
+class ReplicaFetchRequest(_Strict):
+    """Body of POST /replica/<store>/fetch."""
+
+    ids: list[Uid] = Field(min_length=1, max_length=MAX_FETCH_UIDS)
+
+
+class ReplicaFetchAnswer(BaseModel):
+    records: list[dict[str, Any]]
+    deferred: list[str] = []
+    missing: list[str] = []

@@ -1,0 +1,1 @@
+"""The operator CLI, `python -m app.cli` (see __main__.py)."""

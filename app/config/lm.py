@@ -1,0 +1,211 @@
+"""Settings of the language-model workload (`workload: lm`) and the rule that keeps the two
+workloads' settings apart.
+
+A node runs one workload. `workload: connect4` (the default) is the AlphaZero loop; `workload:
+lm` trains a language model with GRPO on a task with a verifiable reward. The `lm:` section
+holds everything the LM workload reads: the model's shape, the tokenizer, the task, the
+inference engines, rollouts, the GRPO and SFT steps, the rollout window of a generation and
+the held-out evaluation with its gate. The names mirror the library's own settings
+(`app/lm/model.py` LMModelConfig, `app/lm/truncation.py` RolloutSettings,
+`app/training/lm/grpo.py` GRPOConfig) so a value means the same thing in both places.
+
+The rule (`workload_problems`): a setting of the other workload is an error, never ignored.
+A key counts as set when the file (or the caller) gives it, whatever its value: writing
+`search: {simulations: 64}` on an LM node means someone expects it to do something, and it
+would not. So an `lm:` section on a connect4 node is an error, and on an lm node so are the
+sections `model`, `search`, `selfplay`, `export`, `gauntlet`, `promotion`, the key
+`node.game`, and the `train` keys that only the AlphaZero trainer reads. The `train` keys
+that place training on processes and nodes (`nproc`, `max_nodes`, `span_cpu_nodes`,
+`join_timeout_s`) are shared: the torchrun launcher and spanned training serve both.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from app.config.base import StrictModel
+
+Workload = Literal["connect4", "lm"]
+CONNECT4_SECTIONS = ("model", "search", "selfplay", "export", "gauntlet", "promotion")
+SHARED_TRAIN_KEYS = frozenset({"nproc", "max_nodes", "span_cpu_nodes", "join_timeout_s"})
+
+
+class LMModelSettings(StrictModel):
+    """The model: a random-init Llama of this shape, or a local Hugging Face directory (`path`)."""
+
+    path: Path | None = None  # a save_pretrained directory; None = build from the shape below
+    hidden_size: int = Field(64, gt=0)
+    layers: int = Field(2, gt=0)
+    heads: int = Field(4, gt=0)
+    kv_heads: int = Field(2, gt=0)
+    intermediate: int = Field(128, gt=0)
+    max_position: int = Field(128, gt=0)
+    seed: int = 0
+    attn_implementation: str = "sdpa"
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> LMModelSettings:
+        if self.hidden_size % self.heads or self.heads % self.kv_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} must divide by heads {self.heads} "
+                             f"and heads by kv_heads {self.kv_heads}")
+        return self
+
+
+class LMTokenizerSettings(StrictModel):
+    """`digits` is built in process (app/lm/tokenizer.py); `path` reads a saved tokenizer.json."""
+
+    kind: Literal["digits", "file"] = "digits"
+    path: Path | None = None  # a directory holding tokenizer.json (kind: file)
+
+    @model_validator(mode="after")
+    def _path_iff_file(self) -> LMTokenizerSettings:
+        if (self.kind == "file") != (self.path is not None):
+            raise ValueError("path is required with kind: file and not allowed with kind: digits")
+        return self
+
+
+class LMTaskSettings(StrictModel):
+    """The task and its prompt sets. Train and held-out prompts never share a string
+    (app/lm/tasks.py splits by a hash of the text)."""
+
+    name: Literal["copy", "reverse", "calc"] = "copy"
+    reward_kind: Literal["exact", "partial"] = "exact"
+    min_digits: int = Field(3, ge=1)  # copy / reverse
+    max_digits: int = Field(3, ge=1)
+    max_operand: int = Field(99, ge=1)  # calc
+    terms: int = Field(2, ge=2)
+    max_calls: int = Field(1, ge=0)
+    train_prompts: int = Field(512, ge=1)  # size of the training prompt pool
+    heldout_prompts: int = Field(64, ge=1)  # the held-out set of the gate (same prompts for both models)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _digits_ordered(self) -> LMTaskSettings:
+        if self.min_digits > self.max_digits:
+            raise ValueError(f"min_digits {self.min_digits} is above max_digits {self.max_digits}")
+        return self
+
+
+class LMEngineSettings(StrictModel):
+    """One inference engine. The first engine of `lm.engines` generates the rollouts; every one
+    is weight-synced to each promoted model (app/lm/weight_sync.py)."""
+
+    name: str = Field("local", min_length=1, max_length=64)
+    kind: Literal["in_process", "sglang", "vllm"] = "in_process"
+    url: str | None = None  # http://host:port of an sglang / vllm server
+    model: str = "default"  # vllm: the served model name
+    sync_timeout_s: float = Field(300.0, gt=0)
+
+    @model_validator(mode="after")
+    def _url_iff_http(self) -> LMEngineSettings:
+        if self.kind == "in_process" and self.url is not None:
+            raise ValueError(f"engine {self.name}: an in_process engine takes no url")
+        if self.kind != "in_process" and self.url is None:
+            raise ValueError(f"engine {self.name}: a {self.kind} engine needs a url")
+        return self
+
+
+class LMRolloutSettings(StrictModel):
+    """Self-play of this workload: groups of `n` completions per prompt (app/lm/truncation.py)."""
+
+    n: int = Field(8, ge=2)  # completions per prompt: the GRPO group (one sample has no baseline)
+    batch_groups: int = Field(16, ge=1)  # groups per self-play batch (one store transaction each)
+    max_new_tokens: int = Field(16, ge=1)
+    temperature: float = Field(1.0, gt=0.0)  # sampling; greedy is for evaluation only
+    max_steps: int = Field(4, ge=1)
+    max_seq_len: int = Field(128, ge=2)
+    length_is_parse_failure: bool = True
+    parse_failure_reward: float = 0.0
+    overlong_reward: Literal["zero", "score"] = "zero"
+    overlong_group: Literal["keep", "mask_loss", "drop_group"] = "keep"
+    truncated_reward: float | None = None
+    max_staleness: int = Field(1, ge=0)  # weight versions a group may lag the trained model
+
+
+class LMSFTSettings(StrictModel):
+    """Generation 1 of `mode: sft+rl`: supervised steps on the task's demonstrations."""
+
+    steps: int = Field(60, ge=1)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(3e-3, gt=0)
+
+
+class LMGRPOSettings(StrictModel):
+    """One generation's GRPO run (app/training/lm/grpo.py)."""
+
+    mode: Literal["rl", "sft+rl"] = "sft+rl"
+    steps: int = Field(50, ge=1)  # optimizer steps per generation
+    groups_per_step: int = Field(8, ge=1)
+    micro_batches: int = Field(1, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    clip_low: float = Field(0.2, ge=0)
+    clip_high: float = Field(0.2, ge=0)
+    kl_coef: float = Field(0.0, ge=0)
+    scale_by_std: bool = True
+    eps: float = Field(1e-6, gt=0)
+    backend: Literal["local", "fsdp2"] = "local"
+    seed: int = 0
+    sft: LMSFTSettings = LMSFTSettings()
+
+
+class LMExportSettings(StrictModel):
+    """Which rollouts one generation trains on."""
+
+    min_new_groups: int = Field(64, ge=1)  # new groups since the last generation before the next starts
+    window_groups: int = Field(512, ge=1)  # newest groups exported for a generation
+
+
+class LMEvalSettings(StrictModel):
+    """The gate: candidate and best, greedy on the same held-out prompts, paired per prompt
+    (app/training/lm_eval.py). Promote only when the candidate is better with `confidence`."""
+
+    method: Literal["sign", "bootstrap"] = "sign"
+    confidence: float = Field(0.95, gt=0.5, lt=1.0)
+    min_improvement: float = Field(0.0, ge=0.0)  # the mean per-prompt gain must exceed this too
+    max_new_tokens: int = Field(16, ge=1)
+    bootstrap_samples: int = Field(2000, ge=100)
+    seed: int = 0
+
+
+class LMConfig(StrictModel):
+    model: LMModelSettings = LMModelSettings()
+    tokenizer: LMTokenizerSettings = LMTokenizerSettings()
+    task: LMTaskSettings = LMTaskSettings()
+    engines: list[LMEngineSettings] = Field(default_factory=lambda: [LMEngineSettings()], min_length=1)
+    rollout: LMRolloutSettings = LMRolloutSettings()
+    grpo: LMGRPOSettings = LMGRPOSettings()
+    export: LMExportSettings = LMExportSettings()
+    eval: LMEvalSettings = LMEvalSettings()
+
+    @model_validator(mode="after")
+    def _engines_distinct(self) -> LMConfig:
+        names = [e.name for e in self.engines]
+        if len(set(names)) != len(names):
+            raise ValueError(f"engine names must be distinct (weight-sync failures are reported by name): {names}")
+        if sum(e.kind == "in_process" for e in self.engines) > 1:
+            raise ValueError("at most one in_process engine per node")
+        if self.rollout.max_new_tokens >= self.rollout.max_seq_len:
+            raise ValueError(f"rollout.max_new_tokens {self.rollout.max_new_tokens} leaves no room for a prompt "
+                             f"in max_seq_len {self.rollout.max_seq_len}")
+        return self
+
+
+def workload_problems(workload: Workload, given: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(dotted key, why) for every setting of the other workload. `given[section]` is the set of
+    keys given in that section ("" for the top level's own keys, i.e. the sections given)."""
+    top = given.get("", set())
+    if workload == "connect4":
+        return [("lm", "an lm section on a connect4 node (set workload: lm to run the language-model workload)")] \
+            if "lm" in top else []
+    problems = [(s, f"a connect4 setting on an lm node (the lm workload reads lm.*, not {s})")
+                for s in CONNECT4_SECTIONS if s in top]
+    if "game" in given.get("node", set()):
+        problems.append(("node.game", "a connect4 setting on an lm node (the task is lm.task.name)"))
+    problems += [(f"train.{k}", "read only by the connect4 trainer; the lm workload's are under lm.grpo")
+                 for k in sorted(given.get("train", set()) - SHARED_TRAIN_KEYS)]
+    return problems

@@ -1,0 +1,88 @@
+"""The replication daemon: anti-entropy rounds that keep every finished game on at least
+`replication.factor` nodes (app/coordination/sync/replication.py does the work).
+
+Each round pulls from the alive peers the games this node should hold (and, with `prefetch`,
+the rest, so a claimant exports without a long pull), then publishes what it found: the
+node's inventory gossips `replication` (held, own, under_replicated, oldest age, which peers
+hold how many of its own games), which GET /status shows, and the metrics
+`mesh_games_under_replicated` and `mesh_games_under_replicated_oldest_age_seconds`.
+On a lone node there is nothing to replicate: the factor is 1 and the daemon only idles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from pydantic import Field
+
+from app.config import StrictModel
+from app.coordination.daemons.registry import DaemonContext
+from app.coordination.p2p.node import MeshNode
+from app.coordination.pipeline.context import PipelineContext
+from app.coordination.sync.ranges import effective_factor
+from app.coordination.sync.replica_store import GameStore
+from app.coordination.sync.replication import Replicator, RoundReport
+from app.coordination.sync.wire import MAX_FETCH_UIDS
+
+
+class ReplicationSettings(StrictModel):
+    """daemons.yaml `replication.settings` (the factor itself is node config: replication.factor)."""
+
+    interval_s: float = Field(1.0, gt=0)  # between rounds
+    prefetch: bool = True  # after the placed share, pull the remaining games too
+    batch_games: int = Field(128, ge=1, le=MAX_FETCH_UIDS)  # games per fetch request
+    max_bytes_per_s: float = Field(8e6, gt=0)  # average pull rate cap
+    max_games_per_round: int = Field(500, ge=1)  # bounds a round (and its heartbeat gap)
+    list_max: int = Field(128, ge=1, le=5000)  # a differing range this small is listed, not split
+    timeout_s: float = Field(10.0, gt=0)  # per request
+
+
+async def replication_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
+    cfg = ReplicationSettings.model_validate(ctx.settings)
+    cluster = pipe.cluster
+    if cluster is None:  # lone node: one copy is the factor
+        ctx.metrics.games_under_replicated.set(0)
+        while True:
+            ctx.mark_healthy()  # idle but alive (daemons.yaml may set a heartbeat timeout)
+            if await ctx.sleep(30.0):
+                return
+    node = cluster.node
+    factor = effective_factor(pipe.settings.replication.factor, clustered=True)
+    store = await asyncio.to_thread(GameStore, pipe.paths.games_db)
+    replicator = Replicator(
+        pipe.node_id, node.client, store, factor=factor, prefetch=cfg.prefetch, batch=cfg.batch_games,
+        max_bytes_per_s=cfg.max_bytes_per_s, max_records_per_round=cfg.max_games_per_round,
+        list_max=cfg.list_max, timeout=cfg.timeout_s,
+    )
+    ctx.mark_healthy()
+    try:
+        while not ctx.stopping.is_set():
+            report = await one_round(node, replicator, factor)
+            status = report.status
+            cluster.replication = status.to_json()  # gossiped with the inventory (cluster.py)
+            ctx.metrics.games_under_replicated.set(status.under_replicated)
+            ctx.metrics.games_under_replicated_oldest_age_seconds.set(status.oldest_under_replicated_s or 0.0)
+            if report.pulled:
+                ctx.metrics.replication_pulled_games_total.inc(report.pulled)
+                ctx.log.info("games_replicated", pulled=report.pulled, bytes=report.bytes_in,
+                             under_replicated=status.under_replicated)
+            if report.bytes_in:
+                ctx.metrics.replication_received_bytes_total.inc(report.bytes_in)
+            ctx.mark_healthy()
+            if await ctx.sleep(cfg.interval_s):
+                return
+    finally:
+        await asyncio.to_thread(store.close)
+
+
+async def one_round(node: MeshNode, replicator: Replicator, factor: int) -> RoundReport:
+    """One anti-entropy round against the alive peers. Also what a claimant may run before its
+    export instead of a cursor pull: with prefetch the games are already here, and a round
+    compares digests instead of paging every peer's manifest."""
+    view = node.cluster_view()
+    members = sorted({s.node_id for s in view.alive()} | {node.node_id})
+    # never more copies than nodes the cluster has (alive or not): a two-node team with
+    # factor 3 would otherwise count every game as under-replicated for ever
+    replicator.factor = max(1, min(factor, len(set(view.nodes) | {node.node_id})))
+    peers = {p: a for p in members if p != node.node_id and (a := node.addr_of(p))}
+    return await replicator.run_round(peers, members)

@@ -1,0 +1,259 @@
+"""RolloutStore: the LM workload's self-play records, one scored group of completions per row.
+
+What a replay DB is to Connect Four games, this is to rollouts: a group and all its samples
+go in one transaction and a group's uid is unique, so a writer killed at any moment leaves
+the whole group or nothing, and a group synced again from a peer is never stored twice.
+WAL lets the export read while self-play writes. Tokens, masks and log-probs are stored as
+little-endian arrays (int32, uint8, float64: lossless for any engine's float), the
+per-sample facts that filters and reports query (reward, weight version, finish and
+truncation) as columns.
+
+The records are app/db/rollout_records.py's (re-exported here).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Boolean, Float, ForeignKey, Integer, LargeBinary, String, Text, func, insert, select, text
+from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
+
+from app.db.engines import display_name, is_url, open_engine
+from app.db.rollout_records import RolloutGroupRecord, RolloutSampleRecord
+from app.db.sqlite_files import create_tables
+
+SCHEMA_VERSION = 1
+_TOKENS, _MASK, _LOGPROBS = np.dtype("<i4"), np.dtype("u1"), np.dtype("<f8")
+__all__ = ["RolloutGroupRecord", "RolloutSampleRecord", "RolloutStore", "RolloutStoreError"]
+
+
+class RolloutStoreError(RuntimeError):
+    """A rollout store that cannot be used: missing, locked, corrupt or too new; names the path."""
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class RolloutSchemaInfo(Base):
+    __tablename__ = "rollout_schema_info"  # apart from the replay DB's: one PostgreSQL DB may hold both
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+
+
+class RolloutGroupRow(Base):
+    __tablename__ = "rollout_groups"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    uid: Mapped[str] = mapped_column(String(64), unique=True, index=True)
+    node_id: Mapped[str] = mapped_column(String(128), index=True)
+    task: Mapped[str] = mapped_column(String(64))
+    prompt_id: Mapped[str] = mapped_column(String(256), index=True)
+    prompt_tokens: Mapped[bytes] = mapped_column(LargeBinary)
+    weight_version: Mapped[int] = mapped_column(Integer, index=True)
+    model_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    n_samples: Mapped[int] = mapped_column(Integer)
+    reward_mean: Mapped[float] = mapped_column(Float)
+    truncated_samples: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float)
+    inserted_at: Mapped[float] = mapped_column(Float)
+    samples: Mapped[list[RolloutSampleRow]] = relationship(
+        back_populates="group_row", order_by="RolloutSampleRow.group_index", cascade="all, delete-orphan")
+
+
+class RolloutSampleRow(Base):
+    __tablename__ = "rollout_samples"
+    group_id: Mapped[int] = mapped_column(ForeignKey("rollout_groups.id", ondelete="CASCADE"), primary_key=True)
+    group_index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    reward: Mapped[float] = mapped_column(Float)
+    weight_version: Mapped[int] = mapped_column(Integer)
+    finish_reason: Mapped[str] = mapped_column(String(16))
+    terminated: Mapped[bool] = mapped_column(Boolean)
+    truncated: Mapped[bool] = mapped_column(Boolean)
+    truncation_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    response_tokens: Mapped[bytes] = mapped_column(LargeBinary)
+    loss_mask: Mapped[bytes] = mapped_column(LargeBinary)
+    rollout_logprobs: Mapped[bytes] = mapped_column(LargeBinary)
+    metadata_json: Mapped[str] = mapped_column(Text, default="{}")
+    group_row: Mapped[RolloutGroupRow] = relationship(back_populates="samples")
+
+
+def _pack(values: Sequence[float] | Sequence[int], dtype: np.dtype) -> bytes:
+    return np.asarray(values, dtype=dtype).tobytes()
+
+
+def _unpack(raw: bytes, dtype: np.dtype) -> list:
+    return np.frombuffer(raw, dtype=dtype).tolist()
+
+
+def _to_values(record: RolloutGroupRecord, now: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Column values of the group row and of its sample rows (Core inserts: the ORM's unit of
+    work costs more than the SQL here)."""
+    group = dict(
+        uid=record.uid, node_id=record.node_id, task=record.task, prompt_id=record.prompt_id,
+        prompt_tokens=_pack(record.prompt_tokens, _TOKENS), weight_version=record.weight_version,
+        model_sha256=record.model_sha256, n_samples=len(record.samples),
+        reward_mean=sum(record.rewards) / len(record.samples),
+        truncated_samples=sum(s.truncated for s in record.samples), created_at=record.created_at, inserted_at=now)
+    samples = [dict(
+        group_index=s.group_index, reward=s.reward, weight_version=s.weight_version,
+        finish_reason=s.finish_reason, terminated=s.terminated, truncated=s.truncated,
+        truncation_reason=s.truncation_reason, response_tokens=_pack(s.response_tokens, _TOKENS),
+        loss_mask=_pack(s.loss_mask, _MASK), rollout_logprobs=_pack(s.rollout_logprobs, _LOGPROBS),
+        metadata_json=json.dumps(s.metadata, sort_keys=True)) for s in record.samples]
+    return group, samples
+
+
+def _to_record(row: RolloutGroupRow) -> RolloutGroupRecord:
+    return RolloutGroupRecord(
+        uid=row.uid, node_id=row.node_id, task=row.task, prompt_id=row.prompt_id,
+        prompt_tokens=_unpack(row.prompt_tokens, _TOKENS), weight_version=row.weight_version,
+        model_sha256=row.model_sha256, created_at=row.created_at,
+        samples=[RolloutSampleRecord(
+            group_index=s.group_index, response_tokens=_unpack(s.response_tokens, _TOKENS),
+            loss_mask=_unpack(s.loss_mask, _MASK), rollout_logprobs=_unpack(s.rollout_logprobs, _LOGPROBS),
+            reward=s.reward, weight_version=s.weight_version, finish_reason=s.finish_reason,
+            terminated=s.terminated, truncated=s.truncated, truncation_reason=s.truncation_reason,
+            metadata=json.loads(s.metadata_json)) for s in row.samples])
+
+
+class RolloutStore:
+    """One SQLite file (or database URL) of rollout groups; one writer process, many readers."""
+
+    def __init__(self, path: str | Path, create: bool = True, readonly: bool = False) -> None:
+        self.path: Path | str = display_name(path) if is_url(path) else Path(path)
+        if isinstance(self.path, Path) and not self.path.exists() and (not create or readonly):
+            raise RolloutStoreError(f"{self.path}: rollout store not found")
+        try:
+            self.engine = open_engine(path, readonly=readonly)
+        except ValueError as exc:
+            raise RolloutStoreError(str(exc)) from None
+        try:
+            if not readonly:
+                create_tables(Base.metadata, self.engine)
+            self._check_schema(create=not readonly)
+        except (DatabaseError, OperationalError) as exc:
+            self.engine.dispose()
+            raise RolloutStoreError(f"{self.path}: not a usable rollout store: {exc.orig}") from None
+
+    def _check_schema(self, create: bool) -> None:
+        for _ in range(2):  # a second opener may create the row between our read and insert
+            try:
+                with Session(self.engine) as session, session.begin():
+                    row = session.get(RolloutSchemaInfo, "schema_version")
+                    if row is None:
+                        if not create:
+                            raise RolloutStoreError(f"{self.path}: no schema version: not a rollout store")
+                        session.add(RolloutSchemaInfo(key="schema_version", value=str(SCHEMA_VERSION)))
+                        return
+                    version = int(row.value)
+                    break
+            except IntegrityError:
+                continue
+        if version > SCHEMA_VERSION:
+            self.engine.dispose()
+            raise RolloutStoreError(f"{self.path}: schema version {version} is newer than this program's "
+                                    f"({SCHEMA_VERSION}); upgrade the program rather than risk the data")
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> RolloutStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- writing -------------------------------------------------------------------------
+    def add_group(self, record: RolloutGroupRecord) -> bool:
+        """Insert one group with its samples atomically; False when its uid is already stored."""
+        group, samples = _to_values(record, time.time())
+        try:
+            with self.engine.begin() as conn:  # one transaction: the group and its samples, or nothing
+                if conn.scalar(select(RolloutGroupRow.id).where(RolloutGroupRow.uid == record.uid)) is not None:
+                    return False
+                group_id = conn.execute(insert(RolloutGroupRow).values(**group)).inserted_primary_key[0]
+                conn.execute(insert(RolloutSampleRow), [{**v, "group_id": group_id} for v in samples])
+        except IntegrityError:
+            return False  # a concurrent writer inserted the same uid first
+        except OperationalError as exc:
+            raise RolloutStoreError(f"{self.path}: write failed: {exc.orig}") from None
+        return True
+
+    def add_groups(self, records: Iterable[RolloutGroupRecord]) -> int:
+        """Each group in its own transaction; how many were new."""
+        return sum(self.add_group(r) for r in records)
+
+    # -- reading -------------------------------------------------------------------------
+    def count(self, node_id: str | None = None) -> int:
+        stmt = select(func.count(RolloutGroupRow.id))
+        if node_id is not None:
+            stmt = stmt.where(RolloutGroupRow.node_id == node_id)
+        with Session(self.engine) as session:
+            return int(session.scalar(stmt) or 0)
+
+    def max_id(self) -> int:
+        with Session(self.engine) as session:
+            return int(session.scalar(select(func.coalesce(func.max(RolloutGroupRow.id), 0))) or 0)
+
+    def uids(self, after_id: int = 0) -> list[str]:
+        """Stored uids in insertion order (optionally only rows with id > after_id)."""
+        with Session(self.engine) as session:
+            return list(session.scalars(
+                select(RolloutGroupRow.uid).where(RolloutGroupRow.id > after_id).order_by(RolloutGroupRow.id)))
+
+    def held(self, uids: Sequence[str]) -> set[str]:
+        """Which of `uids` are stored."""
+        found: set[str] = set()
+        with Session(self.engine) as session:
+            for i in range(0, len(uids), 500):
+                found.update(session.scalars(
+                    select(RolloutGroupRow.uid).where(RolloutGroupRow.uid.in_(list(uids[i:i + 500])))))
+        return found
+
+    def groups(self, uids: Sequence[str] | None = None, newest: int | None = None,
+               min_version: int | None = None) -> list[RolloutGroupRecord]:
+        return list(self.iter_groups(uids=uids, newest=newest, min_version=min_version))
+
+    def iter_groups(self, uids: Sequence[str] | None = None, newest: int | None = None,
+                    min_version: int | None = None) -> Iterator[RolloutGroupRecord]:
+        """Groups by uid, or the `newest` N stored (oldest first), or all; `min_version` keeps
+        only groups whose oldest sample is at least that weight version (a staleness bound)."""
+        stmt = select(RolloutGroupRow).order_by(RolloutGroupRow.id)
+        if uids is not None:
+            stmt = stmt.where(RolloutGroupRow.uid.in_(list(uids)))
+        if min_version is not None:
+            stmt = stmt.where(RolloutGroupRow.weight_version >= min_version)
+        if newest is not None:
+            stmt = stmt.order_by(None).order_by(RolloutGroupRow.id.desc()).limit(newest)
+        with Session(self.engine) as session:
+            rows = list(session.scalars(stmt))
+            if newest is not None:
+                rows.reverse()
+            for row in rows:
+                yield _to_record(row)
+
+    def integrity_problems(self) -> list[str]:
+        """Empty when the file is sound and every group holds exactly its recorded samples."""
+        problems: list[str] = []
+        with self.engine.connect() as conn:
+            if self.engine.dialect.name == "sqlite":
+                result = conn.execute(text("PRAGMA integrity_check")).scalar()
+                if result != "ok":
+                    problems.append(f"sqlite integrity_check: {result}")
+            bad = conn.execute(text(
+                "SELECT g.uid, g.n_samples, COUNT(s.group_index) FROM rollout_groups g "
+                "LEFT JOIN rollout_samples s ON s.group_id = g.id "
+                "GROUP BY g.id HAVING COUNT(s.group_index) != g.n_samples"
+            )).all()
+            problems += [f"group {uid}: {n} samples stored, {want} recorded" for uid, want, n in bad]
+            orphans = conn.execute(text(
+                "SELECT COUNT(*) FROM rollout_samples WHERE group_id NOT IN (SELECT id FROM rollout_groups)")).scalar()
+            if orphans:
+                problems.append(f"{orphans} samples without a group")
+        return problems

@@ -1,0 +1,1 @@
+"""A language model and how it acts: tokenizer, model, tasks, engines, rollouts (see docs/ARCHITECTURE.md)."""

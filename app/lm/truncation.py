@@ -1,0 +1,60 @@
+"""Rollout settings and what truncation does to a sample's reward, mask and group.
+
+Kept apart on purpose (item 9): the engine's `finish_reason` says why generation stopped;
+`terminated` / `truncated` + `truncation_reason` say how the episode ended. Each case has an
+explicit setting and leaves a mark in the sample's metadata, never a silent choice:
+
+- a "length" completion (the engine ran out of `max_new_tokens`) is a parse failure by
+  default: reward `parse_failure_reward`, metadata `parse_failure="length"`;
+- a sample cut to `max_seq_len` (`truncation_reason="max_seq_len"`): its reward is zero or
+  the score of the cut text (`overlong_reward`), and its group is kept, kept with this
+  sample's loss masked out (the sample still counts in the group's mean and std), or dropped
+  whole by the filter (`overlong_group`), metadata `overlong=...`;
+- "max_steps" and "env" truncations are scored on the text so far (`truncated_reward=None`)
+  or get a fixed reward.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from app.lm.tasks import Prompt, Task
+
+
+class RolloutSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    n: int = Field(8, ge=1)                        # completions per prompt (the GRPO group size)
+    max_new_tokens: int = Field(16, ge=1)          # per model step
+    temperature: float = Field(1.0, ge=0.0)
+    max_steps: int = Field(4, ge=1)                # model steps per episode
+    max_seq_len: int = Field(128, ge=2)            # prompt + response tokens
+    length_is_parse_failure: bool = True
+    parse_failure_reward: float = 0.0
+    overlong_reward: Literal["zero", "score"] = "zero"
+    overlong_group: Literal["keep", "mask_loss", "drop_group"] = "keep"
+    truncated_reward: float | None = None          # for max_steps / env truncations; None = score the text
+
+
+def final_reward(task: Task, prompt: Prompt, text: str, mask: list[int], truncation_reason: str | None,
+                 metadata: dict, settings: RolloutSettings) -> tuple[float, list[int], dict]:
+    """(reward, loss mask, metadata to add) for a finished episode, per the settings.
+
+    `metadata` carries the episode's flags: "aborted" (the engine gave up on it) and
+    "parse_failure" (set for a "length" completion when that counts as one)."""
+    mask = list(mask)
+    if metadata.get("aborted"):
+        return 0.0, mask, {}
+    if metadata.get("parse_failure"):
+        return settings.parse_failure_reward, mask, {}
+    if truncation_reason == "max_seq_len":
+        reward = 0.0 if settings.overlong_reward == "zero" else task.reward(prompt, text)
+        if settings.overlong_group == "mask_loss":
+            mask = [0] * len(mask)
+        return reward, mask, {"overlong": settings.overlong_group}
+    if truncation_reason is not None and settings.truncated_reward is not None:
+        return settings.truncated_reward, mask, {}
+    return task.reward(prompt, text), mask, {}

@@ -1,0 +1,83 @@
+"""Joining the process group torchrun describes, for the language-model jobs.
+
+The device comes from LOCAL_RANK (the rank on this node), never from RANK: on a second node
+RANK is 8 while the GPUs are 0..7. gloo on CPU, NCCL on GPU. The group gets a timeout so a
+rank that hangs makes its peers' collectives fail (and the run end) instead of waiting
+forever. Rank 0's small control data (an epoch order, guidance, a continue flag) travels
+with `broadcast_object`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def broadcast_object(self, obj: Any) -> Any:
+        if self.world_size == 1:
+            return obj
+        box = [obj if self.is_main else None]
+        dist.broadcast_object_list(box, src=0, device=self.device if self.device.type == "cuda" else None)
+        return box[0]
+
+    def gather_objects(self, obj: Any) -> list[Any] | None:
+        """Every rank's `obj` at rank 0 (None elsewhere); every rank must call it."""
+        if self.world_size == 1:
+            return [obj]
+        out: list[Any] = [None] * self.world_size if self.is_main else None  # type: ignore[assignment]
+        dist.gather_object(obj, out, dst=0)
+        return out
+
+    def all_reduce_sum(self, values: list[float]) -> list[float]:
+        if self.world_size == 1:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return [float(x) for x in t.cpu()]
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
+
+def init_distributed(device_pref: str = "auto", timeout_s: float = 300.0) -> DistEnv:
+    """Join torchrun's group (or make a one-rank group on a free port when run plainly)."""
+    if "RANK" not in os.environ:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = device_pref == "cuda" or (device_pref == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=dt.timedelta(seconds=timeout_s),
+                                device_id=device if use_cuda else None)
+    return DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, device)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,198 @@
+"""How far a model is from perfect play, on positions a perfect solver scored move by move.
+
+    positions = load_positions(default_positions_path(REPO))   # ../shared/benchmarks/connect4/
+    report = score_model(net, positions, simulations=[0, 400], cfg=SearchConfig())
+    report["raw"]["exact"], report["mcts"]["400"]["outcome"]
+
+Connect Four is solved, so the distance to perfect play can be measured instead of guessed
+from Elo against weak baselines. `move_scores.txt` (format in the README beside it) gives
+every legal move of 931 middle-game positions a solver score. A chosen move is *exact* when
+it has the best score, and *keeps the outcome* when its score has the best score's sign
+(a won position stays won, a drawn one drawn). The raw network plays the argmax of its
+policy; MCTS plays the most visited move of a noise-free search, all positions' trees
+searched in lock step so each evaluator call is one big batch (931 positions x 400
+simulations is then minutes, not an hour, on one core).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from app.ai.evaluators import NetworkEvaluator
+from app.ai.mcts import SearchTree, run_searches
+from app.ai.model import PolicyValueNet
+from app.config.pipeline import SearchConfig
+from app.games import Game, GameError, get_game
+
+POSITIONS_NAME = "move_scores.txt"
+# Ply ranges of the per-phase breakdown (the file holds plies 4-32).
+PHASES: tuple[tuple[str, int, int], ...] = (("opening", 0, 12), ("middle", 13, 22), ("late", 23, 42))
+
+
+class SolvedEvalError(ValueError):
+    """Positions that cannot be read or do not fit the rules; the message names the path."""
+
+
+@dataclass(frozen=True)
+class ScoredPosition:
+    """One position (Pons move string) and the solver's score of each column; None = full."""
+
+    moves: str
+    scores: tuple[int | None, ...]
+
+    @property
+    def best(self) -> int:
+        return max(s for s in self.scores if s is not None)
+
+    @property
+    def ply(self) -> int:
+        return len(self.moves)
+
+    def is_exact(self, action: int) -> bool:
+        return self._score(action) == self.best
+
+    def keeps_outcome(self, action: int) -> bool:
+        return np.sign(self._score(action)) == np.sign(self.best)
+
+    def _score(self, action: int) -> int:
+        score = self.scores[action]
+        if score is None:
+            raise SolvedEvalError(f"position {self.moves!r}: column {action + 1} is full, not a legal choice")
+        return score
+
+
+def default_positions_path(repo_root: str | Path) -> Path:
+    """Where the shared benchmark lives: beside the repository, not inside it."""
+    return Path(repo_root).resolve().parent / "shared" / "benchmarks" / "connect4" / POSITIONS_NAME
+
+
+def parse_line(line: str, num_actions: int = 7) -> ScoredPosition:
+    """`<moves> <score col 1> ... <score col 7>`; ValueError says what is wrong."""
+    fields = line.split()
+    if len(fields) != num_actions + 1:
+        raise ValueError(f"expected a move string and {num_actions} scores, got {len(fields)} fields")
+    moves, raw = fields[0], fields[1:]
+    scores = tuple(None if s == "None" else int(s) for s in raw)
+    if all(s is None for s in scores):
+        raise ValueError("no legal move scored")
+    return ScoredPosition(moves, scores)
+
+
+def load_positions(path: str | Path, game: Game | None = None) -> list[ScoredPosition]:
+    """Every position of the file, each checked against the rules (its full columns and
+    that it is unfinished); any problem is a SolvedEvalError naming path and line."""
+    path = Path(path)
+    game = game or get_game("connect4")
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SolvedEvalError(
+            f"{path}: solved move scores not found (expected the shared benchmark "
+            f"../shared/benchmarks/connect4/{POSITIONS_NAME} beside the repository)") from None
+    except OSError as exc:
+        raise SolvedEvalError(f"{path}: unreadable: {exc}") from None
+    positions: list[ScoredPosition] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            position = parse_line(line, game.num_actions)
+            state = game.parse(position.moves)
+        except (ValueError, GameError) as exc:
+            raise SolvedEvalError(f"{path}:{number}: {exc}") from None
+        if state.is_terminal:
+            raise SolvedEvalError(f"{path}:{number}: position {position.moves!r} is already finished")
+        legal = state.legal_mask()
+        if any(bool(legal[a]) != (position.scores[a] is not None) for a in range(game.num_actions)):
+            raise SolvedEvalError(f"{path}:{number}: scores name other columns full than the rules do")
+        positions.append(position)
+    if not positions:
+        raise SolvedEvalError(f"{path}: no positions")
+    return positions
+
+
+# ---- pure scoring ----------------------------------------------------------------------------
+
+
+def accuracy(positions: Sequence[ScoredPosition], choices: Sequence[int]) -> dict:
+    """Exact-move and outcome accuracy of one choice per position, overall and by phase."""
+    if len(positions) != len(choices):
+        raise ValueError(f"{len(choices)} choices for {len(positions)} positions")
+    exact = np.array([p.is_exact(int(c)) for p, c in zip(positions, choices)], dtype=bool)
+    outcome = np.array([p.keeps_outcome(int(c)) for p, c in zip(positions, choices)], dtype=bool)
+    phases = {}
+    for name, low, high in PHASES:
+        idx = [i for i, p in enumerate(positions) if low <= p.ply <= high]
+        if idx:
+            phases[name] = {"positions": len(idx), "exact": round(float(exact[idx].mean()), 4),
+                            "outcome": round(float(outcome[idx].mean()), 4)}
+    return {"positions": len(positions), "exact": round(float(exact.mean()), 4),
+            "outcome": round(float(outcome.mean()), 4), "by_phase": phases}
+
+
+def random_mover_accuracy(positions: Sequence[ScoredPosition]) -> dict:
+    """Expected accuracy of a uniformly random legal move: the floor every model must clear."""
+    exact, outcome = [], []
+    for p in positions:
+        legal = [s for s in p.scores if s is not None]
+        exact.append(sum(s == p.best for s in legal) / len(legal))
+        outcome.append(sum(np.sign(s) == np.sign(p.best) for s in legal) / len(legal))
+    return {"positions": len(positions), "exact": round(float(np.mean(exact)), 4),
+            "outcome": round(float(np.mean(outcome)), 4)}
+
+
+# ---- choosing moves --------------------------------------------------------------------------
+
+
+def network_choices(net: PolicyValueNet, positions: Sequence[ScoredPosition], game: Game | None = None,
+                    batch: int = 512) -> list[int]:
+    """The raw policy's argmax over legal moves for every position (batched forward passes)."""
+    game = game or get_game("connect4")
+    evaluator = NetworkEvaluator(net)
+    choices: list[int] = []
+    for start in range(0, len(positions), batch):
+        states = [game.parse(p.moves) for p in positions[start:start + batch]]
+        priors, _ = evaluator.evaluate(states)
+        choices += [int(np.argmax(row)) for row in priors]
+    return choices
+
+
+def mcts_choices(net: PolicyValueNet, positions: Sequence[ScoredPosition], simulations: int,
+                 cfg: SearchConfig, game: Game | None = None, batch: int = 256, seed: int = 0) -> list[int]:
+    """The most visited move of a noise-free search per position; `batch` trees advance in
+    lock step, so each network call evaluates one leaf of each of them."""
+    game = game or get_game("connect4")
+    evaluator = NetworkEvaluator(net)
+    rng = np.random.default_rng(seed)
+    choices: list[int] = []
+    for start in range(0, len(positions), batch):
+        trees = [SearchTree(game.parse(p.moves), game.num_actions) for p in positions[start:start + batch]]
+        results = run_searches(trees, evaluator, simulations, cfg, rng, add_noise=False)
+        choices += [r.best_action for r in results]
+    return choices
+
+
+def score_model(net: PolicyValueNet, positions: Sequence[ScoredPosition], simulations: Sequence[int] = (0,),
+                cfg: SearchConfig | None = None, game: Game | None = None) -> dict:
+    """{"raw": accuracy, "mcts": {"<sims>": accuracy + seconds}} for each budget asked
+    (0 means the raw network)."""
+    cfg = cfg or SearchConfig()
+    game = game or get_game("connect4")
+    report: dict = {"positions": len(positions)}
+    for sims in dict.fromkeys(int(s) for s in simulations):
+        if sims < 0:
+            raise ValueError(f"simulations must be >= 0, got {sims}")
+        started = time.perf_counter()
+        if sims == 0:
+            report["raw"] = {**accuracy(positions, network_choices(net, positions, game)),
+                             "seconds": round(time.perf_counter() - started, 2)}
+        else:
+            choices = mcts_choices(net, positions, sims, cfg, game)
+            report.setdefault("mcts", {})[str(sims)] = {
+                **accuracy(positions, choices), "seconds": round(time.perf_counter() - started, 2)}
+    return report

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""SFT, GRPO or SFT then GRPO of the small digit Llama on copy/reverse, resumable.
+
+    python scripts/sft_rl.py --run-dir runs/lm1 [--mode sft+rl] [--task copy --digits 3]
+        [--sft-steps 60 --rl-steps 150] [--nproc N] [--export DIR]
+
+One process (LocalBackend) by default; `--nproc N` re-runs itself under torchrun through
+`app.training.launcher` with the FSDP2 backend. Re-running the same command resumes each
+phase from its newest complete checkpoint. Prints one JSON object: what ran and the greedy
+exact match on held-out prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--run-dir", type=Path, required=True)
+    p.add_argument("--mode", choices=("sft", "rl", "sft+rl"), default="sft+rl")
+    p.add_argument("--task", choices=("copy", "reverse"), default="copy")
+    p.add_argument("--digits", type=int, default=3)
+    p.add_argument("--reward", choices=("exact", "partial"), default="exact")
+    p.add_argument("--sft-steps", type=int, default=60)
+    p.add_argument("--rl-steps", type=int, default=150)
+    p.add_argument("--sft-lr", type=float, default=2e-3)
+    p.add_argument("--rl-lr", type=float, default=2e-3)
+    p.add_argument("--prompts-per-step", type=int, default=8)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--checkpoint-every", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--export", type=Path, help="save_pretrained directory of the final weights")
+    p.add_argument("--nproc", type=int, default=1)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def worker(args: argparse.Namespace) -> int:
+    import torch
+
+    torch.set_num_threads(1)
+    from app.lm.engine import InProcessEngine
+    from app.lm.model import LMModelConfig, build_model
+    from app.lm.tasks import DigitTask
+    from app.lm.tokenizer import build_digit_tokenizer
+    from app.lm.truncation import RolloutSettings
+    from app.log import configure_logging
+    from app.training.lm.backend import LocalBackend, OptimConfig
+    from app.training.lm.dist_env import init_distributed, shutdown
+    from app.training.lm.evaluate import evaluate
+    from app.training.lm.fsdp_backend import FSDPBackend
+    from app.training.lm.grpo import sft_loss
+    from app.training.lm.hf_io import save_hf
+    from app.training.lm.loops import RLConfig, SFTConfig
+    from app.training.lm.sft_rl import RunConfig, run
+
+    configure_logging(level="INFO")
+    env = init_distributed("auto")
+    tok = build_digit_tokenizer()
+    model = build_model(LMModelConfig(seed=args.seed), tok)
+    engine = InProcessEngine(copy.deepcopy(model).to(env.device), tok)
+    optim = OptimConfig(lr=args.sft_lr)
+    backend = (FSDPBackend(model, optim, sft_loss, env) if env.world_size > 1
+               else LocalBackend(model, optim, sft_loss, env.device))
+    task = DigitTask(args.task, args.digits, args.digits, args.reward)
+    cfg = RunConfig(sft=SFTConfig(steps=args.sft_steps), sft_lr=args.sft_lr, rl_lr=args.rl_lr, seed=args.seed,
+                    checkpoint_every=args.checkpoint_every,
+                    rl=RLConfig(steps=args.rl_steps, prompts_per_step=args.prompts_per_step, seed=args.seed,
+                                rollout=RolloutSettings(n=args.group_size, max_new_tokens=args.digits + 2)))
+    report = run(backend, engine, task, tok, args.run_dir, cfg, args.mode)
+    engine.load_weights(backend.get_weights(), -1)
+    if args.export:
+        save_hf(backend, args.export.parent, args.export.name, tok)
+    if env.is_main:
+        result = evaluate(engine, task, tok, task.make_prompts(64, args.seed, "test"), max_new_tokens=args.digits + 2)
+        print(json.dumps({**report, "greedy_exact_match": result.exact_match}), flush=True)
+    shutdown()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.worker or args.nproc == 1:
+        return worker(args)
+    from app.training.launcher import LaunchError, LaunchSpec, launch
+
+    raw = list(argv if argv is not None else sys.argv[1:])
+    forwarded = [a for i, a in enumerate(raw) if a != "--nproc" and (i == 0 or raw[i - 1] != "--nproc")]
+    try:
+        launch(LaunchSpec(target=[str(Path(__file__).resolve()), *forwarded, "--worker"], nproc=args.nproc,
+                          log_dir=args.run_dir / "logs", status_every_s=0))
+    except LaunchError as exc:
+        print(f"sft_rl failed: {exc}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Events that mean something: each type is published by the node itself, the journal is the
+I/O handler the dead-letter queue protects, mesh changes become events, daemons wake on them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from app.config import Settings
+from app.coordination.daemons.event_journal import EventJournal
+from app.coordination.daemons.event_router import EventRouter
+from app.coordination.daemons.events import EventType
+from app.coordination.daemons.registry import DaemonContext
+from app.coordination.pipeline.context import PipelineContext, wait_for_wake, wake_on
+from app.coordination.pipeline.mesh_events import MeshSnapshot, mesh_changes
+from app.coordination.pipeline.runners import pipeline_runners
+from app.db.dead_letters import DeadLetterStore
+
+pytestmark = pytest.mark.timeout(60)
+REPO = Path(__file__).resolve().parents[1]
+SHA = "ab" * 32
+
+
+def test_every_event_type_is_published_by_the_node_not_only_by_tests() -> None:
+    source = "\n".join(p.read_text() for p in (REPO / "app").rglob("*.py") if p.name != "events.py")
+    unpublished = [t.name for t in EventType if not re.search(rf"EventType\.{t.name}\b", source)]
+    assert unpublished == []
+
+
+async def test_journal_failure_goes_to_the_dead_letter_queue_and_a_retry_writes_once(tmp_path) -> None:
+    blocker = tmp_path / "journal"
+    blocker.write_text("a file where the journal's directory should be")  # the write fails
+    letters = DeadLetterStore(tmp_path / "dlq.db")
+    now = [1_000.0]
+    router = EventRouter(dead_letters=letters, clock=lambda: now[0])
+    journal = EventJournal(blocker / "events.jsonl")
+    journal.subscribe(router)
+    try:
+        result = await router.publish(EventType.TRAINING_FAILED, {"generation": 3, "node_id": "n1", "error": "oom"})
+        assert result.failed == 1
+        assert [letter.handler for letter in letters.letters()] == ["event_journal"]
+
+        blocker.unlink()  # the operator frees the path; the retry daemon's next round delivers
+        now[0] += 3600.0
+        report = await router.retry_due()
+        assert report.delivered == 1
+        await journal.record(result.event)  # a second delivery of the same event writes nothing
+        lines = [json.loads(line) for line in (blocker / "events.jsonl").read_text().splitlines()]
+        assert [(e["type"], e["payload"]["generation"]) for e in lines] == [("training_failed", 3)]
+        assert EventJournal(blocker / "events.jsonl").entries() == lines  # a restarted node reads it back
+    finally:
+        letters.close()
+
+
+def test_mesh_changes_are_leader_and_quorum_events() -> None:
+    healthy = MeshSnapshot(term=3, leader_id="a", quorum_level="HEALTHY", alive_voters=3, total_voters=3)
+    assert mesh_changes(None, healthy) == [(EventType.LEADER_ELECTED, {"term": 3, "leader_id": "a"})]
+    assert mesh_changes(healthy, healthy) == []
+    leaderless = MeshSnapshot(term=4, leader_id=None, quorum_level="LOST", alive_voters=1, total_voters=3)
+    assert mesh_changes(healthy, leaderless) == [(EventType.QUORUM_CHANGED, {
+        "level": "LOST", "previous": "HEALTHY", "alive_voters": 1, "total_voters": 3})]
+    new_leader = MeshSnapshot(term=5, leader_id="b", quorum_level="MINIMUM", alive_voters=2, total_voters=3)
+    assert [t for t, _ in mesh_changes(leaderless, new_leader)] == [EventType.LEADER_ELECTED, EventType.QUORUM_CHANGED]
+    same_leader_new_term = MeshSnapshot(term=6, leader_id="b", quorum_level="MINIMUM", alive_voters=2, total_voters=3)
+    assert mesh_changes(new_leader, same_leader_new_term) == [
+        (EventType.LEADER_ELECTED, {"term": 6, "leader_id": "b"})]
+
+
+async def test_a_daemon_wakes_on_its_event_long_before_its_poll(tmp_path) -> None:
+    router = EventRouter()
+    ctx = DaemonContext(name="export", settings={}, router=router, app_settings=Settings(), stopping=asyncio.Event(),
+                        log=None, metrics=router.metrics)
+    wake = wake_on(ctx, EventType.NEW_GAMES_AVAILABLE, EventType.LEADER_ELECTED)
+    waiter = asyncio.create_task(wait_for_wake(ctx, wake, timeout_s=3600))
+    await router.publish(EventType.LEADER_ELECTED, {"term": 2, "leader_id": "n2"})
+    assert await asyncio.wait_for(waiter, 10) is False  # woken, not stopped
+    assert not wake.is_set()  # cleared for the next round
+
+
+def test_each_runner_setting_has_one_default(tmp_path) -> None:
+    """The runner table declares a typed schema per daemon; daemons.yaml names a key only to
+    change it, never to repeat its default (that is how 2000/1000/600 drifted apart)."""
+    pipe = PipelineContext(Settings.model_validate({"node": {"data_dir": str(tmp_path)}}))
+    table = pipeline_runners(pipe)
+    daemons = yaml.safe_load((REPO / "daemons.yaml").read_text())["daemons"]
+    repeated = []
+    for name, entry in table.items():
+        schema = entry.defaults
+        assert isinstance(schema, type), f"{name}: settings must be a pydantic schema"
+        defaults = schema().model_dump()
+        for key, value in (daemons.get(name) or {}).get("settings", {}).items():
+            if defaults.get(key) == value:
+                repeated.append(f"daemons.{name}.settings.{key}")
+    assert repeated == []
+    assert table["export"].defaults().min_new_games == 1000

@@ -1,0 +1,164 @@
+"""The rollout manager (item 6): over-sampling, the zero-variance filter, groups kept whole and
+keyed by prompt, partial groups carried with their weight version and dropped when stale, a
+clear error when nothing passes, and a state round trip."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from app.atomic_files import atomic_write_json
+from app.lm.engine import InProcessEngine
+from app.lm.model import LMModelConfig, build_model
+from app.lm.rollout import engine_producer
+from app.lm.rollout_manager import (
+    CyclingPrompts,
+    FilterStarvationError,
+    ManagerSettings,
+    RolloutManager,
+)
+from app.lm.samples import Sample
+from app.lm.tasks import DigitTask, Prompt
+from app.lm.tokenizer import build_digit_tokenizer
+from app.lm.truncation import RolloutSettings
+
+pytestmark = pytest.mark.timeout(120)
+PROMPTS = [Prompt(f"p{i}", f"copy:{i}=", str(i)) for i in range(20)]
+
+
+class ScriptedProducer:
+    """Returns the requested samples in a shuffled order; rewards and gaps are chosen per prompt."""
+
+    def __init__(self, *, flat: set[str] = frozenset(), hold_back: dict[str, int] | None = None,
+                 version: int = 0) -> None:
+        self.flat, self.hold_back, self.version = set(flat), dict(hold_back or {}), version
+        self.requests: list[list[tuple[str, tuple[int, ...]]]] = []
+
+    def __call__(self, requests, seed):
+        self.requests.append([(r.prompt.prompt_id, r.group_indices) for r in requests])
+        out = []
+        for r in requests:
+            indices = list(r.group_indices)
+            if self.hold_back.get(r.prompt.prompt_id):
+                self.hold_back[r.prompt.prompt_id] -= 1
+                indices = indices[:1]       # only one completion came back this round
+            for i in indices:
+                reward = 0.5 if r.prompt.prompt_id in self.flat else float((i + seed) % 2)
+                out.append(Sample(prompt_id=r.prompt.prompt_id, group_index=i, prompt_tokens=[1],
+                                  response_tokens=[5, 2], loss_mask=[1, 1], rollout_logprobs=[-1.0, -1.0],
+                                  reward=reward, weight_version=self.version, finish_reason="stop",
+                                  terminated=True, truncated=False, truncation_reason=None,
+                                  metadata={"seed": seed}))
+        random.Random(seed).shuffle(out)    # arrival order says nothing about groups
+        return out
+
+
+def settings(**kw) -> ManagerSettings:
+    return ManagerSettings(**({"batch_groups": 4, "group_size": 3, "oversample": 1.5} | kw))
+
+
+def assert_whole(groups, group_size):
+    for g in groups:
+        assert [s.group_index for s in g.samples] == list(range(group_size))
+        assert {s.prompt_id for s in g.samples} == {g.prompt_id}
+
+
+def test_oversampling_filter_and_carried_extras():
+    producer = ScriptedProducer(flat={"p0", "p1", "p2", "p3", "p4"})
+    manager = RolloutManager(producer, CyclingPrompts(PROMPTS, seed=0), settings(), seed=0)
+    batch = manager.next_batch(weight_version=0)
+    assert len(batch) == 4 and len({g.prompt_id for g in batch}) == 4
+    assert_whole(batch, 3)
+    assert not {g.prompt_id for g in batch} & producer.flat
+    assert len(producer.requests[0]) == 6    # ceil(4 * 1.5) prompts asked for 4 groups
+    assert manager.stats["filtered_zero_variance"] >= 1
+    carried = list(manager.ready)
+    second = manager.next_batch(weight_version=0)
+    assert [g.prompt_id for g in second[: len(carried)]] == [g.prompt_id for g in carried]
+
+
+def test_partial_groups_are_carried_and_completed_with_their_version():
+    producer = ScriptedProducer(hold_back={p.prompt_id: 1 for p in PROMPTS}, version=0)
+    original = producer.__call__
+
+    def newer_each_round(requests, seed):   # the trainer moves on between rounds
+        out = original(requests, seed)
+        producer.version += 1
+        return out
+
+    manager = RolloutManager(newer_each_round, CyclingPrompts(PROMPTS, seed=1),
+                             settings(batch_groups=2, oversample=1.0), seed=0)
+    batch = manager.next_batch(weight_version=1)
+    assert_whole(batch, 3)
+    first, second = producer.requests
+    assert [idx for _, idx in first] == [(0, 1, 2), (0, 1, 2)]
+    assert second == [(pid, (1, 2)) for pid, _ in first]   # only the missing completions, same prompts
+    assert [g.prompt_id for g in batch] == [pid for pid, _ in first]
+    for g in batch:
+        assert [s.weight_version for s in g.samples] == [0, 1, 1] and g.weight_version == 0
+    assert manager.stats["partial_groups_carried"] == 2
+
+
+def test_stale_partial_groups_are_dropped():
+    producer = ScriptedProducer(hold_back={pid.prompt_id: 1 for pid in PROMPTS}, version=0)
+    manager = RolloutManager(producer, CyclingPrompts(PROMPTS, seed=2), settings(max_staleness=1), seed=0)
+    manager._one_round()
+    assert len(manager.pending) == 6 and not manager.ready
+    producer.hold_back.clear()
+    producer.version = 3
+    manager.next_batch(weight_version=3)   # the version-0 partials are 3 behind, bound is 1
+    assert manager.stats["stale_groups_dropped"] == 6
+    assert all(s.weight_version == 3 for g in manager.ready for s in g.samples)
+
+
+def test_filter_rejecting_everything_is_a_clear_error():
+    producer = ScriptedProducer(flat={p.prompt_id for p in PROMPTS})
+    manager = RolloutManager(producer, CyclingPrompts(PROMPTS, seed=0), settings(max_empty_rounds=3), seed=0)
+    with pytest.raises(FilterStarvationError, match=r"no group in 3 rounds.*zero_variance"):
+        manager.next_batch(weight_version=0)
+    assert len(producer.requests) == 3
+
+
+def test_unrequested_samples_are_refused():
+    def rogue(requests, seed):
+        return ScriptedProducer()(requests, seed) + [Sample(
+            prompt_id="stranger", group_index=0, prompt_tokens=[1], response_tokens=[2], loss_mask=[1],
+            rollout_logprobs=[0.0], reward=1.0, weight_version=0, finish_reason="stop", terminated=True,
+            truncated=False, truncation_reason=None)]
+    manager = RolloutManager(rogue, CyclingPrompts(PROMPTS, seed=0), settings(), seed=0)
+    with pytest.raises(ValueError, match="stranger.*not requested"):
+        manager.next_batch(weight_version=0)
+
+
+def test_state_round_trip_resumes_identically(tmp_path):
+    def fresh():
+        return RolloutManager(ScriptedProducer(flat={"p3", "p7"}, hold_back={"p9": 1}),
+                              CyclingPrompts(PROMPTS, seed=4), settings(), seed=7)
+
+    a = fresh()
+    a.next_batch(weight_version=0)
+    atomic_write_json(tmp_path / "rollout_state.json", a.state_dict())
+    b = fresh()
+    b.load_state_dict(json.loads((tmp_path / "rollout_state.json").read_text()))
+    for version in (0, 1, 1):
+        assert [g.to_dict() for g in a.next_batch(version)] == [g.to_dict() for g in b.next_batch(version)]
+    assert a.state_dict() == b.state_dict()
+
+
+def test_with_the_real_engine_on_copy():
+    torch.set_num_threads(1)
+    tok = build_digit_tokenizer()
+    engine = InProcessEngine(build_model(LMModelConfig(seed=0), tok), tok, weight_version=2)
+    task = DigitTask("copy", 1, 2, reward_kind="partial")
+    rollout = RolloutSettings(n=8, max_new_tokens=2, max_seq_len=16)   # random weights: ~1 group in 4 varies
+    manager = RolloutManager(engine_producer(engine, task, tok, rollout),
+                             CyclingPrompts(task.make_prompts(30, seed=0), seed=0),
+                             ManagerSettings(batch_groups=2, group_size=8, oversample=2.0, max_empty_rounds=50))
+    batch = manager.next_batch(weight_version=2)
+    assert len(batch) == 2
+    assert_whole(batch, 8)
+    for g in batch:
+        assert g.weight_version == 2 and len(set(g.rewards)) > 1

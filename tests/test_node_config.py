@@ -1,0 +1,63 @@
+"""The node config (`--config FILE.yaml`) is strict: an unknown key anywhere in it is an error
+naming the file and the dotted key, from the loader and from a real node process, which exits
+2 before it opens a port or writes a data dir (README: "an unknown key is an error naming the
+file and key"; daemons.yaml has its own tests in test_daemon_registry.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from app.config import ConfigError, load_settings
+from app.config.mesh import PROFILES
+from tests.orchestrator_helpers import ROOT
+
+# One misspelt key per place a key can hide: the top level, every section, nested models.
+UNKNOWN_KEYS = [
+    ({"selfpaly": {"batch_games": 8}}, "selfpaly"),
+    ({"node": {"node_id": "a", "data_dri": "/x"}}, "node.data_dri"),
+    ({"mesh": {"peer": ["b@127.0.0.1:1"]}}, "mesh.peer"),
+    ({"mesh": {"timing": {**PROFILES["fast"].model_dump(), "heartbeat": 1.0}}}, "mesh.timing.heartbeat"),
+    ({"model": {"channels": 8, "block": 1}}, "model.block"),
+    ({"search": {"simulation": 8}}, "search.simulation"),
+    ({"selfplay": {"concurrent_game": 8}}, "selfplay.concurrent_game"),
+    ({"export": {"window_game": 8}}, "export.window_game"),
+    ({"train": {"epochz": 3}}, "train.epochz"),
+    ({"gauntlet": {"games_vs_baselines": 4}}, "gauntlet.games_vs_baselines"),
+    ({"promotion": {"min_score_vs_randm": 0.5}}, "promotion.min_score_vs_randm"),
+]
+
+
+@pytest.mark.parametrize(("data", "key"), UNKNOWN_KEYS, ids=[k for _, k in UNKNOWN_KEYS])
+def test_an_unknown_key_is_an_error_naming_file_and_key(tmp_path: Path, data: dict, key: str) -> None:
+    path = tmp_path / "node.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as info:
+        load_settings(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: ") and f"{key}: Extra inputs are not permitted" in message, message
+
+
+def test_the_same_file_without_the_typo_loads(tmp_path: Path) -> None:
+    """The tests above fail for the key, not for the file: corrected, each section loads."""
+    path = tmp_path / "node.yaml"
+    path.write_text(yaml.safe_dump({"train": {"epochs": 3}, "mesh": {"timing": PROFILES["fast"].model_dump()}}))
+    settings = load_settings(path)
+    assert settings.train.epochs == 3 and settings.mesh.timing_profile() == PROFILES["fast"]
+
+
+@pytest.mark.timeout(120)
+def test_a_node_started_with_an_unknown_key_exits_2_naming_file_and_key(tmp_path: Path) -> None:
+    path = tmp_path / "node.yaml"
+    data_dir = tmp_path / "data"
+    path.write_text(yaml.safe_dump({"node": {"node_id": "a", "data_dir": str(data_dir)},
+                                    "train": {"epochs": 1, "batch_sise": 64}}))
+    proc = subprocess.run([sys.executable, "-m", "app.p2p_orchestrator", "--config", str(path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=100, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert f"error: {path}: train.batch_sise: Extra inputs are not permitted" in proc.stderr, proc.stderr
+    assert not data_dir.exists()  # refused before anything was written
