@@ -24,7 +24,7 @@ from app.db.registry_tables import (
     MatchGameRow, ModelRow, ModelStatus, RatingRow, RegistryBase, RegistrySchemaInfo, StatusHistoryRow,
 )
 from app.db.engines import display_name, is_url, open_engine
-from app.db.sqlite_files import create_tables
+from app.db.sqlite_files import create_tables, stored_schema_version
 
 SCHEMA_VERSION = 1
 
@@ -117,12 +117,10 @@ class ModelRegistry:
             raise RegistryError(f"{self.path}: not a usable registry: {exc.orig}") from None
 
     def _check_schema(self) -> None:
-        with Session(self.engine) as session, session.begin():
-            row = session.get(RegistrySchemaInfo, "registry_schema_version")
-            if row is None:
-                session.add(RegistrySchemaInfo(key="registry_schema_version", value=str(SCHEMA_VERSION)))
-                return
-            version = int(row.value)
+        version = stored_schema_version(self.engine, RegistrySchemaInfo, "registry_schema_version", SCHEMA_VERSION,
+                                        create=True)
+        if version is None:
+            return
         if version > SCHEMA_VERSION:
             self.engine.dispose()
             raise RegistryError(

@@ -21,7 +21,7 @@ from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
 from app.db.engines import display_name, is_url, open_engine
-from app.db.sqlite_files import create_tables
+from app.db.sqlite_files import create_tables, stored_schema_version
 
 SCHEMA_VERSION = 1
 
@@ -132,19 +132,11 @@ class ReplayDB:
             raise ReplayDBError(f"{self.path}: not a usable replay DB: {exc.orig}") from None
 
     def _check_schema(self, create: bool) -> None:
-        for _ in range(2):  # a second opener may create the row between our read and insert
-            try:
-                with Session(self.engine) as session, session.begin():
-                    row = session.get(SchemaInfo, "schema_version")
-                    if row is None:
-                        if not create:
-                            raise ReplayDBError(f"{self.path}: no schema version: not a replay DB")
-                        session.add(SchemaInfo(key="schema_version", value=str(SCHEMA_VERSION)))
-                        return
-                    version = int(row.value)
-                    break
-            except IntegrityError:
-                continue
+        version = stored_schema_version(self.engine, SchemaInfo, "schema_version", SCHEMA_VERSION, create)
+        if version is None:
+            if not create:
+                raise ReplayDBError(f"{self.path}: no schema version: not a replay DB")
+            return
         if version > SCHEMA_VERSION:
             self.engine.dispose()
             raise ReplayDBError(

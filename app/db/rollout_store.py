@@ -26,7 +26,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, rela
 
 from app.db.engines import display_name, is_url, open_engine
 from app.db.rollout_records import RolloutGroupRecord, RolloutSampleRecord
-from app.db.sqlite_files import create_tables
+from app.db.sqlite_files import create_tables, stored_schema_version
 
 SCHEMA_VERSION = 1
 _TOKENS, _MASK, _LOGPROBS = np.dtype("<i4"), np.dtype("u1"), np.dtype("<f8")
@@ -142,19 +142,11 @@ class RolloutStore:
             raise RolloutStoreError(f"{self.path}: not a usable rollout store: {exc.orig}") from None
 
     def _check_schema(self, create: bool) -> None:
-        for _ in range(2):  # a second opener may create the row between our read and insert
-            try:
-                with Session(self.engine) as session, session.begin():
-                    row = session.get(RolloutSchemaInfo, "schema_version")
-                    if row is None:
-                        if not create:
-                            raise RolloutStoreError(f"{self.path}: no schema version: not a rollout store")
-                        session.add(RolloutSchemaInfo(key="schema_version", value=str(SCHEMA_VERSION)))
-                        return
-                    version = int(row.value)
-                    break
-            except IntegrityError:
-                continue
+        version = stored_schema_version(self.engine, RolloutSchemaInfo, "schema_version", SCHEMA_VERSION, create)
+        if version is None:
+            if not create:
+                raise RolloutStoreError(f"{self.path}: no schema version: not a rollout store")
+            return
         if version > SCHEMA_VERSION:
             self.engine.dispose()
             raise RolloutStoreError(f"{self.path}: schema version {version} is newer than this program's "
