@@ -20,7 +20,8 @@ run: $(STAMP)
 	$(PY) -m app.p2p_orchestrator
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	# two workers, one test file each at a time: the e2e tests mostly wait on processes
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 clean:
 	rm -rf $(VENV) data .pytest_cache
