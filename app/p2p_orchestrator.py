@@ -27,10 +27,11 @@ from app.coordination.daemons.health_server import HealthServer
 from app.coordination.daemons.metrics import Metrics
 from app.coordination.p2p.node import MeshNode
 from app.coordination.pipeline.context import PipelineContext
+from app.coordination.pipeline.workloads import pipeline_context
 from app.coordination.pipeline.mesh_events import watch_mesh
 from app.coordination.pipeline.dashboard_feed import DashboardFeed
 from app.coordination.pipeline.progress_display import show_progress
-from app.coordination.sync import GameSyncServer, model_file, model_routes
+from app.coordination.sync import GameSyncServer, model_routes
 from app.coordination.sync.dataset_server import dataset_routes
 from app.db.dead_letters import DeadLetterStore
 from app.db.registry import ModelRegistry
@@ -87,7 +88,7 @@ def build_mesh(settings: Settings, pipe: PipelineContext, export_threshold: int,
     With `metrics`, the mesh counts into the node's registry (one /metrics for everything)."""
     node = MeshNode(settings, registry=metrics.registry if metrics is not None else None)
     games = GameSyncServer(pipe.paths.games_db)
-    node.add_routes(games.routes() + model_routes(pipe.paths.models_dir))
+    node.add_routes(games.routes() + model_routes(pipe.paths.models_dir) + pipe.steps.routes(pipe))
     node.add_routes(dataset_routes(pipe.paths.datasets_dir))  # joiners of a spanned training run
     if len(node.voters) > 1 or settings.mesh.peers:
         pipe.cluster = ClusterPipeline(node, pipe, threshold=export_threshold)
@@ -101,11 +102,12 @@ def build_mesh(settings: Settings, pipe: PipelineContext, export_threshold: int,
 
 def _local_progress(pipe: PipelineContext) -> dict:
     with ModelRegistry(pipe.paths.registry_db) as registry:
-        return progress_report(registry)
+        report = progress_report(registry)
+    return {**report, **pipe.steps.progress_extra(pipe, report)}
 
 
 async def run_node(args: argparse.Namespace, settings: Settings) -> int:
-    pipe = PipelineContext(settings, config_path=args.config.resolve() if args.config else None)
+    pipe = pipeline_context(settings, config_path=args.config.resolve() if args.config else None)
     metrics = Metrics(node=settings.node.node_id)
     dead_letters = DeadLetterStore(pipe.paths.dead_letters_db)
     router = EventRouter(metrics=metrics, dead_letters=dead_letters)
@@ -113,7 +115,7 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
     registry = load_registry(args.daemons, {**INFRA_RUNNERS, **pipeline_runners(pipe)})
     manager = DaemonManager(registry.select(settings.node.role), router=router, settings=settings, metrics=metrics)
     export_spec = registry.specs.get("export")
-    node, games = build_mesh(settings, pipe, int(export_spec.settings["min_new_games"]) if export_spec else 0,
+    node, games = build_mesh(settings, pipe, pipe.steps.export_threshold(pipe, export_spec.settings) if export_spec else 0,
                              metrics)
     feed = DashboardFeed(pipe, node)
     metrics.watch_daemons(manager.daemon_states)
@@ -131,6 +133,8 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
     if pipe.cluster is not None:
         background.append(asyncio.create_task(pipe.cluster.publish_loop(router)))
         background.append(asyncio.create_task(watch_mesh(node, router)))
+    else:
+        background.append(asyncio.create_task(_show_local_status(pipe, node)))
     if args.max_generations:
         background.append(asyncio.create_task(_stop_after(pipe, manager, args.max_generations)))
     try:
@@ -163,6 +167,14 @@ def admin_routes(manager: DaemonManager) -> list[web.RouteDef]:
     return [web.post("/admin/drain", drain)]
 
 
+async def _show_local_status(pipe: PipelineContext, node: MeshNode, interval_s: float = 2.0) -> None:
+    """A lone node has no gossip loop: what the workload reports about this node (an LM node's
+    engines and their weight versions) still reaches /status."""
+    while True:
+        node.update_local_state(inventory=pipe.steps.node_status(pipe))
+        await asyncio.sleep(interval_s)
+
+
 async def _teardown(pipe: PipelineContext, node: MeshNode, health: HealthServer) -> None:
     """Hand back a held claim (so the leader reschedules at once), then close the servers."""
     if pipe.cluster is not None:
@@ -177,7 +189,7 @@ async def _stop_after(pipe: PipelineContext, manager: DaemonManager, generations
 
     def done() -> bool:
         state = pipe.state
-        distributed = state.best_sha256 is None or state.best_path == str(model_file(pipe.paths.models_dir, state.best_sha256))
+        distributed = state.best_sha256 is None or state.best_path == str(pipe.steps.installed_path(pipe, state.best_sha256))
         return pipe.decided_generations() >= generations and distributed
 
     while not done():
@@ -192,11 +204,6 @@ def main(argv: list[str] | None = None) -> int:
         settings = node_settings(args)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if settings.workload != "connect4":  # refused rather than silently running Connect Four
-        print(f"error: {args.config}: workload: {settings.workload!r}: its building blocks are in app/lm and "
-              "app/training/lm, but the daemons do not run it yet; only 'connect4' nodes can start",
-              file=sys.stderr)
         return 2
     configure_logging(settings.node.node_id, level=args.log_level)
     try:

@@ -8,6 +8,12 @@ it with SIGTERM when the budget is spent, then measures the last promoted genera
 random and the heuristic with a fresh gauntlet. Prints one JSON object: games, positions/s,
 generations promoted/rejected, Elo of each generation vs random (anchored at 0), the share of
 wall time each pipeline stage took, and the final model's scores.
+
+    python scripts/bench_loop.py --minutes 15 --config configs/lm_copy.yaml
+
+A config with `workload: lm` runs the language-model loop instead and reports, per decided
+generation, the held-out reward with its interval and exact match against wall time, the
+rollout groups (and samples) per second, and the same stage shares.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from app.config import load_settings  # noqa: E402
 from app.db.registry import ModelRegistry, ModelStatus  # noqa: E402
 from app.db.replay_db import ReplayDB  # noqa: E402
+from app.db.rollout_store import RolloutStore  # noqa: E402
 from app.training.gauntlet import run_gauntlet  # noqa: E402
 
 
@@ -98,6 +105,33 @@ def final_scores(model_path: str, settings, simulations: int, games: int, data_d
             **{f"wdl_vs_{r.kind}": [r.wins, r.draws, r.losses] for r in report.results}}
 
 
+def lm_report(data_dir: Path, settings, started: float, ended: float) -> dict:
+    """The language-model loop: held-out reward by generation against wall time."""
+    heldout_file = data_dir / "heldout.json"
+    heldout = json.loads(heldout_file.read_text()) if heldout_file.exists() else {}
+    with ModelRegistry(data_dir / "registry.db") as registry:
+        models = {m.sha256: m for m in registry.models()}
+    rows = []
+    for sha, h in sorted(heldout.items(), key=lambda kv: kv[1]["generation"]):
+        m = models.get(sha)
+        decided_at = (m.promoted_at or m.updated_at) if m is not None else started
+        rows.append({"generation": h["generation"], "status": m.status.value if m else "initial",
+                     "minutes": round((decided_at - started) / 60, 2), "reward": round(h["reward"], 3),
+                     "interval": [round(x, 3) for x in h["interval"]], "exact_match": round(h["exact_match"], 3)})
+    groups = 0
+    if (data_dir / "rollouts.db").exists():
+        with RolloutStore(data_dir / "rollouts.db") as store:
+            groups = store.count()
+    wall = ended - started
+    statuses = [m.status for m in models.values()]
+    return {"workload": "lm", "minutes": round(wall / 60, 2), "data_dir": str(data_dir), "rollout_groups": groups,
+            "groups_per_second": round(groups / wall, 2),
+            "samples_per_second": round(groups * settings.lm.rollout.n / wall, 1),
+            "generations_promoted": statuses.count(ModelStatus.PROMOTED),
+            "generations_rejected": statuses.count(ModelStatus.REJECTED),
+            "heldout_by_generation": rows, "stage_share": stage_shares(pipeline_history(data_dir), started, ended)}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=20.0)
@@ -111,6 +145,9 @@ def main() -> int:
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="bench_loop_"))
     settings = load_settings(args.config)
     started, ended = run_loop(args.config, args.daemons, data_dir, args.minutes)
+    if settings.workload == "lm":
+        print(json.dumps(lm_report(data_dir, settings, started, ended)))
+        return 0
 
     games, positions = game_counts(data_dir)
     history = pipeline_history(data_dir)

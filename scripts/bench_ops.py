@@ -48,7 +48,7 @@ from app.coordination.p2p.schemas import NodeState  # noqa: E402
 from app.coordination.p2p.work_queue import WorkQueue  # noqa: E402
 from app.coordination.p2p.work_rules import WorkSpec  # noqa: E402
 from app.coordination.pipeline.cluster import ClusterPipeline  # noqa: E402
-from app.coordination.pipeline.context import PipelineContext  # noqa: E402
+from app.coordination.pipeline.workloads import pipeline_context  # noqa: E402
 from app.coordination.pipeline.dashboard_feed import DashboardFeed  # noqa: E402
 from app.log import configure_logging  # noqa: E402
 from tests.mesh_helpers import free_ports  # noqa: E402
@@ -84,7 +84,7 @@ async def bench_dashboard(requests: int) -> dict:
     records = _records()
     (tmp / "generations.json").write_text(json.dumps(records))
     metrics = Metrics(node="n0")
-    pipe = PipelineContext(settings)
+    pipe = pipeline_context(settings)
     node = MeshNode(settings, registry=metrics.registry)
     pipe.cluster = ClusterPipeline(node, pipe, threshold=100)
     node.add_routes(pipe.cluster.routes())

@@ -155,3 +155,29 @@ def stop_nodes(procs, timeout: float = 30.0) -> None:
 def tail(files: NodeFiles, n: int = 4000) -> str:
     path = files.root / "node.log"
     return path.read_text(errors="replace")[-n:] if path.exists() else ""
+
+
+def get_json(port: int, path: str) -> dict | None:
+    """GET a node's JSON endpoint on 127.0.0.1; None while it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as resp:
+            return json.loads(resp.read())
+    except OSError:
+        return None
+
+
+def start_voter(nodes: list[NodeFiles], ids: list[str], i: int, *extra: str,
+                env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Node `i` of a cluster where every node votes and knows the others (priority = index)."""
+    peers = ",".join(f"{ids[j]}@127.0.0.1:{nodes[j].mesh_port}" for j in range(len(ids)) if j != i)
+    return start_node(nodes[i], "--voters", ",".join(ids), "--peers", peers, "--priority", str(i),
+                      "--profile", "fast", *extra, env=env)
+
+
+def leader_of(nodes: list[NodeFiles]) -> str | None:
+    """The node id of the leader, as the first node that says it leads tells (None: none yet)."""
+    for files in nodes:
+        status = get_json(files.mesh_port, "/status")
+        if status and status.get("role") == "leader":
+            return status["node_id"]
+    return None

@@ -8,7 +8,6 @@ import json
 import os
 import secrets
 import signal
-import urllib.request
 
 import pytest
 
@@ -18,7 +17,9 @@ from tests.orchestrator_helpers import (
     SMALL_CONFIG,
     SMALL_DAEMONS,
     NodeFiles,
-    start_node,
+    get_json,
+    leader_of,
+    start_voter,
     stop_nodes,
     tail,
     wait_until,
@@ -37,30 +38,8 @@ DAEMONS = {**SMALL_DAEMONS, "daemons": {
 }}
 
 
-def _get(port: int, path: str) -> dict | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as resp:
-            return json.loads(resp.read())
-    except OSError:
-        return None
-
-
-def _start(files: NodeFiles, i: int, nodes: list[NodeFiles]):
-    peers = ",".join(f"{IDS[j]}@127.0.0.1:{nodes[j].mesh_port}" for j in range(len(IDS)) if j != i)
-    return start_node(files, "--voters", ",".join(IDS), "--peers", peers, "--priority", str(i),
-                      "--profile", "fast")
-
-
-def _leader(nodes: list[NodeFiles]) -> str | None:
-    for files in nodes:
-        status = _get(files.mesh_port, "/status")
-        if status and status.get("role") == "leader":
-            return status["node_id"]
-    return None
-
-
 def _promoted(files: NodeFiles) -> dict | None:
-    progress = _get(files.mesh_port, "/progress")
+    progress = get_json(files.mesh_port, "/progress")
     if not progress:
         return None
     promoted = [g for g in progress["generations"] if g["promoted"]]
@@ -71,9 +50,9 @@ def _promoted(files: NodeFiles) -> dict | None:
 def test_three_nodes_promote_through_a_leader_kill(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("MESH_SECRET", secrets.token_hex(16))
     nodes = [write_node_files(tmp_path / nid, nid, CONFIG, DAEMONS) for nid in IDS]
-    procs = {nid: _start(files, i, nodes) for i, (nid, files) in enumerate(zip(IDS, nodes))}
+    procs = {nid: start_voter(nodes, IDS, i) for i, nid in enumerate(IDS)}
     try:
-        leader = wait_until(lambda: _leader(nodes), 120, what="a leader")
+        leader = wait_until(lambda: leader_of(nodes), 120, what="a leader")
         # Kill the leader once the cluster is working on its first generation.
         wait_until(lambda: any(f.state().get("stage", "collecting") != "collecting" for f in nodes), 600,
                    what="a generation in progress")
@@ -81,11 +60,11 @@ def test_three_nodes_promote_through_a_leader_kill(tmp_path, monkeypatch) -> Non
         os.killpg(procs[leader].pid, signal.SIGKILL)
         procs[leader].wait(timeout=10)
         survivors = [f for i, f in enumerate(nodes) if i != killed]
-        new_leader = wait_until(lambda: _leader(survivors), 120, what="a new leader")
+        new_leader = wait_until(lambda: leader_of(survivors), 120, what="a new leader")
         assert new_leader != leader
 
         record = wait_until(lambda: _promoted(survivors[0]), 900, interval=1.0, what="a promoted generation")
-        procs[leader] = _start(nodes[killed], killed, nodes)  # back, it must catch up
+        procs[leader] = start_voter(nodes, IDS, killed)  # back, it must catch up
         assert record["generation"] >= 1
 
         def all_on_newest() -> bool:

@@ -108,9 +108,9 @@ def test_selected_daemon_with_an_unselected_dependency_is_an_error(tmp_path):
 def test_the_repository_daemons_yaml_loads_with_every_runner(tmp_path):
     from app.config import load_settings
     from app.coordination.pipeline.runners import pipeline_runners
-    from app.coordination.pipeline.context import PipelineContext
+    from app.coordination.pipeline.workloads import pipeline_context
 
-    pipe = PipelineContext(load_settings(None, node={"data_dir": str(tmp_path)}))
+    pipe = pipeline_context(load_settings(None, node={"data_dir": str(tmp_path)}))
     reg = load_registry(REPO / "daemons.yaml", {**INFRA_RUNNERS, **pipeline_runners(pipe)})
     names = [s.name for s in reg.select("all")]
     assert {"dlq_retry", "selfplay", "export", "train", "gauntlet", "promote", "distribution"} <= set(names)

@@ -16,7 +16,8 @@ from app.coordination.daemons.event_journal import EventJournal
 from app.coordination.daemons.event_router import EventRouter
 from app.coordination.daemons.events import EventType
 from app.coordination.daemons.registry import DaemonContext
-from app.coordination.pipeline.context import PipelineContext, wait_for_wake, wake_on
+from app.coordination.pipeline.context import wait_for_wake, wake_on
+from app.coordination.pipeline.workloads import pipeline_context
 from app.coordination.pipeline.mesh_events import MeshSnapshot, mesh_changes
 from app.coordination.pipeline.runners import pipeline_runners
 from app.db.dead_letters import DeadLetterStore
@@ -85,7 +86,7 @@ async def test_a_daemon_wakes_on_its_event_long_before_its_poll(tmp_path) -> Non
 def test_each_runner_setting_has_one_default(tmp_path) -> None:
     """The runner table declares a typed schema per daemon; daemons.yaml names a key only to
     change it, never to repeat its default (that is how 2000/1000/600 drifted apart)."""
-    pipe = PipelineContext(Settings.model_validate({"node": {"data_dir": str(tmp_path)}}))
+    pipe = pipeline_context(Settings.model_validate({"node": {"data_dir": str(tmp_path)}}))
     table = pipeline_runners(pipe)
     daemons = yaml.safe_load((REPO / "daemons.yaml").read_text())["daemons"]
     repeated = []

@@ -17,7 +17,7 @@ from app.coordination.pipeline.gauntlet_plan import RESULTS_KEY
 from app.coordination.pipeline.shard_board import ShardBoard
 from app.coordination.pipeline.gauntlet_spread import build_request, spread_gauntlet
 from app.coordination.p2p.node import MeshNode
-from app.coordination.pipeline.context import PipelineContext
+from app.coordination.pipeline.workloads import pipeline_context
 from app.db.registry import ModelRegistry
 from app.training.gauntlet_shard import ShardGame, ShardResult, play_shard
 from app.coordination.pipeline.state import PipelineState, Stage
@@ -33,7 +33,7 @@ GAUNTLET = {"games_vs_baseline": 8, "shard_games": 2, "shard_wait_s": 3.0, "net_
 async def test_claimant_takes_published_shards_and_plays_an_unanswered_one_after_the_wait(tmp_path: Path) -> None:
     ports = free_ports(2)
     settings = load_settings(None, node={"node_id": "n0", "data_dir": str(tmp_path / "n0")}, gauntlet=GAUNTLET)
-    pipe = PipelineContext(settings)
+    pipe = pipeline_context(settings)
     cand = tmp_path / "cand.safetensors"
     sha = str(save_model(new_model(ARCH, seed=2), ModelMeta(ARCH, "connect4", generation=1), cand).sha256)
     state = PipelineState(generation=1, stage=Stage.TRAINED, candidate_path=str(cand), candidate_sha256=sha)

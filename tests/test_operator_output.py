@@ -26,7 +26,7 @@ def test_progress_line_names_generation_stage_games_loss_and_last_gauntlet() -> 
     for part in ("generation 3: training", "games 160 (+60 new)", "best gen 2 (abababab", "promoted 2",
                  "loss 0.812", "last gauntlet random 9-0-1"):
         assert part in line, (part, line)
-    assert "uniform prior" in describe(PipelineState(), 0, None, "") and "loss" not in describe(PipelineState(), 0, None, "")
+    assert "untrained" in describe(PipelineState(), 0, None, "") and "loss" not in describe(PipelineState(), 0, None, "")
 
 
 def test_logs_are_json_lines_on_a_pipe_with_node_and_term() -> None:

@@ -5,14 +5,12 @@ replication factor's share, nothing is under-replicated, and the union counts ea
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import secrets
 import shutil
 import signal
 import time
-import urllib.request
 
 import pytest
 
@@ -20,7 +18,8 @@ from app.db.replay_db import GameRow, ReplayDB
 from tests.orchestrator_helpers import (
     SMALL_CONFIG,
     NodeFiles,
-    start_node,
+    get_json,
+    start_voter,
     stop_nodes,
     tail,
     wait_until,
@@ -40,18 +39,8 @@ PLAYING = {"restart": {"base_s": 0.5, "cap_s": 5}, "daemons": {
 QUIET = {"restart": {"base_s": 0.5, "cap_s": 5}, "daemons": {"replication": {"settings": {"interval_s": 0.5}}}}
 
 
-def _get(port: int, path: str) -> dict | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as resp:
-            return json.loads(resp.read())
-    except OSError:
-        return None
-
-
 def _start(nodes: list[NodeFiles], i: int):
-    peers = ",".join(f"{IDS[j]}@127.0.0.1:{nodes[j].mesh_port}" for j in range(len(IDS)) if j != i)
-    return start_node(nodes[i], "--voters", ",".join(IDS), "--peers", peers, "--priority", str(i),
-                      "--profile", "fast")
+    return start_voter(nodes, IDS, i)
 
 
 def _games(files: NodeFiles) -> dict[str, tuple[str, float]]:
@@ -121,20 +110,20 @@ def test_a_lost_node_loses_no_settled_game_and_the_quiet_cluster_meets_the_facto
             if set().union(*held) != created:
                 return False
             for files in nodes:
-                rep = ((_get(files.mesh_port, "/status") or {}).get("inventory") or {}).get("replication")
+                rep = ((get_json(files.mesh_port, "/status") or {}).get("inventory") or {}).get("replication")
                 if not rep or rep["under_replicated"] != 0 or rep["held"] != len(_games(files)):
                     return False
             return True
 
         wait_until(converged, 180, interval=1.0, what="every node at its share, nothing under-replicated")
         print(f"quiet cluster converged {time.time() - began:.0f} s after the start")
-        status = _get(nodes[0].mesh_port, "/status")
+        status = get_json(nodes[0].mesh_port, "/status")
         rep = status["inventory"]["replication"]
         assert rep["factor"] == 2 and set(rep["own_held_by"]) == {"n1", "n2"}
         assert rep["own_held_by"]["n1"] + rep["own_held_by"]["n2"] >= rep["own"]
 
         def peers_seen() -> bool:  # every node's copies, on one node's /status (gossip may lag a round)
-            seen = {p["node_id"]: p["replication"] for p in (_get(nodes[0].mesh_port, "/status") or {}).get("peers", [])}
+            seen = {p["node_id"]: p["replication"] for p in (get_json(nodes[0].mesh_port, "/status") or {}).get("peers", [])}
             return all(seen.get(nid) and seen[nid]["held"] >= math.ceil(2 * len(created) / 3) for nid in ("n1", "n2"))
 
         wait_until(peers_seen, 30, interval=0.5, what="the peers' copies on n0's /status")

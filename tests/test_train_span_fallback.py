@@ -18,6 +18,7 @@ from app.coordination.daemons.registry import DaemonContext
 from app.coordination.daemons.event_router import EventRouter
 from app.coordination.daemons.metrics import Metrics
 from app.coordination.pipeline.context import PipelineContext
+from app.coordination.pipeline.workloads import pipeline_context
 from app.coordination.pipeline.training_job import train_spanned
 from app.log import get_logger
 from app.training.export import export_dataset
@@ -36,7 +37,7 @@ def _pipe(tmp_path: Path) -> PipelineContext:
         "model": {"channels": 8, "blocks": 1},
         "train": {"batch_size": 32, "epochs": 1, "join_timeout_s": JOIN_TIMEOUT_S},
     }))
-    return PipelineContext(load_settings(config), config_path=config)
+    return pipeline_context(load_settings(config), config_path=config)
 
 
 def _ctx(pipe: PipelineContext) -> DaemonContext:

@@ -199,6 +199,12 @@ class RolloutStore:
             return list(session.scalars(
                 select(RolloutGroupRow.uid).where(RolloutGroupRow.id > after_id).order_by(RolloutGroupRow.id)))
 
+    def uids_since_version(self, min_version: int, limit: int) -> list[str]:
+        """Up to `limit` uids of groups at weight version >= `min_version` (cheap: no samples)."""
+        stmt = select(RolloutGroupRow.uid).where(RolloutGroupRow.weight_version >= min_version).limit(limit)
+        with Session(self.engine) as session:
+            return list(session.scalars(stmt))
+
     def held(self, uids: Sequence[str]) -> set[str]:
         """Which of `uids` are stored."""
         found: set[str] = set()

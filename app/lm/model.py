@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 
 class LMModelConfig(BaseModel):
@@ -81,6 +82,7 @@ def load_model(directory: str | Path, dtype: torch.dtype = torch.float32) -> Lla
     path = Path(directory) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no config.json in {directory}")
+    hf_logging.disable_progress_bar()  # a node loads each promoted model: no tqdm bar in its log
     model = LlamaForCausalLM.from_pretrained(str(directory), local_files_only=True, dtype=dtype)
     model.eval()
     return model

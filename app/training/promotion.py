@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Protocol, Sequence
 
 from app.ai.model import ModelFormatError, file_sha256, read_meta
+from app.training.lm_model_dir import verify_model_dir
 from app.config import Settings
 from app.config.pipeline import PromotionConfig
 from app.db.registry import ModelEntry, ModelRegistry, ModelStatus, RegistryError
@@ -120,8 +121,14 @@ def decide_promotion(results: Sequence[MatchResult], gates: Gates, has_best: boo
 
 
 def verify_model_file(entry: ModelEntry) -> None:
-    """Refuse a model whose file is gone or no longer hashes to its registry sha256."""
+    """Refuse a model whose file is gone or no longer hashes to its registry sha256 (a
+    language model's directory: whose files no longer match the manifest it is known by)."""
     path = Path(entry.path)
+    if path.is_dir():
+        problem = verify_model_dir(path, entry.sha256)
+        if problem is not None:
+            raise PromotionError(f"refusing model {entry.sha256[:12]}: {problem}")
+        return
     if not path.is_file():
         raise PromotionError(f"model {entry.sha256[:12]}: file {path} is missing")
     actual = file_sha256(path)

@@ -37,8 +37,6 @@ from app.coordination.pipeline.rollback import (
 from app.coordination.pipeline.scheduling import gauntlet_specs, schedule, summarize
 from app.coordination.daemons.event_router import EventRouter
 from app.coordination.daemons.events import EventType
-from app.coordination.sync import installed_models, model_file
-from app.db.replay_db import ReplayDB
 from app.log import get_logger
 
 log = get_logger(__name__)
@@ -77,17 +75,15 @@ class ClusterPipeline:
 
     # -- what this node gossips, and what it learns -----------------------------------
     def inventory(self) -> dict[str, Any]:
-        with ReplayDB(self.pipe.paths.games_db) as db:
-            created = db.count_by_node(self.pipe.node_id)
-            positions = db.count_positions(self.pipe.node_id)
-            max_id = db.max_id()
+        steps = self.pipe.steps
         state = self.pipe.state
         return {
-            "games_created": created, "games_max_id": max_id, "positions_created": positions,
+            **steps.created_counts(self.pipe),  # games_created, positions_created, games_max_id
+            **steps.node_status(self.pipe),  # lm: the inference engines' weight versions
             "quorum_level": self.node.quorum_level.value,  # for other nodes' dashboards
             "gen_stats": generation_stats(self.pipe.paths),  # Elo interval and loss per model sha
             **({"work": self.node.queue.summary()} if self.node.is_leader else {}),
-            "models": installed_models(self.pipe.paths.models_dir),
+            "models": steps.installed_models(self.pipe),
             "best_sha256": state.best_sha256, "best_generation": state.best_generation,
             "generations": self.generations.to_json()[-RECORDS_GOSSIPED:],
             "rollbacks": self.rollbacks.to_json()[-RECORDS_GOSSIPED:],
@@ -144,7 +140,7 @@ class ClusterPipeline:
                     if record.promoted and router is not None:
                         await router.publish(EventType.MODEL_PROMOTED, {
                             "generation": generation, "sha256": record.sha256,
-                            "path": str(model_file(self.pipe.paths.models_dir, record.sha256))})
+                            "path": str(self.pipe.steps.installed_path(self.pipe, record.sha256))})
             except Exception:  # noqa: BLE001 - gossip content must never stop the node
                 log.exception("inventory_publish_failed")
             await asyncio.sleep(interval_s)

@@ -20,16 +20,16 @@ from app.config.paths import NodePaths
 from app.coordination.daemons.registry import DaemonContext
 from app.coordination.daemons.event_router import Event
 from app.coordination.daemons.events import EventType
-from app.db.replay_db import ReplayDB
 from app.coordination.pipeline.state import PipelineState, PipelineStateStore
 
 TEST_HOLD_ENV = "SELFPLAY_MESH_TEST_HOLD_STAGE"  # see PipelineContext._test_hold; unset in production
 
 
 class PipelineContext:
-    """One per node process; created by the orchestrator and handed to the pipeline runners."""
+    """One per node process; created by the orchestrator (steps.pipeline_context) and handed to
+    the pipeline runners."""
 
-    def __init__(self, settings: Settings, config_path: Path | None = None) -> None:
+    def __init__(self, settings: Settings, steps: Any, config_path: Path | None = None) -> None:
         self.settings = settings
         self.config_path = config_path  # handed to training subprocesses (model/train sections)
         self.paths = NodePaths(Path(settings.node.data_dir), settings.node.db_url)
@@ -39,6 +39,9 @@ class PipelineContext:
         self._lock = asyncio.Lock()
         self._changed = asyncio.Condition()
         self.cluster: Any = None  # a ClusterPipeline when the node is part of a mesh with peers
+        # what each stage does for this node's workload: a steps.WorkloadSteps (pipeline_context
+        # in steps.py builds both; the steps module reads this one, so it cannot be named here)
+        self.steps = steps
 
     @property
     def node_id(self) -> str:
@@ -102,8 +105,8 @@ class PipelineContext:
         return self._state.decided
 
     def newest_game_id(self) -> int:
-        with ReplayDB(self.paths.games_db) as db:
-            return db.max_id()
+        """The newest stored game's (or rollout group's) row id: the export's counter."""
+        return self.steps.newest_item_id(self)
 
 
 def wake_on(ctx: DaemonContext, *event_types: EventType) -> asyncio.Event:

@@ -27,9 +27,7 @@ from typing import Any
 from app.config.paths import NodePaths
 from app.coordination.p2p.node import MeshNode
 from app.coordination.pipeline.context import PipelineContext
-from app.coordination.sync import model_file
 from app.db.registry import ModelRegistry, RegistryError
-from app.db.replay_db import ReplayDB
 from app.log import get_logger
 
 log = get_logger(__name__)
@@ -121,13 +119,13 @@ class DashboardFeed:
     def _read_disk(self) -> _Cache:
         paths = self.pipe.paths
         cache = _Cache(local_stats=generation_stats(paths))
-        with ReplayDB(paths.games_db) as db:
-            cache.local_games = db.count_by_node(self.pipe.node_id)
-            cache.local_positions = db.count_positions(self.pipe.node_id)
+        counts = self.pipe.steps.created_counts(self.pipe)
+        cache.local_games = counts["games_created"]
+        cache.local_positions = counts["positions_created"]
         best = self.pipe.state.best_sha256
         if best is not None:
             try:
-                cache.best_installed_at = os.stat(model_file(paths.models_dir, best)).st_mtime
+                cache.best_installed_at = os.stat(self.pipe.steps.installed_path(self.pipe, best)).st_mtime
             except OSError:
                 cache.best_installed_at = None
         if self.pipe.cluster is None and paths.registry_db.exists():

@@ -11,12 +11,14 @@ generation.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from app.atomic_files import atomic_write_json
 
 COMMIT_PREFIX = "generation/"
+HELDOUT_KEYS_MAX = 8
 
 
 @dataclass(frozen=True)
@@ -28,13 +30,32 @@ class GenerationRecord:
     trained_by: str
     reason: str = ""
     elo: float | None = None
+    heldout: dict[str, float] | None = None  # lm: held-out reward, its interval and exact match
+
+    def __post_init__(self) -> None:
+        if self.heldout is not None:  # a gossiped record is bounded like any message
+            if not isinstance(self.heldout, dict) or len(self.heldout) > HELDOUT_KEYS_MAX:
+                raise ValueError(f"generation {self.generation}: heldout must be a dict of at most "
+                                 f"{HELDOUT_KEYS_MAX} numbers")
+            for key, value in self.heldout.items():
+                if not isinstance(key, str) or len(key) > 32 or isinstance(value, bool) \
+                        or not isinstance(value, (int, float)) or not math.isfinite(value):
+                    raise ValueError(f"generation {self.generation}: heldout {key!r} must be a finite number")
 
     def commit_key(self) -> str:
         return f"{COMMIT_PREFIX}{self.generation}"
 
+    def to_json(self) -> dict:
+        """The record's fields; `heldout` only where there is one (Connect Four records stay
+        byte for byte what they were before the field existed)."""
+        data = asdict(self)
+        if data["heldout"] is None:
+            del data["heldout"]
+        return data
+
     def to_value(self) -> str:
         """The committed string: canonical JSON, so equal records are equal values."""
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
 
     @staticmethod
     def from_value(value: str | dict) -> "GenerationRecord":
@@ -42,7 +63,7 @@ class GenerationRecord:
         return GenerationRecord(
             generation=int(data["generation"]), sha256=str(data["sha256"]), promoted=bool(data["promoted"]),
             games_mark=int(data["games_mark"]), trained_by=str(data["trained_by"]),
-            reason=str(data.get("reason", "")), elo=data.get("elo"),
+            reason=str(data.get("reason", "")), elo=data.get("elo"), heldout=data.get("heldout"),
         )
 
 
@@ -92,7 +113,7 @@ class GenerationLog:
         return conflicts
 
     def to_json(self) -> list[dict]:
-        return [asdict(self.records[g]) for g in sorted(self.records)]
+        return [self.records[g].to_json() for g in sorted(self.records)]
 
     def _save(self) -> None:
         atomic_write_json(self.path, self.to_json(), indent=1)

@@ -17,7 +17,7 @@ from app.coordination.pipeline.state import PipelineState
 
 def describe(state: PipelineState, games: int, loss: float | None, last_gauntlet: str) -> str:
     """Pure: the status line for a state."""
-    best = f"gen {state.best_generation} ({state.best_sha256[:10]})" if state.best_sha256 else "uniform prior"
+    best = f"gen {state.best_generation} ({state.best_sha256[:10]})" if state.best_sha256 else "untrained"
     parts = [
         f"generation {state.generation}: {state.stage.value}",
         f"games {games} (+{max(0, games - state.export_mark)} new)",

@@ -20,7 +20,6 @@ from app.coordination.daemons.registry import DaemonContext
 from app.coordination.p2p.node import MeshNode
 from app.coordination.pipeline.context import PipelineContext
 from app.coordination.sync.ranges import effective_factor
-from app.coordination.sync.replica_store import GameStore
 from app.coordination.sync.replication import Replicator, RoundReport
 from app.coordination.sync.wire import MAX_FETCH_UIDS
 
@@ -48,9 +47,10 @@ async def replication_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
                 return
     node = cluster.node
     factor = effective_factor(pipe.settings.replication.factor, clustered=True)
-    store = await asyncio.to_thread(GameStore, pipe.paths.games_db)
+    store_name, store = await asyncio.to_thread(pipe.steps.replica_store, pipe)  # games, or LM rollouts
     replicator = Replicator(
-        pipe.node_id, node.client, store, factor=factor, prefetch=cfg.prefetch, batch=cfg.batch_games,
+        pipe.node_id, node.client, store, factor=factor, store_name=store_name, prefetch=cfg.prefetch,
+        batch=cfg.batch_games,
         max_bytes_per_s=cfg.max_bytes_per_s, max_records_per_round=cfg.max_games_per_round,
         list_max=cfg.list_max, timeout=cfg.timeout_s,
     )

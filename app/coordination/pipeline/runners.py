@@ -13,37 +13,31 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import random
 from pathlib import Path
 
 from app.coordination.daemons.registry import DaemonContext, RunnerEntry
 from app.coordination.daemons.events import EventType
 from app.coordination.pipeline.shard_worker import gauntlet_shards_daemon
-from app.coordination.pipeline.gauntlet_spread import spread_gauntlet
 from app.coordination.pipeline.generation_log import GenerationRecord
 from app.coordination.pipeline.context import PipelineContext, wait_for_wake, wake_on
-from app.coordination.sync import ModelFetchError, fetch_from_mesh, install_model, is_installed, model_file, sync_from_peers
+from app.coordination.sync.streaming import FetchError
 from app.coordination.pipeline.train_join import train_join_daemon
 from app.coordination.pipeline.replication_daemon import ReplicationSettings, replication_daemon
 from app.coordination.pipeline.training_job import run_training
 from app.db.registry import ModelRegistry, ModelStatus, RegistryError
 from app.coordination.pipeline import state as ps
-from app.coordination.pipeline.evaluation_record import decide_from_evaluation, evaluation_from_report
-from app.training.export import WindowGrowth, export_dataset
-from app.training.gauntlet import GauntletStopped, run_gauntlet
+from app.training.gauntlet import GauntletStopped
 from app.coordination.pipeline.runner_settings import (
     ClaimPolled, ExportSettings, Polled, SelfplaySettings, TrainSettings,
 )
 from app.coordination.pipeline.state import Stage
-from app.training.promotion import (
-    Gates, PromotionError, promote_model, register_candidate, reject_model, rollback_model,
-)
-from app.training.selfplay import run_selfplay
+from app.training.promotion import PromotionError, promote_model, reject_model, rollback_model
 from app.log import get_logger
 
 
 async def selfplay_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
-    """Plays batches of games with the current best model (uniform prior before the first)."""
+    """Plays batches of games (or rollout groups) with the current best model (the untrained
+    one before the first)."""
     cfg = ctx.settings
     ctx.mark_healthy()
     while not ctx.stopping.is_set():
@@ -52,18 +46,13 @@ async def selfplay_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
             await pipe.wait_for_change(1.0)  # two cores: leave them to the gauntlet
             ctx.mark_healthy()
             continue
-        summary = await asyncio.to_thread(
-            run_selfplay, games=cfg["batch_games"], simulations=cfg["simulations"] or pipe.settings.search.simulations,
-            db_path=pipe.paths.games_db, model_path=state.best_path, workers=pipe.settings.selfplay.workers,
-            seed=random.randrange(2**31), node_id=pipe.node_id, settings=pipe.settings,
-            should_stop=ctx.stopping.is_set,
-        )
+        summary = await asyncio.to_thread(pipe.steps.selfplay_batch, pipe, cfg, ctx.stopping.is_set)
         total = await asyncio.to_thread(pipe.newest_game_id)
-        ctx.metrics.games_total.inc(summary.games)
+        ctx.metrics.games_total.inc(summary.items)
         ctx.metrics.positions_total.inc(summary.positions)
         ctx.metrics.positions_per_second.set(summary.positions_per_second)
-        if summary.games:
-            await ctx.router.publish(EventType.NEW_GAMES_AVAILABLE, {"count": summary.games, "total": total})
+        if summary.items:
+            await ctx.router.publish(EventType.NEW_GAMES_AVAILABLE, {"count": summary.items, "total": total})
         ctx.mark_healthy()
 
 
@@ -71,7 +60,7 @@ async def export_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
     """Turns the newest games into a dataset when a generation is due: enough new local games
     on a lone node; a training claim from the leader in a cluster (after pulling peers' games)."""
     wake = wake_on(ctx, EventType.NEW_GAMES_AVAILABLE, EventType.LEADER_ELECTED, EventType.QUORUM_CHANGED)
-    threshold = int(ctx.settings["min_new_games"])
+    threshold = pipe.steps.export_threshold(pipe, ctx.settings)
     if pipe.cluster is not None and pipe.state.stage is not Stage.COLLECTING and pipe.cluster.current is None:
         await pipe.update(ps.abandoned)  # a restart lost the claim: the leader reschedules it
     ctx.mark_healthy()
@@ -97,10 +86,8 @@ async def _export_claimed_generation(pipe: PipelineContext, ctx: DaemonContext) 
     claim = await pipe.cluster.claim_generation()
     if claim is None:
         return
-    reports = await sync_from_peers(pipe.cluster.node, pipe.paths.games_db, pipe.paths.data_dir / "sync",
-                                    budget_s=float(ctx.settings["sync_budget_s"]))
-    ctx.log.info("games_synced", generation=claim.generation, new=sum(r.new for r in reports),
-                 errors=[r.error for r in reports if r.error])
+    synced = await pipe.steps.sync_before_export(pipe, float(ctx.settings["sync_budget_s"]))
+    ctx.log.info("games_synced", generation=claim.generation, **synced)
     newest = await asyncio.to_thread(pipe.newest_game_id)
     await pipe.update(lambda s: ps.adopt_generation(s, claim.generation))
     await _export(pipe, ctx, claim.generation, newest, claim.games_mark, 0)
@@ -109,16 +96,9 @@ async def _export_claimed_generation(pipe: PipelineContext, ctx: DaemonContext) 
 async def _export(pipe: PipelineContext, ctx: DaemonContext, generation: int, newest: int,
                   new_games: int, threshold: int) -> None:
     out = pipe.paths.datasets_dir / f"gen_{generation:04d}"
-    cfg = pipe.settings.export
-    result = await asyncio.to_thread(
-        export_dataset, [pipe.paths.games_db], out, window_games=cfg.window_games,
-        holdout_fraction=cfg.holdout_fraction, augment=cfg.augment, overwrite=True,
-        value_target_mix=cfg.value_target_mix,
-        window_growth=WindowGrowth.from_config(cfg.window_base_games, cfg.window_alpha, cfg.window_beta),
-    )
-    state = await pipe.update(lambda s: ps.exported(s, str(out), result.dataset_sha256, newest))
-    ctx.log.info("dataset_exported", generation=state.generation, games=result.manifest["counts"]["games"],
-                 path=str(out))
+    sha, items = await asyncio.to_thread(pipe.steps.export, pipe, generation, out)
+    state = await pipe.update(lambda s: ps.exported(s, str(out), sha, newest))
+    ctx.log.info("dataset_exported", generation=state.generation, games=items, path=str(out))
     await ctx.router.publish(EventType.TRAINING_THRESHOLD_REACHED, {
         "generation": state.generation, "new_games": max(0, new_games), "threshold": threshold})
 
@@ -140,7 +120,7 @@ async def train_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
                 return  # interrupted: the run dir keeps its checkpoint for the restart
             if outcome.error is None:
                 failures = 0
-                sha = await asyncio.to_thread(_register, pipe, outcome.candidate_path)
+                sha = await asyncio.to_thread(pipe.steps.register_candidate, pipe, outcome.candidate_path)
                 state = await pipe.update(lambda s: ps.trained(s, outcome.candidate_path, sha))
                 if outcome.final_loss is not None:
                     ctx.metrics.training_loss.set(outcome.final_loss)
@@ -163,39 +143,22 @@ async def train_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
             return
 
 
-def _register(pipe: PipelineContext, candidate_path: str) -> str:
-    with ModelRegistry(pipe.paths.registry_db) as registry:
-        return register_candidate(registry, candidate_path).sha256
-
-
 async def gauntlet_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
-    """Plays a trained candidate against the baselines and the current best."""
+    """Evaluates a trained candidate: the gauntlet against baselines and the current best, or
+    (language models) held-out prompts paired against the best."""
     wake = wake_on(ctx, EventType.TRAINING_COMPLETED)
     ctx.mark_healthy()
     while True:
         state = pipe.state
         if state.stage is Stage.TRAINED:
-            gates = generation_gates(pipe, state.generation)
             try:
-                report = await (spread_gauntlet(  # cluster: baseline games spread over the nodes
-                    pipe, state, gates.baselines(), pipe.settings.gauntlet.workers, ctx.stopping.is_set,
-                ) if pipe.cluster is not None else asyncio.to_thread(
-                    run_gauntlet, state.candidate_path, gates.baselines(), state.best_path, pipe.settings,
-                    pipe.paths.registry_db, workers=pipe.settings.gauntlet.workers, seed=state.generation,
-                    should_stop=ctx.stopping.is_set,
-                ))
+                evaluation = await pipe.steps.evaluate(pipe, state, ctx)
             except GauntletStopped:
                 return  # draining: the stage stays TRAINED and the next start plays it again
-            evaluation = evaluation_from_report(report)
-            candidate = next((r for r in report.ratings if r.player == report.candidate), None)
-            if candidate is not None:
-                ctx.metrics.elo.labels(str(state.generation)).set(candidate.elo)
-            passed = decide_from_evaluation(evaluation, gates, has_best=state.best_sha256 is not None).promote
-            state = await pipe.update(lambda s: ps.evaluated(s, evaluation))
+            state = await pipe.update(lambda s: ps.evaluated(s, evaluation.record))
             await ctx.router.publish(EventType.EVALUATION_COMPLETED, {
-                "generation": state.generation, "candidate_sha256": state.candidate_sha256, "passed": passed,
-                "results": {r["kind"]: {k: r[k] for k in ("wins", "draws", "losses", "score")}
-                            for r in evaluation["results"]}})
+                "generation": state.generation, "candidate_sha256": state.candidate_sha256,
+                "passed": evaluation.passed, "results": evaluation.results})
         ctx.mark_healthy()
         if await wait_for_wake(ctx, wake, ctx.settings["poll_s"]):
             return
@@ -209,16 +172,15 @@ async def promote_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
     while True:
         state = pipe.state
         if state.stage is Stage.EVALUATED:
-            gates = generation_gates(pipe, state.generation)
             # A restart after the registry recorded the promotion finds the candidate already
             # distributed as the best: it is not a previous best to beat (else the SPRT gate,
             # never played for generation 1, would now reject what was promoted: decided twice).
             has_best = state.best_sha256 is not None and state.best_sha256 != state.candidate_sha256
-            decision = decide_from_evaluation(state.evaluation, gates, has_best=has_best)
+            decision = pipe.steps.decide(pipe, state, has_best)
             generation, sha, path = state.generation, state.candidate_sha256, state.candidate_path
             if pipe.cluster is not None:
                 if decision.promote:  # installed first, so peers can fetch it once it is committed
-                    await asyncio.to_thread(install_model, path, pipe.paths.models_dir, sha)
+                    await asyncio.to_thread(pipe.steps.install, pipe, path, sha)
                 committed, why = await pipe.cluster.propose(cluster_record(pipe, state, decision))
                 if not committed:
                     ctx.log.warning("decision_not_committed", generation=generation, why=why)
@@ -245,7 +207,7 @@ def cluster_record(pipe: PipelineContext, state: ps.PipelineState, decision) -> 
     return GenerationRecord(
         generation=state.generation, sha256=state.candidate_sha256, promoted=decision.promote,
         games_mark=claim.games_mark if claim is not None else 0, trained_by=pipe.node_id,
-        reason=decision.summary()[:500],
+        reason=decision.summary()[:500], heldout=pipe.steps.heldout(state.evaluation),
     )
 
 
@@ -267,12 +229,13 @@ async def distribution_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None
     while True:
         try:
             target = await _target_best(pipe)
-        except ModelFetchError as exc:
+        except FetchError as exc:
             ctx.log.warning("model_fetch_failed", error=str(exc))
             target = None
         if target is not None:
             sha, path, generation = target
             await pipe.update(lambda s: ps.switched_best(s, sha, str(path), generation))
+            await pipe.steps.switched(pipe, sha, path, generation)
             ctx.metrics.generation.set(generation)
             await ctx.router.publish(EventType.MODEL_DISTRIBUTED, {
                 "generation": generation, "sha256": sha, "node_id": pipe.node_id, "path": str(path)})
@@ -284,26 +247,26 @@ async def distribution_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None
 
 async def _target_best(pipe: PipelineContext) -> tuple[str, Path, int] | None:
     """(sha256, installed path, generation) of the model self-play should use, or None."""
-    switched = lambda sha: pipe.state.best_path == str(model_file(pipe.paths.models_dir, sha))  # noqa: E731
+    switched = lambda sha: pipe.state.best_path == str(pipe.steps.installed_path(pipe, sha))  # noqa: E731
     if pipe.cluster is None:
         best = await asyncio.to_thread(_current_best, pipe)
         if best is None or switched(best[0]):
             return None
         sha, src, generation = best
-        return sha, await asyncio.to_thread(install_model, src, pipe.paths.models_dir, sha), generation
+        return sha, await asyncio.to_thread(pipe.steps.install, pipe, src, sha), generation
     record = pipe.cluster.target_best()
     # an older target only after a quorum-decided rollback of what this node plays (rollback.py)
     rolled_back = pipe.state.best_generation in pipe.cluster.rollbacks.records
     if record is None or (record.generation < pipe.state.best_generation and not rolled_back) \
             or switched(record.sha256):
         return None
-    if not is_installed(pipe.paths.models_dir, record.sha256):
-        await fetch_from_mesh(pipe.cluster.node, record.sha256, pipe.paths.models_dir)
-    path = model_file(pipe.paths.models_dir, record.sha256)
+    if not await asyncio.to_thread(pipe.steps.is_installed, pipe, record.sha256):
+        await pipe.steps.fetch(pipe, record.sha256)
+    path = pipe.steps.installed_path(pipe, record.sha256)
     if rolled_back:  # back to an earlier model: the registry follows as a rollback, not a promotion
         await asyncio.to_thread(_registry_rollback, pipe, record.sha256, pipe.state.best_generation)
     else:
-        await asyncio.to_thread(_register_promoted, pipe, path, record.reason)
+        await asyncio.to_thread(_register_promoted, pipe, path, record.generation, record.reason)
     return record.sha256, path, record.generation
 
 
@@ -313,10 +276,10 @@ def _current_best(pipe: PipelineContext) -> tuple[str, str, int] | None:
         return None if best is None else (best.sha256, best.path, best.generation)
 
 
-def _register_promoted(pipe: PipelineContext, path: Path, reason: str) -> None:
+def _register_promoted(pipe: PipelineContext, path: Path, generation: int, reason: str) -> None:
     """Record a model the cluster promoted in this node's registry, so /progress agrees."""
     with ModelRegistry(pipe.paths.registry_db) as registry:
-        entry = register_candidate(registry, path)
+        entry = registry.require(pipe.steps.register_installed(registry, path, generation))
         if entry.status is ModelStatus.CANDIDATE:
             promote_model(registry, entry.sha256, f"committed by the cluster: {reason}"[:500])
 
@@ -332,10 +295,6 @@ def _registry_rollback(pipe: PipelineContext, sha256: str, generation: int) -> N
             rollback_model(registry, sha256, f"cluster rolled back generation {generation}")
         except (PromotionError, RegistryError) as exc:
             get_logger(__name__).warning("registry_rollback_failed", sha256=sha256[:12], error=str(exc))
-
-
-def generation_gates(pipe: PipelineContext, generation: int) -> Gates:
-    return Gates.from_config(pipe.settings.promotion, generation)
 
 
 def pipeline_runners(pipe: PipelineContext) -> dict[str, RunnerEntry]:

@@ -30,7 +30,6 @@ from app.coordination.p2p.work_rules import TRAINING_JOIN_KIND
 from app.coordination.p2p.worker import Claim, WorkClient
 from app.coordination.daemons.events import EventType
 from app.coordination.pipeline.context import PipelineContext, wait_for_wake, wake_on
-from app.coordination.sync import fetch_from_mesh
 from app.coordination.sync.dataset_fetch import fetch_dataset
 from app.coordination.pipeline.training_job import SpanArgs, launcher_command, launcher_log_tail, run_launcher
 from app.coordination.pipeline.state import Stage
@@ -93,7 +92,7 @@ async def join_run(pipe: PipelineContext, ctx: DaemonContext, payload: dict[str,
     dataset_dir = await fetch_dataset(node.client, str(payload["dataset_sha256"]), [addr], pipe.paths.datasets_dir)
     parent = payload.get("parent_sha256")
     # fetch_model returns at once when the model is installed and verified
-    parent_path = await fetch_from_mesh(node, parent, pipe.paths.models_dir) if parent else None
+    parent_path = await pipe.steps.fetch(pipe, parent) if parent else None
     run_dir = join_run_dir(pipe, generation)
     span = SpanArgs(int(payload["nnodes"]), rank, str(payload["master_addr"]), int(payload["master_port"]),
                     float(pipe.settings.train.join_timeout_s))

@@ -30,7 +30,6 @@ from app.coordination.daemons.registry import DaemonContext
 from app.coordination.pipeline.context import PipelineContext
 from app.training.launcher import JOIN_TIMEOUT_EXIT, free_port
 from app.coordination.pipeline.state import PipelineState
-from app.training.train import CANDIDATE_NAME, RESULT_NAME
 
 _PR_SET_PDEATHSIG = 1
 _STOP_GRACE_S = 20.0
@@ -70,7 +69,7 @@ def launcher_command(pipe: PipelineContext, *, run_dir: Path, dataset_dir: str |
     if span is not None:
         cmd += ["--nnodes", str(span.nnodes), "--node-rank", str(span.node_rank), "--master-addr", span.master_addr,
                 "--master-port", str(span.master_port), "--join-timeout-s", str(span.join_timeout_s)]
-    cmd += ["--module", "app.training.train", "--", "--dataset", str(dataset_dir), "--run-dir", str(run_dir),
+    cmd += ["--module", pipe.steps.train_module, "--", "--dataset", str(dataset_dir), "--run-dir", str(run_dir),
             "--resume", "auto", "--generation", str(generation)]
     if pipe.config_path is not None:
         cmd += ["--config", str(pipe.config_path)]
@@ -123,14 +122,13 @@ async def _train(pipe: PipelineContext, state: PipelineState, ctx: DaemonContext
     run_dir = Path(state.run_dir)
     cmd = training_command(pipe, state, int(pipe.settings.train.nproc), span)
     code = await run_launcher(cmd, run_dir, ctx)
-    candidate = run_dir / CANDIDATE_NAME
+    candidate = run_dir / pipe.steps.candidate_name
     if code != 0 or not candidate.exists():
         return TrainingOutcome(str(candidate), error=f"launcher exit code {code}: {launcher_log_tail(run_dir)}"), code
     final_loss = None
-    result_file = run_dir / RESULT_NAME
+    result_file = run_dir / pipe.steps.result_name
     if result_file.exists():
-        result = json.loads(result_file.read_text())
-        final_loss = result.get("best_holdout_loss")
+        final_loss = pipe.steps.final_loss(json.loads(result_file.read_text()))
     return TrainingOutcome(str(candidate), final_loss=final_loss), code
 
 

@@ -156,3 +156,22 @@ def rl_loop(backend: TrainingBackend, engine: Engine, task: Task, tokenizer, pro
         if on_step:
             on_step(step, stats)
     return history
+
+
+def groups_step(backend: TrainingBackend, pad_id: int, groups: Sequence[Group], loss_fn, *, micro_batches: int = 1,
+                scale_by_std: bool = True, eps: float = 1e-6) -> dict[str, Any]:
+    """One GRPO update on groups generated earlier (an exported dataset): every rank passes the
+    same global batch and trains on its share of the rows, so the step is the same at any world
+    size. `loss_fn` compares with each sample's stored `rollout_logprobs` (off-policy ratio)."""
+    samples = [s for g in groups for s in g.samples]
+    advs = [a for g in groups for a in group_advantages(g.rewards, scale_by_std, eps)]
+    rows = sequences_from_samples(samples, advs)
+    tokens = float(sum(r.trained_tokens for r in rows))
+    most = rank_share(len(rows), 0, backend.world_size)[1]
+    micro = max(1, -(-most // max(1, micro_batches)))
+    stats = train_on(backend, take_share(rows, backend.rank, backend.world_size), pad_id, micro, loss_fn,
+                     max(tokens, 1.0), most, with_rl=True)
+    seen = max(stats.get("tokens", 0.0), 1.0)
+    return {**stats, "groups": len(groups), "trained_tokens": tokens,
+            "mean_reward": sum(s.reward for s in samples) / max(len(samples), 1),
+            "mean_ratio": stats.get("ratio_sum", 0.0) / seen, "clip_fraction": stats.get("clipped_tokens", 0.0) / seen}

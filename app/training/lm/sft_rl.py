@@ -52,7 +52,7 @@ def set_lr(backend: TrainingBackend, lr: float) -> None:
         group["lr"] = lr
 
 
-def _hook(backend: TrainingBackend, root: Path, run_dir: Path, phase: str, last: int, every: int,
+def checkpoint_hook(backend: TrainingBackend, root: Path, run_dir: Path, phase: str, last: int, every: int,
           buffer: DataBuffer, extra: Callable[[int, dict], None] | None) -> Callable[[int, dict], None]:
     def on_step(step: int, stats: dict[str, Any]) -> None:
         if backend.rank == 0:
@@ -74,15 +74,15 @@ def run(backend: TrainingBackend, engine: Engine, task: Task, tokenizer, run_dir
     report: dict[str, Any] = {}
     if mode in ("sft", "sft+rl"):
         buffer = DataBuffer(sft_rows(task, tokenizer, prompts), cfg.seed)
-        start = _resume(backend, run_dir / "sft", buffer)
+        start = resume_phase(backend, run_dir / "sft", buffer)
         set_lr(backend, cfg.sft_lr)
         sft_loop(backend, tokenizer, buffer, cfg.sft, start_step=start,
-                 on_step=_hook(backend, run_dir / "sft", run_dir, "sft", cfg.sft.steps, cfg.checkpoint_every,
+                 on_step=checkpoint_hook(backend, run_dir / "sft", run_dir, "sft", cfg.sft.steps, cfg.checkpoint_every,
                                buffer, on_step))
         report["sft"] = {"from": start, "to": cfg.sft.steps}
     if mode in ("rl", "sft+rl"):
         buffer = DataBuffer(prompts, cfg.seed + 1)
-        start = _resume(backend, run_dir / "rl", buffer)
+        start = resume_phase(backend, run_dir / "rl", buffer)
         if start == 0 and mode == "sft+rl":
             found = newest_complete(run_dir / "sft")
             if found is None:
@@ -92,13 +92,13 @@ def run(backend: TrainingBackend, engine: Engine, task: Task, tokenizer, run_dir
         set_lr(backend, cfg.rl_lr)
         engine.load_weights(backend.get_weights(), start)
         rl_loop(backend, engine, task, tokenizer, buffer, cfg.rl, start_step=start,
-                on_step=_hook(backend, run_dir / "rl", run_dir, "rl", cfg.rl.steps, cfg.checkpoint_every,
+                on_step=checkpoint_hook(backend, run_dir / "rl", run_dir, "rl", cfg.rl.steps, cfg.checkpoint_every,
                               buffer, on_step))
         report["rl"] = {"from": start, "to": cfg.rl.steps}
     return report
 
 
-def _resume(backend: TrainingBackend, root: Path, buffer: DataBuffer) -> int:
+def resume_phase(backend: TrainingBackend, root: Path, buffer: DataBuffer) -> int:
     """The step to continue after (0: none), with the model, optimizer and buffer restored."""
     found = newest_complete(root)
     if found is None:

@@ -1,0 +1,187 @@
+"""The LM workload's training entry point under real torchrun (app.training.launcher): generation 1
+(SFT on demonstrations, then GRPO on random-init rollouts) at one rank, generation 2 from its
+candidate on that candidate's own rollouts at two FSDP2 ranks on gloo, a finished run left
+alone, and a corrupt dataset refused by its path.
+
+Generation 2's rollouts come from the very weights it starts from, so its first GRPO step is
+on-policy: the importance ratio against the stored log-probs must be 1 and nothing clipped.
+That pins the off-policy bookkeeping (shift, masks, temperature) end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from app.config import load_settings
+from app.db.rollout_store import RolloutStore
+from app.lm.engine import InProcessEngine
+from app.lm.model import load_model
+from app.training.lm_eval import greedy_scores
+from app.training.lm_export import export_rollouts
+from app.training.lm_model_dir import verify_model_dir
+from app.training.lm_selfplay import rollout_batch
+from app.training.lm_setup import (
+    build_task,
+    build_tokenizer,
+    greedy_settings,
+    heldout_prompts,
+    initial_model,
+    rollout_settings,
+    train_prompts,
+)
+from app.training.lm_train import CANDIDATE_NAME, RESULT_NAME
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # real torchrun runs
+torch.set_num_threads(1)
+RL_STEPS = 4
+
+
+def make_config(tmp: Path) -> Path:
+    data = yaml.safe_load((ROOT / "configs" / "lm_copy.yaml").read_text())
+    lm = data["lm"]
+    lm["task"].update(train_prompts=128, heldout_prompts=32)
+    lm["rollout"].update(n=4)
+    lm["grpo"].update(steps=RL_STEPS, groups_per_step=4, micro_batches=2)
+    path = tmp / "lm.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def make_dataset(config: Path, model, out: Path, seed: int) -> Path:
+    """16 groups of 4 completions sampled by `model`, stored and exported as the pipeline does."""
+    lm = load_settings(config).lm
+    tok, task = build_tokenizer(lm.tokenizer), build_task(lm.task)
+    engine = InProcessEngine(model, tok)
+    with RolloutStore(out.parent / f"{out.name}.db") as store:
+        rollout_batch(engine, task, tok, train_prompts(task, lm.task)[:16], rollout_settings(lm.rollout), store,
+                      node_id="n1", model_id=f"m{seed}", seed=seed)
+        return export_rollouts(store, out, window_groups=64).path
+
+
+def train(config: Path, dataset: Path, run_dir: Path, generation: int, nproc: int,
+          parent: Path | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "app.training.launcher", "--nproc", str(nproc), "--log-dir", str(run_dir / "logs"),
+           "--status-every", "0", "--timeout-s", "200", "--module", "app.training.lm_train", "--",
+           "--dataset", str(dataset), "--run-dir", str(run_dir), "--resume", "auto",
+           "--generation", str(generation), "--config", str(config)]
+    if parent is not None:
+        cmd += ["--parent", str(parent)]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+
+
+def heldout_exact(config: Path, model) -> float:
+    lm = load_settings(config).lm
+    tok, task = build_tokenizer(lm.tokenizer), build_task(lm.task)
+    scores = greedy_scores(InProcessEngine(model, tok), task, tok, heldout_prompts(task, lm.task), greedy_settings(lm))
+    return sum(scores.exact) / len(scores.exact)
+
+
+def rl_lines(run_dir: Path) -> list[dict]:
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [m for m in lines if m["phase"] == "rl"]
+
+
+@pytest.fixture(scope="module")
+def gen1(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """(config, dataset, run dir) of generation 1, trained at one rank."""
+    tmp = tmp_path_factory.mktemp("lm-train")
+    config = make_config(tmp)
+    lm = load_settings(config).lm
+    dataset = make_dataset(config, initial_model(lm.model, build_tokenizer(lm.tokenizer)), tmp / "data1", seed=1)
+    run_dir = tmp / "gen1"
+    proc = train(config, dataset, run_dir, 1, nproc=1)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return config, dataset, run_dir
+
+
+def test_generation_one_sft_then_grpo_writes_a_verified_candidate_that_copies(gen1):
+    config, _, run_dir = gen1
+    result = json.loads((run_dir / RESULT_NAME).read_text())
+    candidate = run_dir / CANDIDATE_NAME
+    assert verify_model_dir(candidate, result["candidate_sha256"]) is None
+    assert result["generation"] == 1 and result["parent_sha256"] is None
+    assert result["sft_steps"] == load_settings(config).lm.grpo.sft.steps and result["rl_steps"] == RL_STEPS
+    assert len(result["dataset_sha256"]) == 64 and result["final"]["step"] == RL_STEPS
+    assert 0.0 <= result["mean_reward"] <= 1.0
+    assert not list(run_dir.glob(".staging-*"))
+    lm = load_settings(config).lm
+    before = heldout_exact(config, initial_model(lm.model, build_tokenizer(lm.tokenizer)))
+    after = heldout_exact(config, load_model(candidate))
+    assert before < 0.15 and after >= 0.5, (before, after)
+
+
+def test_generation_two_on_two_fsdp_ranks_from_the_candidate_then_a_rerun_is_a_no_op(gen1, tmp_path: Path):
+    config, _, run1 = gen1
+    parent = run1 / CANDIDATE_NAME
+    parent_sha = json.loads((run1 / RESULT_NAME).read_text())["candidate_sha256"]
+    dataset = make_dataset(config, load_model(parent), tmp_path / "data2", seed=2)
+    run_dir = tmp_path / "gen2"
+    proc = train(config, dataset, run_dir, 2, nproc=2, parent=parent)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((run_dir / RESULT_NAME).read_text())
+    assert verify_model_dir(run_dir / CANDIDATE_NAME, result["candidate_sha256"]) is None
+    assert result["parent_sha256"] == parent_sha and result["world_size"] == 2
+    assert result["sft_steps"] == 0 and not (run_dir / "sft").exists()
+    first = rl_lines(run_dir)[0]
+    assert first["step"] == 1 and abs(first["mean_ratio"] - 1.0) < 1e-3 and first["clip_fraction"] == 0.0, first
+
+    again = train(config, dataset, run_dir, 2, nproc=1, parent=parent)
+    assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout[-2000:]
+    assert json.loads((run_dir / RESULT_NAME).read_text()) == result
+    assert len(rl_lines(run_dir)) == RL_STEPS
+
+
+def test_a_corrupt_dataset_is_refused_by_its_path(gen1, tmp_path: Path):
+    config, dataset, _ = gen1
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in dataset.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    groups = bad / "groups.jsonl"
+    raw = bytearray(groups.read_bytes())
+    raw[10] ^= 0x01
+    groups.write_bytes(bytes(raw))
+    proc = train(config, bad, tmp_path / "run", 1, nproc=1)
+    assert proc.returncode != 0
+    assert str(groups) in proc.stdout + proc.stderr
+    assert not (tmp_path / "run" / CANDIDATE_NAME).exists()
+
+
+def test_a_run_killed_mid_sft_resumes_from_its_newest_complete_checkpoint_to_the_same_candidate(gen1, tmp_path: Path):
+    """The state a kill during SFT leaves: checkpoints up to step 40, a torn staging copy and a
+    step directory without its marker (newer, so only the marker rule keeps it out), no candidate."""
+    config, dataset, run1 = gen1
+    run_dir = tmp_path / "gen1-killed"
+    shutil.copytree(run1, run_dir)
+    for gone in ("candidate", "result.json", "rl", "sft/step_00000050", "sft/step_00000060"):
+        shutil.rmtree(run_dir / gone) if (run_dir / gone).is_dir() else (run_dir / gone).unlink()
+    shutil.copytree(run_dir / "sft" / "step_00000040", run_dir / "sft" / "step_00000070")
+    (run_dir / "sft" / "step_00000070" / "COMPLETE").unlink()
+    shutil.copytree(run_dir / "sft" / "step_00000040", run_dir / "sft" / ".staging-step_00000050")
+    logged = len((run_dir / "metrics.jsonl").read_text().splitlines())
+    proc = train(config, dataset, run_dir, 1, nproc=1)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "SFT steps 41..60" in proc.stdout
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    original = {(m["phase"], m["step"]): m["loss"] for m in lines[:logged]}
+    resumed = lines[logged:]
+    assert [(m["phase"], m["step"]) for m in resumed] == [("sft", s) for s in range(41, 61)] + [
+        ("rl", s) for s in range(1, RL_STEPS + 1)]
+    for m in resumed:  # the same trajectory as the unbroken run
+        assert m["loss"] == pytest.approx(original[(m["phase"], m["step"])], rel=1e-5, abs=1e-7), m
+    result = json.loads((run_dir / RESULT_NAME).read_text())
+    assert verify_model_dir(run_dir / CANDIDATE_NAME, result["candidate_sha256"]) is None
+    unbroken = json.loads((run1 / RESULT_NAME).read_text())
+    assert result["candidate_sha256"] == unbroken["candidate_sha256"]  # bit-identical weights on CPU
+    assert result["final"] == unbroken["final"] and result["mean_reward"] == unbroken["mean_reward"]

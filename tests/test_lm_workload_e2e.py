@@ -1,0 +1,198 @@
+"""The language-model workload on the same orchestrator and mesh as Connect Four (issue 14):
+real nodes, real torchrun training, real rollout stores.
+
+- One node: kill -9 while it writes rollouts (nothing half-written, nothing twice), then it
+  learns: generation 1 (SFT on the task's demonstrations) lifts held-out exact match from the
+  random init's ~0 to >= 0.6, a GRPO generation is trained from it and decided, /progress shows
+  held-out reward by generation with its interval and /status the engine's weight version.
+- Three nodes with a leader kill: generations keep being decided, one model per generation,
+  every node ends on the same weights and the same engine weight version, and rollouts are
+  replicated between the nodes as games are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from app.db.registry import ModelRegistry
+from app.db.rollout_store import RolloutStore
+from app.training.lm_model_dir import verify_model_dir
+from tests.orchestrator_helpers import (
+    BUSY_CPU_TIMING, ROOT, NodeFiles, get_json, kill_group, leader_of, start_node, start_voter, stop_nodes, tail,
+    wait_until, write_node_files,
+)
+
+pytestmark = pytest.mark.slow
+
+
+def lm_config(**overrides) -> dict:
+    """configs/lm_copy.yaml, smaller: generation 1 is 40 SFT steps (greedy exact ~0.97), later
+    generations 10 GRPO steps on 64 fresh groups; 32 held-out prompts."""
+    cfg = yaml.safe_load((ROOT / "configs" / "lm_copy.yaml").read_text())
+    lm = cfg["lm"]
+    lm["task"]["heldout_prompts"] = 32
+    lm["grpo"]["steps"] = 10
+    lm["grpo"]["sft"]["steps"] = 40
+    lm["export"] = {"min_new_groups": 32, "window_groups": 64}
+    return {**cfg, **overrides}
+
+
+LM_DAEMONS = {
+    "restart": {"base_s": 0.5, "cap_s": 5},
+    "daemons": {
+        "dlq_retry": {},
+        "selfplay": {"critical": True, "stop_timeout_s": 15},
+        "export": {"critical": True, "settings": {"poll_s": 0.5, "sync_budget_s": 20}},
+        "train": {"depends_on": ["export"], "critical": True, "stop_timeout_s": 15, "settings": {"poll_s": 0.5}},
+        "gauntlet": {"depends_on": ["train"], "critical": True, "settings": {"poll_s": 0.5}},
+        "promote": {"depends_on": ["gauntlet"], "critical": True, "settings": {"poll_s": 0.5}},
+        "distribution": {"critical": True, "settings": {"poll_s": 0.5}},
+        "replication": {"settings": {"interval_s": 0.5}},
+    },
+}
+
+
+def _rollouts(files: NodeFiles) -> int:
+    path = files.data_dir / "rollouts.db"
+    if not path.exists():
+        return 0
+    with RolloutStore(path, create=False) as store:
+        return store.count()
+
+
+def _check_rollouts(files: NodeFiles, node_id: str) -> int:
+    """Whole groups only, each stored once; returns how many."""
+    with RolloutStore(files.data_dir / "rollouts.db", create=False) as store:
+        assert store.integrity_problems() == []
+        uids = store.uids()
+        assert len(uids) == len(set(uids)) == store.count() == store.count(node_id)
+        return len(uids)
+
+
+def _decided(files: NodeFiles) -> int:
+    path = files.data_dir / "registry.db"
+    if not path.exists():
+        return 0
+    with ModelRegistry(path, create=False) as registry:
+        return sum(m.status.value in ("promoted", "rejected") or m.promoted_at is not None
+                   for m in registry.models() if m.generation > 0)
+
+
+@pytest.mark.timeout(1200)  # generous bounds (deadlines on state): two busy cores
+def test_lm_node_survives_kill9_while_writing_rollouts_then_learns(tmp_path) -> None:
+    files = write_node_files(tmp_path / "lm", "lm", lm_config(), LM_DAEMONS)
+    proc = start_node(files)
+    try:
+        wait_until(lambda: _rollouts(files) >= 40, 300, what="rollouts being written")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        before = _check_rollouts(files, "lm")
+
+        proc = start_node(files)  # the same data dir: it carries on
+        wait_until(lambda: _rollouts(files) >= before + 32, 300, what="rollouts after the restart")
+        wait_until(lambda: _decided(files) >= 2, 900, interval=1.0, what="two decided generations")
+
+        progress = get_json(files.mesh_port, "/progress")
+        assert progress is not None
+        heldout = {row["generation"]: row for row in progress["heldout"]}
+        assert heldout[0]["exact_match"] < 0.15, heldout  # the random init
+        for row in heldout.values():
+            low, high = row["interval"]
+            assert 0.0 <= low <= row["reward"] <= high <= 1.0, row
+        state = files.state()
+        best = state["best_generation"]
+        assert best >= 1 and heldout[best]["exact_match"] >= 0.6, heldout
+        assert state["best_path"] == str(files.data_dir / "lm_models" / state["best_sha256"])
+        assert verify_model_dir(state["best_path"], state["best_sha256"]) is None
+
+        status = wait_until(lambda: (s := get_json(files.mesh_port, "/status")) and s["inventory"].get("lm_engines")
+                            and s, 30, what="/status with the engines")
+        assert status["inventory"]["lm_engines"]["local"]["weight_version"] == best
+        assert status["inventory"]["lm_engines"]["local"]["sha256"] == state["best_sha256"]
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=90) == 0, tail(files)
+    except AssertionError:
+        print(tail(files, 6000))
+        raise
+    finally:
+        kill_group(proc)
+    assert _check_rollouts(files, "lm") > before
+    # generation 2 and later train GRPO from the best: its run names the parent
+    runs = sorted((files.data_dir / "runs").glob("gen_*/result.json"))
+    results = [json.loads(p.read_text()) for p in runs]
+    assert any(r["generation"] >= 2 and r["parent_sha256"] and r["rl_steps"] > 0 for r in results), results
+
+
+IDS = ["m0", "m1", "m2"]
+
+
+def _records(files: NodeFiles) -> list[dict]:
+    progress = get_json(files.mesh_port, "/progress")
+    return progress["generations"] if progress else []
+
+
+@pytest.mark.timeout(1800)
+def test_three_lm_nodes_decide_through_a_leader_kill(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("MESH_SECRET", secrets.token_hex(16))
+    cfg = lm_config(mesh={"timing": BUSY_CPU_TIMING})
+    nodes = [write_node_files(tmp_path / nid, nid, cfg, LM_DAEMONS) for nid in IDS]
+    procs = {nid: start_voter(nodes, IDS, i) for i, nid in enumerate(IDS)}
+    try:
+        leader = wait_until(lambda: leader_of(nodes), 120, what="a leader")
+        wait_until(lambda: any(f.state().get("stage", "collecting") != "collecting" for f in nodes), 600,
+                   what="a generation in progress")
+        killed = IDS.index(leader)
+        os.killpg(procs[leader].pid, signal.SIGKILL)
+        procs[leader].wait(timeout=10)
+        survivors = [f for i, f in enumerate(nodes) if i != killed]
+        assert wait_until(lambda: leader_of(survivors), 120, what="a new leader") != leader
+        wait_until(lambda: any(r["promoted"] for r in _records(survivors[0])), 900, interval=1.0,
+                   what="a promoted generation")
+        procs[leader] = start_voter(nodes, IDS, killed)  # back: it must catch up
+
+        def settled() -> bool:
+            records = [_records(f) for f in nodes]
+            newest = max((r["generation"], r["sha256"]) for rs in records for r in rs if r["promoted"])
+            engines = [(get_json(f.mesh_port, "/status") or {}).get("inventory", {}).get("lm_engines", {}) for f in nodes]
+            return ({f.state().get("best_sha256") for f in nodes} == {newest[1]}
+                    and all(e.get("local", {}).get("weight_version") == newest[0] for e in engines))
+
+        wait_until(settled, 300, interval=1.0, what="every node on the newest promoted model and weight version")
+    except AssertionError:
+        for files in nodes:
+            print(f"--- {files.root.name}\n{tail(files, 3000)}")
+        raise
+    finally:
+        stop_nodes(procs.values(), timeout=35)
+
+    by_generation: dict[int, set[str]] = {}
+    for files in nodes:
+        for rec in json.loads((files.data_dir / "generations.json").read_text()):
+            by_generation.setdefault(rec["generation"], set()).add(rec["sha256"])
+            if rec["promoted"]:
+                assert rec["heldout"]["exact_match"] >= 0.0 and "low" in rec["heldout"], rec
+    assert by_generation and all(len(shas) == 1 for shas in by_generation.values()), by_generation
+    bests = {f.state()["best_sha256"] for f in nodes}
+    assert len(bests) == 1
+    sha = bests.pop()
+    union: set[str] = set()
+    created = replicated = 0
+    for files in nodes:  # the same verified directory on every node
+        assert verify_model_dir(files.data_dir / "lm_models" / sha, sha) is None
+        with RolloutStore(files.data_dir / "rollouts.db", create=False) as store:
+            assert store.integrity_problems() == []
+            uids = store.uids()
+            assert len(uids) == len(set(uids))
+            created += store.count(files.root.name)
+            replicated += len(uids) - store.count(files.root.name)
+            union |= set(uids)
+    assert len(union) == created  # no group lost or stored under two uids
+    assert replicated > 0  # rollouts travel between nodes as games do
