@@ -20,8 +20,9 @@ run: $(STAMP)
 	$(PY) -m app.p2p_orchestrator
 
 test: $(STAMP)
-	# two workers, one test file each at a time: the e2e tests mostly wait on processes
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	# two workers, one test file each at a time, in collection order (the long end-to-end files
+	# first: tests/conftest.py), not xdist's default of the files with the most tests first
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 clean:
 	rm -rf $(VENV) data .pytest_cache

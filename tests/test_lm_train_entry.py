@@ -52,6 +52,7 @@ def make_config(tmp: Path) -> Path:
     lm["task"].update(train_prompts=128, heldout_prompts=32)
     lm["rollout"].update(n=4)
     lm["grpo"].update(steps=RL_STEPS, groups_per_step=4, micro_batches=2)
+    lm["grpo"]["sft"].update(steps=60)  # the test resumes mid-SFT (step 40 of 60) and expects it to copy
     path = tmp / "lm.yaml"
     path.write_text(yaml.safe_dump(data))
     return path

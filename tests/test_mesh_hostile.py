@@ -13,9 +13,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from app.config.mesh import TimingProfile
 from app.coordination.p2p.auth import sign
 from app.coordination.p2p.node import MeshNode
 from tests.mesh_helpers import assert_one_leader_per_term, free_ports, wait_for
+from tests.orchestrator_helpers import BUSY_CPU_TIMING
 
 pytestmark = pytest.mark.timeout(120)
 SECRET = b"hostile-test-secret"
@@ -24,8 +26,10 @@ IDS = ["n0", "n1", "n2"]
 
 def make_node(root: Path, i: int, ports: list[int], clock: Callable[[], float] = time.time) -> MeshNode:
     peers = [f"{IDS[j]}@127.0.0.1:{ports[j]}" for j in range(3) if j != i]
+    # three nodes share one event loop: the busy-CPU timing keeps a loaded machine from deposing the
+    # leader mid-test (a lease lapse, then an honest election, is not what these tests look for)
     return MeshNode(node_id=IDS[i], host="127.0.0.1", port=ports[i], data_dir=root / IDS[i], peers=peers,
-                    voters=IDS, priority=i, profile="fast", secret=SECRET, wall_clock=clock)
+                    voters=IDS, priority=i, timing=TimingProfile(**BUSY_CPU_TIMING), secret=SECRET, wall_clock=clock)
 
 
 @pytest.fixture

@@ -1,0 +1,60 @@
+"""The LM workload's steps the daemons call (app/coordination/pipeline/lm_steps.py), against real
+files and loopback engine servers: the switch to a promoted model weight-syncs every HTTP
+engine and /status shows each engine's version (a failed one with its reason); the decision
+is recomputed from the stored per-prompt rewards, so a restart decides the same."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.config import Settings
+from app.coordination.pipeline.lm_steps import LMSteps
+from app.coordination.pipeline.state import PipelineState
+from app.coordination.pipeline.workloads import pipeline_context
+from tests.test_lm_http_engines import FakeServer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def lm_settings(tmp_path: Path, engines: list[dict]) -> Settings:
+    return Settings.model_validate({"workload": "lm", "node": {"data_dir": str(tmp_path / "data")},
+                                    "lm": {"engines": engines}})
+
+
+async def test_a_switch_syncs_every_http_engine_and_status_shows_each_version(tmp_path: Path) -> None:
+    good, bad = await FakeServer("ok").start(), await FakeServer("refuse").start()
+    try:
+        pipe = pipeline_context(lm_settings(tmp_path, [
+            {"name": "local", "kind": "in_process"},
+            {"name": "sg", "kind": "sglang", "url": good.url},
+            {"name": "sg2", "kind": "sglang", "url": bad.url}]))
+        assert isinstance(pipe.steps, LMSteps)
+        before = pipe.steps.node_status(pipe)["lm_engines"]
+        assert {name: e["weight_version"] for name, e in before.items()} == {"local": 0, "sg": 0, "sg2": 0}
+
+        model_dir = tmp_path / "models" / ("a" * 64)
+        await pipe.steps.switched(pipe, "a" * 64, model_dir, 3)
+    finally:
+        await good.stop()
+        await bad.stop()
+    engines = pipe.steps.node_status(pipe)["lm_engines"]
+    assert engines["local"] == {"kind": "in_process", "weight_version": 3, "sha256": "a" * 64}
+    assert engines["sg"] == {"kind": "http", "weight_version": 3, "sha256": "a" * 64}
+    assert "error" in engines["sg2"] and engines["sg2"].get("weight_version") is None
+    update = next(body for method, path, body in good.calls if path == "/update_weights_from_disk")
+    assert update["model_path"] == str(model_dir) and update["weight_version"] == "3"
+
+
+def test_the_decision_is_the_paired_gate_on_the_stored_rewards(tmp_path: Path) -> None:
+    pipe = pipeline_context(lm_settings(tmp_path, [{"name": "local", "kind": "in_process"}]))
+    better = {"rewards": {"candidate": [1.0] * 10 + [0.0] * 2, "best": [0.0] * 10 + [0.0] * 2}}
+    tied = {"rewards": {"candidate": [1.0, 0.0] * 6, "best": [0.0, 1.0] * 6}}
+    promote = pipe.steps.decide(pipe, PipelineState(generation=2, evaluation=better), has_best=True)
+    assert promote.promote and promote.summary().startswith("pass: better: 10 wins, 0 losses")
+    reject = pipe.steps.decide(pipe, PipelineState(generation=2, evaluation=tied), has_best=True)
+    assert not reject.promote and "not significant: 6 wins, 6 losses" in reject.summary()
+    # the same stored evaluation decides the same after a restart (a fresh steps object)
+    again = pipeline_context(lm_settings(tmp_path, [{"name": "local", "kind": "in_process"}]))
+    assert again.steps.decide(again, PipelineState(generation=2, evaluation=better), True) == promote
