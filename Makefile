@@ -22,7 +22,7 @@ run: $(STAMP)
 test: $(STAMP)
 	# two workers, one test file each at a time, in collection order (the long end-to-end files
 	# first: tests/conftest.py), not xdist's default of the files with the most tests first
-	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=20
 
 clean:
 	rm -rf $(VENV) data .pytest_cache

@@ -196,3 +196,39 @@ def test_three_lm_nodes_decide_through_a_leader_kill(tmp_path: Path, monkeypatch
             union |= set(uids)
     assert len(union) == created  # no group lost or stored under two uids
     assert replicated > 0  # rollouts travel between nodes as games do
+
+@pytest.mark.timeout(1200)
+def test_two_lm_nodes_span_one_generations_training(tmp_path: Path, monkeypatch) -> None:
+    """The claimant's GRPO run spans both nodes (FSDP2 over gloo, world size 2): the joiner
+    fetches the rollout dataset by its sha256 and runs node rank 1 of the same launch."""
+    monkeypatch.setenv("MESH_SECRET", secrets.token_hex(16))
+    ids = ["s0", "s1"]
+    cfg = lm_config(train={"nproc": 1, "max_nodes": 2, "span_cpu_nodes": True, "join_timeout_s": 150},
+                    mesh={"timing": {**BUSY_CPU_TIMING, "claim_ttl": 30.0}})
+    daemons = {**LM_DAEMONS, "daemons": {**LM_DAEMONS["daemons"],
+                                         "train_join": {"settings": {"poll_s": 0.5}, "stop_timeout_s": 15}}}
+    nodes = [write_node_files(tmp_path / nid, nid, cfg, daemons) for nid in ids]
+    procs = [start_node(files, "--voters", ids[0], "--peers", f"{ids[1 - i]}@127.0.0.1:{nodes[1 - i].mesh_port}",
+                        "--priority", str(i), "--profile", "fast") for i, files in enumerate(nodes)]
+
+    def spanned() -> tuple[NodeFiles, dict, dict] | None:
+        for claimant, joiner in ((nodes[0], nodes[1]), (nodes[1], nodes[0])):
+            for joined in (joiner.data_dir / "runs").glob("join_gen_*/join_result.json"):
+                generation = int(joined.parent.name.rsplit("_", 1)[1])
+                result = claimant.data_dir / "runs" / f"gen_{generation:04d}" / "result.json"
+                if result.exists():
+                    return joiner, json.loads(joined.read_text()), json.loads(result.read_text())
+        return None
+
+    try:
+        joiner, joined, result = wait_until(spanned, 900, interval=1.0, what="a generation trained by both nodes")
+    except AssertionError:
+        for files in nodes:
+            print(f"--- {files.root.name}\n{tail(files, 4000)}")
+        raise
+    finally:
+        stop_nodes(procs, timeout=35)
+    assert result["world_size"] == 2 and joined["status"] == "completed" and joined["nnodes"] == 2, (result, joined)
+    assert joined["dataset_sha256"] == result["dataset_sha256"]
+    dataset = joiner.data_dir / "datasets" / result["dataset_sha256"]
+    assert (dataset / "groups.jsonl").exists()  # the claimant's rollouts, fetched by sha256

@@ -4,7 +4,6 @@ restarted voter keeps it, and a freshly started voter grants nothing for one ele
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 
 from app.coordination.p2p.node import MeshNode
 from app.coordination.p2p.persist import TermStore
-from tests.mesh_helpers import free_ports, signed
+from tests.mesh_helpers import free_ports, signed, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 SECRET = b"vote-test-secret"
@@ -36,6 +35,18 @@ async def ask_vote(node: MeshNode, candidate: str, term: int) -> dict:
             return await r.json()
 
 
+async def past_the_lease(node, candidate: str, term: int, timeout: float = 15.0) -> dict:
+    """The first answer that is not the fresh voter's "a leader was heard from recently"
+    (a voter just started owes any leader its lease: one election timeout)."""
+    answers: list[dict] = []
+
+    async def answered() -> bool:
+        answers.append(await ask_vote(node, candidate, term))
+        return "leader was heard from recently" not in answers[-1].get("reason", "")
+    await wait_for(answered, timeout, interval=0.1)
+    return answers[-1]
+
+
 async def test_granted_vote_is_durable_and_a_fresh_voter_waits_one_election_timeout(tmp_path: Path) -> None:
     port, *peer_ports = free_ports(3)
     node = voter(tmp_path, port, peer_ports)
@@ -43,8 +54,7 @@ async def test_granted_vote_is_durable_and_a_fresh_voter_waits_one_election_time
     try:
         answer = await ask_vote(node, "v1", 5)  # at once after start: it may still owe a lease
         assert not answer["granted"] and "leader was heard from recently" in answer["reason"]
-        await asyncio.sleep(node.timing.election_timeout_min + 0.2)
-        answer = await ask_vote(node, "v1", 5)
+        answer = await past_the_lease(node, "v1", 5)
         assert answer["granted"] and answer["term"] == 5
         on_disk = TermStore(tmp_path / "mesh_term.json")  # what the answer promised is on disk
         assert (on_disk.term, on_disk.voted_for) == (5, "v1")
@@ -54,8 +64,7 @@ async def test_granted_vote_is_durable_and_a_fresh_voter_waits_one_election_time
     node = voter(tmp_path, port, peer_ports)  # restart on the same data dir
     await node.start()
     try:
-        await asyncio.sleep(node.timing.election_timeout_min + 0.2)
-        answer = await ask_vote(node, "v2", 5)
+        answer = await past_the_lease(node, "v2", 5)
         assert not answer["granted"] and "already voted for v1" in answer["reason"]
         answer = await ask_vote(node, "v2", 4)
         assert not answer["granted"] and answer["reason"] == "stale term" and answer["term"] == 5

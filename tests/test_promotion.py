@@ -111,10 +111,10 @@ counts = st.tuples(st.integers(0, 30), st.integers(0, 30), st.integers(0, 30))
     vs_random=st.none() | counts, vs_heuristic=st.none() | counts,
     vs_best=st.none() | st.tuples(counts, st.sampled_from(list(SprtDecision))),
     t_random=st.none() | st.floats(0.0, 1.0), t_heuristic=st.none() | st.floats(0.0, 1.0),
-    require_sprt=st.booleans(), has_best=st.booleans(),
+    require_sprt=st.booleans(), has_best=st.booleans(), overrides=st.booleans(),
 )
 def test_gate_promotes_exactly_when_every_configured_gate_passes(
-    vs_random, vs_heuristic, vs_best, t_random, t_heuristic, require_sprt, has_best,
+    vs_random, vs_heuristic, vs_best, t_random, t_heuristic, require_sprt, has_best, overrides,
 ) -> None:
     results = []
     if vs_random is not None:
@@ -123,7 +123,7 @@ def test_gate_promotes_exactly_when_every_configured_gate_passes(
         results.append(result("heuristic", *vs_heuristic))
     if vs_best is not None:
         results.append(result("best", *vs_best[0], decision=vs_best[1]))
-    gates = Gates(t_random, t_heuristic, require_sprt)
+    gates = Gates(t_random, t_heuristic, require_sprt, overrides)
     decision = decide_promotion(results, gates, has_best)
 
     def passes(c, threshold) -> bool:
@@ -131,10 +131,22 @@ def test_gate_promotes_exactly_when_every_configured_gate_passes(
             return True
         return c is not None and sum(c) > 0 and (c[0] + 0.5 * c[1]) / sum(c) >= threshold
 
-    expected = passes(vs_random, t_random) and passes(vs_heuristic, t_heuristic) and (
-        not has_best or not require_sprt or (vs_best is not None and vs_best[1] is SprtDecision.ACCEPT))
+    sprt_accepts = vs_best is not None and vs_best[1] is SprtDecision.ACCEPT
+    baselines = passes(vs_random, t_random) and passes(vs_heuristic, t_heuristic)
+    beat_best = has_best and require_sprt and overrides and sprt_accepts  # baselines then only report
+    expected = (baselines or beat_best) and (not has_best or not require_sprt or sprt_accepts)
     assert decision.promote is expected
     assert any(r.startswith("fail") for r in decision.reasons) is (not expected)
+    assert any(r.startswith("overridden") for r in decision.reasons) is (beat_best and not baselines)
+
+
+def test_a_candidate_that_beat_the_best_is_not_thrown_away_by_a_baseline_threshold() -> None:
+    """The guide's case: generation 2 beat the best in the SPRT, scored under 0.5 vs the heuristic."""
+    results = [result("random", 20, 0, 0), result("heuristic", 7, 2, 11), result("best", 30, 5, 10, SprtDecision.ACCEPT)]
+    decision = decide_promotion(results, Gates(), has_best=True)
+    assert decision.promote and "overridden (the SPRT accepts it vs the best): score 0.400 vs heuristic" in decision.summary()
+    strict = decide_promotion(results, Gates(sprt_overrides_baselines=False), has_best=True)
+    assert not strict.promote and "fail: score 0.400 vs heuristic < 0.50" in strict.summary()
 
 
 def test_generation_zero_is_judged_on_baselines_alone() -> None:

@@ -82,6 +82,10 @@ class PromotionConfig(StrictModel):
     min_score_vs_random: float | None = 0.95  # None disables the gate
     min_score_vs_heuristic: float | None = 0.5
     require_sprt_vs_best: bool = True  # the SPRT vs the current best must accept
+    # A candidate the SPRT accepts as stronger than the current best is promoted even if it
+    # misses a baseline threshold (the miss is reported): the gates must not throw progress away.
+    # False: every baseline threshold also blocks a candidate that beat the best.
+    sprt_overrides_baselines: bool = True
     # The first network learns from uniform-prior self-play and cannot yet be expected to hold
     # the heuristic; the heuristic gate applies from this generation on.
     heuristic_gate_from_generation: int = 2

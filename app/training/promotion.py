@@ -43,19 +43,21 @@ class Gates:
     min_score_vs_random: float | None = 0.95
     min_score_vs_heuristic: float | None = 0.5
     require_sprt_vs_best: bool = True
+    sprt_overrides_baselines: bool = True
 
     @staticmethod
     def from_config(cfg: PromotionConfig, generation: int | None = None) -> "Gates":
         """The configured gates; with `generation`, those that generation faces (the same rule
         for the daemons and the CLI)."""
-        gates = Gates(cfg.min_score_vs_random, cfg.min_score_vs_heuristic, cfg.require_sprt_vs_best)
+        gates = Gates(cfg.min_score_vs_random, cfg.min_score_vs_heuristic, cfg.require_sprt_vs_best,
+                      cfg.sprt_overrides_baselines)
         return gates if generation is None else gates.for_generation(generation, cfg.heuristic_gate_from_generation)
 
     def for_generation(self, generation: int, heuristic_from: int) -> "Gates":
         """The gates a given generation faces: no heuristic gate before `heuristic_from`."""
         if generation >= heuristic_from:
             return self
-        return Gates(self.min_score_vs_random, None, self.require_sprt_vs_best)
+        return Gates(self.min_score_vs_random, None, self.require_sprt_vs_best, self.sprt_overrides_baselines)
 
     def baselines(self) -> list[str]:
         """The baselines a gauntlet must play for these gates to be decidable."""
@@ -83,8 +85,17 @@ def _score(r: MatchResult) -> float:
 
 def decide_promotion(results: Sequence[MatchResult], gates: Gates, has_best: bool) -> Decision:
     """Promote only when every configured gate passes. Generation 0 (no current best) is
-    judged on the baselines alone. A gate without games fails: no evidence is not a pass."""
+    judged on the baselines alone. A gate without games fails: no evidence is not a pass.
+
+    With `sprt_overrides_baselines`, a candidate the SPRT accepts as stronger than the current
+    best is promoted whatever its baseline scores (a miss is reported as `overridden: ...`):
+    a fixed threshold vs the heuristic once rejected a generation that beat the best and
+    played more perfect moves (51 % vs 39 % on the solver-scored positions)."""
     by_kind = {r.kind: r for r in results}
+    best = by_kind.get("best")
+    beat_best = (has_best and gates.require_sprt_vs_best and gates.sprt_overrides_baselines
+                 and best is not None and best.sprt is not None and best.sprt.decision is SprtDecision.ACCEPT)
+    miss = "overridden (the SPRT accepts it vs the best)" if beat_best else "fail"
     reasons: list[str] = []
     ok = True
     for kind, threshold in (("random", gates.min_score_vs_random), ("heuristic", gates.min_score_vs_heuristic)):
@@ -92,13 +103,13 @@ def decide_promotion(results: Sequence[MatchResult], gates: Gates, has_best: boo
             continue
         r = by_kind.get(kind)
         if r is None or r.wins + r.draws + r.losses == 0:
-            ok = False
-            reasons.append(f"fail: no games vs {kind} (gate needs score >= {threshold:.2f})")
+            ok &= beat_best
+            reasons.append(f"{miss}: no games vs {kind} (gate needs score >= {threshold:.2f})")
             continue
         score = _score(r)
         passed = score >= threshold
-        ok &= passed
-        reasons.append(f"{'pass' if passed else 'fail'}: score {score:.3f} vs {kind} "
+        ok &= passed or beat_best
+        reasons.append(f"{'pass' if passed else miss}: score {score:.3f} vs {kind} "
                        f"{'>=' if passed else '<'} {threshold:.2f} ({r.wins}W {r.draws}D {r.losses}L)")
     if not has_best:
         reasons.append("pass: no current best (generation 0): SPRT gate not applicable")

@@ -15,6 +15,7 @@ from app.coordination.pipeline.evaluation_record import decide_from_evaluation, 
 from app.coordination.pipeline.gauntlet_spread import spread_gauntlet
 from app.coordination.pipeline.steps import BatchSummary, Evaluation
 from app.coordination.sync import fetch_from_mesh, install_model, is_installed, model_file, sync_from_peers
+from app.coordination.sync.dataset_fetch import fetch_dataset
 from app.coordination.sync.model_store import installed_models
 from app.coordination.sync.replica_store import GameStore
 from app.db.registry import ModelRegistry
@@ -114,6 +115,10 @@ class Connect4Steps:
 
     async def fetch(self, pipe: PipelineContext, sha256: str) -> Path:
         return await fetch_from_mesh(pipe.cluster.node, sha256, pipe.paths.models_dir)
+
+    async def fetch_dataset(self, pipe: PipelineContext, sha256: str, peer_addrs: list[str]) -> Path:
+        """A joiner of a spanned run: the claimant's dataset (served by the orchestrator's dataset_routes)."""
+        return await fetch_dataset(pipe.cluster.node.client, sha256, peer_addrs, pipe.paths.datasets_dir)
 
     def register_installed(self, registry: ModelRegistry, path: Path, generation: int) -> str:
         return register_candidate(registry, path).sha256  # lineage from the model's sidecar

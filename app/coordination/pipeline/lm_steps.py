@@ -32,10 +32,13 @@ import torch
 from app.coordination.pipeline import state as ps
 from app.coordination.pipeline.context import PipelineContext
 from app.coordination.pipeline.steps import BatchSummary, Evaluation
+from app.coordination.sync.dataset_fetch import fetch_manifest_dir
+from app.coordination.sync.dataset_server import dataset_routes
 from app.coordination.sync.lm_model_fetch import fetch_lm_model, lm_model_routes
 from app.coordination.sync.model_fetch import peers_with_model
 from app.coordination.sync.replica_server import replica_routes
 from app.coordination.sync.rollout_replica import STORE_NAME as ROLLOUTS, RolloutReplicaStore
+from app.coordination.sync.streaming import FetchError
 from app.atomic_files import atomic_write_json
 from app.db.registry import ModelRegistry
 from app.db.rollout_store import RolloutStore
@@ -44,7 +47,7 @@ from app.lm.model import load_model
 from app.lm.weight_sync import WeightSyncError, sync_weights
 from app.log import get_logger
 from app.training.lm_eval import evaluate_pair
-from app.training.lm_export import export_rollouts
+from app.training.lm_export import export_rollouts, read_rollout_manifest, verify_rollout_dataset
 from app.training.lm_gate import paired_gate
 from app.training.lm_model_dir import (
     ModelDirError, install_model_dir, installed_model_dir, read_model_manifest, verify_model_dir,
@@ -62,6 +65,7 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 HELDOUT_FILE = "heldout.json"  # {sha256: held-out summary} of every model this node evaluated
 INITIAL_MODEL_ID = "init"
+LM_DATASETS_ROUTE = "/lm_datasets"
 IDLE_S = 1.0
 FRESH_WAIT_S = 300.0  # how long an export waits for self-play to bring groups of the current best
 
@@ -255,6 +259,15 @@ class LMSteps:
         peers = peers_with_model(node.cluster_view(), sha256, node.addr_of)
         return await fetch_lm_model(node.client, sha256, peers, pipe.paths.lm_models_dir)
 
+    async def fetch_dataset(self, pipe: PipelineContext, sha256: str, peer_addrs: list[str]) -> Path:
+        """A joiner of a spanned run: the claimant's rollout dataset, verified file by file."""
+        path, failures = await fetch_manifest_dir(
+            pipe.cluster.node.client, sha256, peer_addrs, pipe.paths.datasets_dir, what="lm dataset",
+            route=LM_DATASETS_ROUTE, verify=lambda p, sha: verify_rollout_dataset(p, sha))
+        if path is None:
+            raise FetchError("lm dataset", sha256, failures, "no peer to ask")
+        return path
+
     def register_installed(self, registry: ModelRegistry, path: Path, generation: int) -> str:
         return registry.register(_verified_sha(path), path.resolve(), generation, None, None).sha256
 
@@ -286,9 +299,12 @@ class LMSteps:
         return {"lm_engines": dict(self.engines)}
 
     def routes(self, pipe: PipelineContext) -> list:
-        """Model directories by manifest sha256, and the rollout groups as a replicated store."""
+        """Model directories and rollout datasets by manifest sha256, and the rollout groups as a
+        replicated store."""
         return [*lm_model_routes(pipe.paths.lm_models_dir),
-                *replica_routes(ROLLOUTS, RolloutReplicaStore(pipe.paths.rollouts_db))]
+                *replica_routes(ROLLOUTS, RolloutReplicaStore(pipe.paths.rollouts_db)),
+                *dataset_routes(pipe.paths.datasets_dir, route=LM_DATASETS_ROUTE, what="lm dataset",
+                                reader=read_rollout_manifest)]  # joiners of a spanned run
 
     def replica_store(self, pipe: PipelineContext) -> tuple[str, Any]:
         """Rollouts are replicated as Connect Four's games are: a claimant's export sees its

@@ -30,7 +30,6 @@ from app.coordination.p2p.work_rules import TRAINING_JOIN_KIND
 from app.coordination.p2p.worker import Claim, WorkClient
 from app.coordination.daemons.events import EventType
 from app.coordination.pipeline.context import PipelineContext, wait_for_wake, wake_on
-from app.coordination.sync.dataset_fetch import fetch_dataset
 from app.coordination.pipeline.training_job import SpanArgs, launcher_command, launcher_log_tail, run_launcher
 from app.coordination.pipeline.state import Stage
 
@@ -89,7 +88,7 @@ async def join_run(pipe: PipelineContext, ctx: DaemonContext, payload: dict[str,
     addr = node.addr_of(claimant)
     if not addr:
         return f"no address known for the claimant {claimant}"
-    dataset_dir = await fetch_dataset(node.client, str(payload["dataset_sha256"]), [addr], pipe.paths.datasets_dir)
+    dataset_dir = await pipe.steps.fetch_dataset(pipe, str(payload["dataset_sha256"]), [addr])
     parent = payload.get("parent_sha256")
     # fetch_model returns at once when the model is installed and verified
     parent_path = await pipe.steps.fetch(pipe, parent) if parent else None
