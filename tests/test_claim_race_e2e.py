@@ -25,7 +25,6 @@ import secrets
 import signal
 import subprocess
 import threading
-import urllib.request
 
 import pytest
 from aiohttp import web
@@ -37,6 +36,7 @@ from tests.orchestrator_helpers import (
     SMALL_CONFIG,
     SMALL_DAEMONS,
     NodeFiles,
+    leader_of,
     start_node,
     stop_nodes,
     tail,
@@ -97,22 +97,6 @@ class DecisionRace:
         return None
 
 
-def get_json(port: int, path: str) -> dict | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as resp:
-            return json.loads(resp.read())
-    except OSError:
-        return None
-
-
-def leader_of(nodes: dict[str, NodeFiles]) -> str | None:
-    for nid, files in nodes.items():
-        status = get_json(files.mesh_port, "/status")
-        if status and status.get("role") == "leader":
-            return nid
-    return None
-
-
 def decided(files: NodeFiles) -> dict | None:
     path = files.data_dir / "generations.json"
     records = json.loads(path.read_text()) if path.exists() else []
@@ -137,7 +121,7 @@ def test_a_lapsed_claimant_loses_the_race_and_generation_1_is_decided_once(tmp_p
             for nid in IDS:  # n2 is the one voter, so it leads throughout
                 procs[nid] = start_node(nodes[nid], "--voters", LEADER, "--peers", proxy.peers_arg(nid),
                                         "--profile", "fast", env=env)
-            assert wait_until(lambda: leader_of(nodes), 120, what="a leader") == LEADER
+            assert wait_until(lambda: leader_of(list(nodes.values())), 120, what="a leader") == LEADER
 
             assert race.held.wait(700), "no claimant proposed a decision for generation 1"
             c1 = race.first

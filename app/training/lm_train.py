@@ -155,16 +155,14 @@ def run(args: argparse.Namespace, env: DistEnv) -> dict[str, Any] | None:
     optim = OptimConfig(lr=g.lr, weight_decay=g.weight_decay, max_grad_norm=g.max_grad_norm)
     # Ranks on several nodes: each commits checkpoints only where rank 0 runs (no shared file
     # system is assumed), so a spanned run neither resumes nor reloads between phases; it keeps
-    # its weights in memory and, if killed, trains the generation again from the start.
+    # its weights in memory and, if killed, trains the generation again from the start. It saves
+    # no checkpoints either: a part-written one would mislead a later run alone in this dir.
     spans = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size)) < env.world_size
     backend = (FSDPBackend(model, optim, sft_loss, env) if env.world_size > 1 or g.backend == "fsdp2"
                else LocalBackend(model, optim, sft_loss, env.device))
     if reference is not None:
         reference.to(env.device)
     every = max(1, args.checkpoint_every)
-    sft_last = rl_last = None  # checkpoint at each phase's last step too
-    if spans:  # no checkpoints at all: a part-written one would mislead a later run alone in this dir
-        every, sft_last, rl_last = 10**9, -1, -1
     started = time.time()
 
     def progress(phase: str):
@@ -180,8 +178,8 @@ def run(args: argparse.Namespace, env: DistEnv) -> dict[str, Any] | None:
         micro = max(1, -(-rank_share(g.sft.batch_size, 0, env.world_size)[1] // g.micro_batches))
         say(env, f"SFT steps {start + 1}..{sft_steps} on {len(rows)} demonstrations, world {env.world_size}")
         sft_loop(backend, tok, rows, SFTConfig(steps=sft_steps, batch_size=g.sft.batch_size, micro_batch_size=micro),
-                 start_step=start, on_step=checkpoint_hook(backend, run_dir / "sft", run_dir, "sft", sft_last or sft_steps, every,
-                                                           rows, progress("sft")))
+                 start_step=start, on_step=checkpoint_hook(backend, run_dir / "sft", run_dir, "sft", sft_steps, every,
+                                                           rows, progress("sft"), save=not spans))
         if not spans:  # GRPO starts from the saved SFT result, as sft_rl does (a resumed run the same)
             found = newest_complete(run_dir / "sft")
             assert found is not None and found[0] == sft_steps  # the hook checkpoints the last step
@@ -192,7 +190,8 @@ def run(args: argparse.Namespace, env: DistEnv) -> dict[str, Any] | None:
     start = 0 if spans else resume_phase(backend, run_dir / "rl", buffer)
     set_lr(backend, g.lr)
     loss_fn = grpo_loss_fn(GRPOConfig(g.clip_low, g.clip_high, g.kl_coef), lm.rollout.temperature, reference)
-    hook = checkpoint_hook(backend, run_dir / "rl", run_dir, "rl", rl_last or g.steps, every, buffer, progress("rl"))
+    hook = checkpoint_hook(backend, run_dir / "rl", run_dir, "rl", g.steps, every, buffer, progress("rl"),
+                           save=not spans)
     say(env, f"GRPO steps {start + 1}..{g.steps} on {len(groups)} groups of {args.dataset}, world {env.world_size}")
     final: dict[str, Any] = {}
     for step in range(start + 1, g.steps + 1):

@@ -39,6 +39,7 @@ from app.coordination.sync.model_fetch import peers_with_model
 from app.coordination.sync.replica_server import replica_routes
 from app.coordination.sync.rollout_replica import STORE_NAME as ROLLOUTS, RolloutReplicaStore
 from app.coordination.sync.streaming import FetchError
+from app.coordination.sync.wire import is_sha256
 from app.atomic_files import atomic_write_json
 from app.db.registry import ModelRegistry
 from app.db.rollout_store import RolloutStore
@@ -47,6 +48,7 @@ from app.lm.model import load_model
 from app.lm.weight_sync import WeightSyncError, sync_weights
 from app.log import get_logger
 from app.training.lm_eval import evaluate_pair
+from app.training.dataset import MANIFEST_NAME
 from app.training.lm_export import export_rollouts, read_rollout_manifest, verify_rollout_dataset
 from app.training.lm_gate import paired_gate
 from app.training.lm_model_dir import (
@@ -80,12 +82,23 @@ class LMSteps:
         torch.set_num_threads(1)  # the node's event loop shares the cores with training ranks
         self._lock = threading.Lock()
         self._selfplay: tuple[str, Any] | None = None  # (model id, engine) self-play generates with
+        self._kit: tuple[Any, Any, list] | None = None  # see _task_kit
         self.engines: dict[str, dict[str, Any]] = {}  # engine name -> its weight version, for /status
 
     # -- building blocks ------------------------------------------------------------------
     @staticmethod
     def _lm(pipe: PipelineContext):
         return pipe.settings.lm
+
+    def _task_kit(self, pipe: PipelineContext) -> tuple[Any, Any, list]:
+        """Self-play's (tokenizer, task, training prompt pool): built once, since a node's config
+        is fixed for its life (self-play asks for them every batch, about twice a second)."""
+        with self._lock:
+            if self._kit is None:
+                lm = self._lm(pipe)
+                task = build_task(lm.task)
+                self._kit = (build_tokenizer(lm.tokenizer), task, train_prompts(task, lm.task))
+            return self._kit
 
     def _model(self, pipe: PipelineContext, path: str | None, tokenizer):
         return load_model(path) if path else initial_model(self._lm(pipe).model, tokenizer)
@@ -104,9 +117,7 @@ class LMSteps:
     # -- self-play --------------------------------------------------------------------------
     def selfplay_batch(self, pipe: PipelineContext, cfg: dict, should_stop: Callable[[], bool]) -> BatchSummary:
         lm = self._lm(pipe)
-        tokenizer = build_tokenizer(lm.tokenizer)
-        task = build_task(lm.task)
-        pool = train_prompts(task, lm.task)
+        tokenizer, task, pool = self._task_kit(pipe)
         size = min(lm.rollout.batch_groups, len(pool))
         with self._lock:
             model_id, engine = self._selfplay_engine(pipe, tokenizer)
@@ -190,7 +201,7 @@ class LMSteps:
 
     def _evaluate(self, pipe: PipelineContext, state: ps.PipelineState) -> dict[str, Any]:
         lm = self._lm(pipe)
-        tokenizer = build_tokenizer(lm.tokenizer)
+        tokenizer = build_tokenizer(lm.tokenizer)  # its own: a fast tokenizer is not shared across threads
         task = build_task(lm.task)
         candidate = InProcessEngine(self._model(pipe, state.candidate_path, tokenizer), tokenizer,
                                     weight_version=state.generation, name="candidate")
@@ -252,7 +263,7 @@ class LMSteps:
         root = pipe.paths.lm_models_dir
         if not root.is_dir():
             return []
-        return sorted(p.name for p in root.iterdir() if len(p.name) == 64 and (p / "manifest.json").is_file())
+        return sorted(p.name for p in root.iterdir() if is_sha256(p.name) and (p / MANIFEST_NAME).is_file())
 
     async def fetch(self, pipe: PipelineContext, sha256: str) -> Path:
         node = pipe.cluster.node

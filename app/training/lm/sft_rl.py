@@ -53,12 +53,15 @@ def set_lr(backend: TrainingBackend, lr: float) -> None:
 
 
 def checkpoint_hook(backend: TrainingBackend, root: Path, run_dir: Path, phase: str, last: int, every: int,
-          buffer: DataBuffer, extra: Callable[[int, dict], None] | None) -> Callable[[int, dict], None]:
+                    buffer: DataBuffer, extra: Callable[[int, dict], None] | None,
+                    save: bool = True) -> Callable[[int, dict], None]:
+    """Per step: a metrics line (rank 0), a checkpoint every `every` steps and at `last`
+    (unless `save` is off), then the caller's `extra`."""
     def on_step(step: int, stats: dict[str, Any]) -> None:
         if backend.rank == 0:
             with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as fh:
                 fh.write(json.dumps({"phase": phase, **stats}) + "\n")
-        if step % every == 0 or step == last:
+        if save and (step % every == 0 or step == last):
             save_training_checkpoint(backend, root, step, {"phase": phase, "buffer": buffer.state_dict()})
         if extra:
             extra(step, stats)
