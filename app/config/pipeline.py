@@ -47,6 +47,9 @@ class TrainConfig(StrictModel):
     lr: float = 1e-3
     weight_decay: float = 1e-4
     epochs: int = 4
+    # Optimizer steps per generation at most (0: the epochs decide). Training continues from the
+    # best's weights, so a cap keeps each generation's cost fixed while the window grows.
+    max_steps: int = Field(0, ge=0)
     nproc: int = 0  # training processes per node; 0 = one per visible GPU, 1 without a GPU
     micro_batches: int = 0  # fixed split of each global batch (0 = one per rank); see app/training/train.py
     eval_every: int = 0  # steps between holdout evaluations (0 = once per epoch)

@@ -10,7 +10,8 @@ batch of that many leaves to the evaluator (the network, or a uniform prior when
 `model_path` is None), and sends every finished game to the caller's process. There one
 thread writes each game to the ReplayDB in its own transaction: SQLite wants one writer,
 and a kill at any moment leaves whole games only. `workers=0` plays in the calling process
-(no spawn; tests, benchmarks, tiny runs).
+(no spawn; tests, benchmarks, tiny runs). A caller that plays batch after batch (the
+self-play daemon) passes a `selfplay_pool.WorkerPool`, whose workers live between calls.
 
 It is safe to call from a thread (the daemons and the gauntlet do): it installs no signal
 handlers and keeps no global state. `should_stop()` is polled between games and search
@@ -39,6 +40,7 @@ from app.config import Settings
 from app.db.replay_db import GameRecord, MoveRecord, ReplayDB
 from app.games import get_game
 from app.log import get_logger
+from app.training.selfplay_pool import WorkerPool
 
 log = get_logger(__name__)
 
@@ -179,10 +181,14 @@ def run_selfplay(
     settings: Settings | None = None,
     progress: Callable[[int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    pool: WorkerPool | None = None,
 ) -> SelfplaySummary:
-    """Play `games` games into the ReplayDB at `db_path`; see the module docstring."""
+    """Play `games` games into the ReplayDB at `db_path`; see the module docstring. With a
+    `pool` (of `workers` processes) the workers are reused instead of spawned for this call."""
     if games < 0 or simulations < 1 or workers < 0:
         raise ValueError(f"need games >= 0, simulations >= 1, workers >= 0; got {games}, {simulations}, {workers}")
+    if pool is not None and workers and pool.size != workers:
+        raise ValueError(f"a pool of {pool.size} workers for workers={workers}")
     settings = settings or Settings()
     model_sha256 = None
     if model_path is not None:
@@ -203,12 +209,17 @@ def run_selfplay(
                 progress(tally.games)
 
         if workers == 0:
-            evaluator = _make_evaluator(model_path, model_sha256, settings)
+            evaluator = make_evaluator(model_path, model_sha256, settings)
             rng = np.random.default_rng(seeds[0])
             for record in play_games(games, evaluator, settings, simulations, rng, model_sha256,
                                      node_id, {"worker": 0}, should_stop):
                 store(record)
             stopped = tally.games < games
+        elif pool is not None:
+            stopped, errors = pool.play(shares, seeds, simulations, None if model_path is None else str(model_path),
+                                        model_sha256, node_id, settings, store, should_stop)
+            if errors:
+                raise SelfplayError("; ".join(errors))
         else:
             stopped = _run_workers(shares, seeds, simulations, model_path, model_sha256, node_id,
                                    settings, store, should_stop)
@@ -244,7 +255,8 @@ def _split(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
-def _make_evaluator(model_path, model_sha256: str | None, settings: Settings) -> Evaluator:
+def make_evaluator(model_path, model_sha256: str | None, settings: Settings) -> Evaluator:
+    """The network of `model_path` (checked against its sha256), or the uniform prior when None."""
     game = get_game(settings.node.game)
     if model_path is None:
         return UniformEvaluator(game)
@@ -316,7 +328,7 @@ def _worker_main(worker: int, n_games: int, seed_seq, simulations: int, model_pa
     torch.set_num_threads(1)
     try:
         settings = Settings.model_validate(settings_data)
-        evaluator = _make_evaluator(model_path, model_sha256, settings)
+        evaluator = make_evaluator(model_path, model_sha256, settings)
         rng = np.random.default_rng(seed_seq)
 
         def should_stop() -> bool:

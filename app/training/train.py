@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
                        ("micro-batches", int), ("eval-every", int), ("patience", int),
                        ("checkpoint-every", int), ("seed", int), ("channels", int), ("blocks", int)):
         p.add_argument(f"--{name}", type=kind, help="default: from config")
-    p.add_argument("--max-steps", type=int, default=0, help="stop after this many optimizer steps in total (0: epochs decide)")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps in total (0: epochs decide; default: from config)")
     p.add_argument("--min-delta", type=float, default=0.0, help="holdout improvement that counts for early stopping")
     p.add_argument("--log-every", type=int, default=10, help="steps between metric lines")
     p.add_argument("--keep-checkpoints", action="store_true", help="also keep checkpoint_step<N>.pt for every checkpoint")
@@ -83,11 +83,13 @@ def resolve_options(args: argparse.Namespace) -> dict[str, Any]:
         "micro_batches": pick(args.micro_batches, tc.micro_batches), "eval_every": pick(args.eval_every, tc.eval_every),
         "patience": pick(args.patience, tc.patience), "checkpoint_every": pick(args.checkpoint_every, tc.checkpoint_every),
         "seed": pick(args.seed, tc.seed), "channels": pick(args.channels, mc.channels), "blocks": pick(args.blocks, mc.blocks),
-        "max_steps": args.max_steps, "min_delta": args.min_delta, "log_every": max(1, args.log_every),
+        "max_steps": pick(args.max_steps, tc.max_steps), "min_delta": args.min_delta, "log_every": max(1, args.log_every),
     }
     for key in ("batch_size", "epochs", "channels"):
         if opts[key] <= 0:
             raise TrainInputError(f"--{key.replace('_', '-')} must be positive, got {opts[key]}")
+    if opts["max_steps"] < 0:
+        raise TrainInputError(f"--max-steps must be >= 0, got {opts['max_steps']}")
     return opts
 
 

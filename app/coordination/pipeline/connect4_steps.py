@@ -24,6 +24,7 @@ from app.training.export import WindowGrowth, export_dataset
 from app.training.gauntlet import run_gauntlet
 from app.training.promotion import Decision, Gates, register_candidate
 from app.training.selfplay import run_selfplay
+from app.training.selfplay_pool import WorkerPool
 from app.training.train import CANDIDATE_NAME, RESULT_NAME
 
 if TYPE_CHECKING:
@@ -38,12 +39,25 @@ class Connect4Steps:
     candidate_name = CANDIDATE_NAME
     result_name = RESULT_NAME
 
+    def __init__(self) -> None:
+        self._pool: WorkerPool | None = None  # self-play workers, kept from batch to batch
+
     def selfplay_batch(self, pipe: PipelineContext, cfg: dict, should_stop: Callable[[], bool]) -> BatchSummary:
+        workers = pipe.settings.selfplay.workers
+        if workers and self._pool is None:
+            self._pool = WorkerPool(workers)
         summary = run_selfplay(
             games=cfg["batch_games"], simulations=cfg["simulations"] or pipe.settings.search.simulations,
-            db_path=pipe.paths.games_db, model_path=pipe.state.best_path, workers=pipe.settings.selfplay.workers,
-            seed=random.randrange(2**31), node_id=pipe.node_id, settings=pipe.settings, should_stop=should_stop)
+            db_path=pipe.paths.games_db, model_path=pipe.state.best_path, workers=workers,
+            seed=random.randrange(2**31), node_id=pipe.node_id, settings=pipe.settings, should_stop=should_stop,
+            pool=self._pool)
         return BatchSummary(summary.games, summary.positions, summary.positions_per_second)
+
+    def close_selfplay(self, pipe: PipelineContext) -> None:
+        """The self-play daemon stopped: its worker processes exit (a restart starts new ones)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
 
     def newest_item_id(self, pipe: PipelineContext) -> int:
         with ReplayDB(pipe.paths.games_db) as db:

@@ -142,6 +142,9 @@ class LMSteps:
         window = self._lm(pipe).export.window_groups
         return len(store.uids_since_version(state.best_generation, window)) >= window
 
+    def close_selfplay(self, pipe: PipelineContext) -> None:
+        """Nothing to free: LM self-play runs in the node's own process."""
+
     def newest_item_id(self, pipe: PipelineContext) -> int:
         with RolloutStore(pipe.paths.rollouts_db) as store:
             return store.max_id()

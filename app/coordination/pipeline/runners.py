@@ -40,20 +40,23 @@ async def selfplay_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
     one before the first)."""
     cfg = ctx.settings
     ctx.mark_healthy()
-    while not ctx.stopping.is_set():
-        state = pipe.state
-        if cfg["pause_while_evaluating"] and state.stage is Stage.TRAINED:
-            await pipe.wait_for_change(1.0)  # two cores: leave them to the gauntlet
+    try:
+        while not ctx.stopping.is_set():
+            state = pipe.state
+            if cfg["pause_while_evaluating"] and state.stage is Stage.TRAINED:
+                await pipe.wait_for_change(1.0)  # two cores: leave them to the gauntlet
+                ctx.mark_healthy()
+                continue
+            summary = await asyncio.to_thread(pipe.steps.selfplay_batch, pipe, cfg, ctx.stopping.is_set)
+            total = await asyncio.to_thread(pipe.newest_game_id)
+            ctx.metrics.games_total.inc(summary.items)
+            ctx.metrics.positions_total.inc(summary.positions)
+            ctx.metrics.positions_per_second.set(summary.positions_per_second)
+            if summary.items:
+                await ctx.router.publish(EventType.NEW_GAMES_AVAILABLE, {"count": summary.items, "total": total})
             ctx.mark_healthy()
-            continue
-        summary = await asyncio.to_thread(pipe.steps.selfplay_batch, pipe, cfg, ctx.stopping.is_set)
-        total = await asyncio.to_thread(pipe.newest_game_id)
-        ctx.metrics.games_total.inc(summary.items)
-        ctx.metrics.positions_total.inc(summary.positions)
-        ctx.metrics.positions_per_second.set(summary.positions_per_second)
-        if summary.items:
-            await ctx.router.publish(EventType.NEW_GAMES_AVAILABLE, {"count": summary.items, "total": total})
-        ctx.mark_healthy()
+    finally:
+        pipe.steps.close_selfplay(pipe)  # takes no lock: returns within seconds even mid-batch
 
 
 async def export_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
