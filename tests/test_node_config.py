@@ -61,3 +61,15 @@ def test_a_node_started_with_an_unknown_key_exits_2_naming_file_and_key(tmp_path
     assert proc.returncode == 2, proc.stderr
     assert f"error: {path}: train.batch_sise: Extra inputs are not permitted" in proc.stderr, proc.stderr
     assert not data_dir.exists()  # refused before anything was written
+
+
+NODE_CONFIGS = sorted(p for p in (ROOT / "configs").glob("*.yaml") if not p.name.endswith("_daemons.yaml"))
+
+
+@pytest.mark.parametrize("path", NODE_CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_loads(path: Path) -> None:
+    """The node configs the docs point users at (the GPU profile, the benchmarks') stay valid as
+    the settings change: a renamed key fails here, not on a user's node. (Daemons files:
+    tests/test_daemon_registry.py.)"""
+    settings = load_settings(path)
+    assert settings.model_dump() != type(settings)().model_dump(), f"{path} changes no setting"

@@ -159,6 +159,15 @@ def test_generation_zero_is_judged_on_baselines_alone() -> None:
     assert "game cap" in decide_promotion(undecided, Gates(), has_best=True).summary()
 
 
+def test_without_gates_every_candidate_is_promoted_and_the_record_says_why() -> None:
+    """Continuous promotion (AlphaZero): no threshold, no SPRT; even a candidate that lost every
+    game to the best is promoted, and the decision names the configuration, never an empty reason."""
+    gates = Gates(min_score_vs_random=None, min_score_vs_heuristic=None, require_sprt_vs_best=False)
+    decision = decide_promotion([result("best", 0, 0, 20, SprtDecision.REJECT)], gates, has_best=True)
+    assert decision.promote and decision.summary() == (
+        "pass: no gate configured (every candidate is promoted; the gauntlet only measures)")
+
+
 # --- real gauntlets through the gate --------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -239,3 +239,18 @@ def test_early_stop_matches_a_simple_reference(losses, patience):
         if stop and stopped_at is None:
             stopped_at = step
     assert stopped_at is None or patience > 0
+
+
+def test_the_step_cap_comes_from_the_config_and_the_command_line_overrides_it(tmp_path: Path) -> None:
+    """`train.max_steps` fixes a generation's training cost while the window grows (the
+    pipeline passes only --config); --max-steps overrides it; a negative cap is refused."""
+    from app.training.train import TrainInputError, build_parser, resolve_options
+
+    config = tmp_path / "node.yaml"
+    config.write_text("train: {max_steps: 7}\n")
+    base = ["--dataset", "d", "--run-dir", "r", "--config", str(config)]
+    assert resolve_options(build_parser().parse_args(base))["max_steps"] == 7
+    assert resolve_options(build_parser().parse_args([*base, "--max-steps", "3"]))["max_steps"] == 3
+    assert resolve_options(build_parser().parse_args(["--dataset", "d", "--run-dir", "r"]))["max_steps"] == 0
+    with pytest.raises(TrainInputError, match="--max-steps must be >= 0, got -1"):
+        resolve_options(build_parser().parse_args([*base, "--max-steps", "-1"]))

@@ -125,6 +125,8 @@ def decide_promotion(results: Sequence[MatchResult], gates: Gates, has_best: boo
             what = "rejects" if r.sprt.decision is SprtDecision.REJECT else "undecided at the game cap"
             reasons.append(f"fail: SPRT {what} vs best after {r.sprt.games} games (LLR {r.sprt.llr:+.2f}, "
                            f"score {_score(r):.3f})")
+    if not reasons:  # no baseline threshold and no SPRT: AlphaZero's continuous promotion
+        reasons.append("pass: no gate configured (every candidate is promoted; the gauntlet only measures)")
     return Decision(ok, tuple(reasons))
 
 
