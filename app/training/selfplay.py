@@ -21,16 +21,12 @@ Workers exit on their own when the writer dies (they poll their parent's pid).
 
 from __future__ import annotations
 
-import os
-import queue
 import time
-import traceback
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-import multiprocessing as mp
 import numpy as np
 
 from app.ai.evaluators import Evaluator, NetworkEvaluator, UniformEvaluator
@@ -43,9 +39,6 @@ from app.log import get_logger
 from app.training.selfplay_pool import WorkerPool
 
 log = get_logger(__name__)
-
-_POLL_SECONDS = 0.2
-_JOIN_SECONDS = 10.0
 
 
 class SelfplayError(RuntimeError):
@@ -215,14 +208,17 @@ def run_selfplay(
                                      node_id, {"worker": 0}, should_stop):
                 store(record)
             stopped = tally.games < games
-        elif pool is not None:
-            stopped, errors = pool.play(shares, seeds, simulations, None if model_path is None else str(model_path),
-                                        model_sha256, node_id, settings, store, should_stop)
+        else:
+            own_pool = pool is None
+            pool = pool or WorkerPool(workers)
+            try:
+                stopped, errors = pool.play(shares, seeds, simulations, None if model_path is None else str(model_path),
+                                            model_sha256, node_id, settings, store, should_stop)
+            finally:
+                if own_pool:
+                    pool.close()
             if errors:
                 raise SelfplayError("; ".join(errors))
-        else:
-            stopped = _run_workers(shares, seeds, simulations, model_path, model_sha256, node_id,
-                                   settings, store, should_stop)
     finally:
         db.close()
     seconds = time.perf_counter() - start
@@ -262,88 +258,3 @@ def make_evaluator(model_path, model_sha256: str | None, settings: Settings) -> 
         return UniformEvaluator(game)
     net, _ = load_model(model_path, expect_game=game.name, expect_sha256=model_sha256)
     return NetworkEvaluator(net)
-
-
-def _run_workers(shares, seeds, simulations, model_path, model_sha256, node_id, settings,
-                 store: Callable[[GameRecord], None], should_stop) -> bool:
-    """Spawn one process per share, store what they send; True when stopped early."""
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    stop = ctx.Event()
-    procs = []
-    for i, (share, seq) in enumerate(zip(shares, seeds)):
-        if share == 0:
-            continue
-        proc = ctx.Process(
-            target=_worker_main, name=f"selfplay-{i}", daemon=True,
-            args=(i, share, seq, simulations, None if model_path is None else str(model_path),
-                  model_sha256, node_id, settings.model_dump(mode="json", exclude_unset=True), results, stop, os.getpid()),
-        )
-        proc.start()
-        procs.append(proc)
-    finished: set[int] = set()
-    errors: list[str] = []
-    stopped = False
-    try:
-        while True:
-            if not stopped and should_stop is not None and should_stop():
-                stopped = True
-                stop.set()
-            try:
-                kind, worker, payload = results.get(timeout=_POLL_SECONDS)
-            except queue.Empty:
-                if all(not p.is_alive() for p in procs):
-                    break  # every worker has exited and the pipe is drained
-                continue
-            if kind == "game":
-                store(GameRecord.from_json(payload))
-            elif kind == "done":
-                finished.add(worker)
-            elif kind == "error":
-                errors.append(f"worker {worker}: {payload}")
-                stop.set()
-    finally:
-        stop.set()
-        for proc in procs:
-            proc.join(_JOIN_SECONDS)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(_JOIN_SECONDS)
-        results.close()
-        results.cancel_join_thread()
-    for proc in procs:
-        if proc.exitcode not in (0, None) and not errors:
-            errors.append(f"{proc.name} exited with code {proc.exitcode}")
-    if errors:
-        raise SelfplayError("; ".join(errors))
-    return stopped
-
-
-def _worker_main(worker: int, n_games: int, seed_seq, simulations: int, model_path: str | None,
-                 model_sha256: str | None, node_id: str, settings_data: dict, results, stop,
-                 parent_pid: int) -> None:
-    """Entry point of a spawned worker: one torch thread, games out through `results`."""
-    import torch
-
-    torch.set_num_threads(1)
-    try:
-        settings = Settings.model_validate(settings_data)
-        evaluator = make_evaluator(model_path, model_sha256, settings)
-        rng = np.random.default_rng(seed_seq)
-
-        def should_stop() -> bool:
-            return stop.is_set() or os.getppid() != parent_pid
-
-        config = {"worker": worker, "seed_entropy": str(seed_seq.entropy)}
-        for record in play_games(n_games, evaluator, settings, simulations, rng, model_sha256,
-                                 node_id, config, should_stop):
-            results.put(("game", worker, record.to_json()))
-            if should_stop():
-                break
-        if os.getppid() != parent_pid:
-            # Nobody reads the queue any more; a full pipe must not hold this exit forever.
-            results.cancel_join_thread()
-            return
-        results.put(("done", worker, None))
-    except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
-        results.put(("error", worker, traceback.format_exc()))
