@@ -7,7 +7,9 @@
   share of the network's throughput the search keeps; aim >= 0.6 at 64+ games);
 - the same search with the uniform evaluator (pure search overhead, no network);
 - random playouts/s of the vectorised engine vs a pure-Python loop of `state.play`, and of
-  open_spiel's connect_four when it is importable.
+  open_spiel's connect_four when it is importable;
+- what a batch of small games costs with a worker spawned for it vs a worker kept in a
+  `selfplay_pool.WorkerPool` (the self-play daemon's way): wall and CPU seconds per batch.
 
     python scripts/bench_selfplay.py [--concurrent 64] [--sims 64] [--moves 6]
 """
@@ -122,6 +124,34 @@ def playout_speed(games: int, repeats: int) -> dict:
     return out
 
 
+def batch_start_up(batches: int, games: int, sims: int) -> dict:
+    """Wall and CPU seconds per batch of `games` small games on one worker process, spawned
+    per batch vs kept in a pool. The workers' CPU is counted once they are reaped."""
+    import os
+    import tempfile
+
+    from app.training.selfplay import run_selfplay
+    from app.training.selfplay_pool import WorkerPool
+
+    tiny = Settings.model_validate({"model": {"channels": 8, "blocks": 1}, "selfplay": {"concurrent_games": games}})
+    out: dict = {"batches": batches, "games_per_batch": games, "simulations": sims}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("spawned_per_batch", "kept_in_pool"):
+            pool = WorkerPool(1) if name == "kept_in_pool" else None
+            t0, c0 = time.perf_counter(), os.times()
+            for b in range(batches):
+                run_selfplay(games=games, simulations=sims, db_path=Path(tmp) / f"{name}.db", workers=1, seed=b,
+                             node_id="bench", settings=tiny, pool=pool)
+            if pool is not None:
+                pool.close()
+            t1, c1 = time.perf_counter(), os.times()
+            cpu = (c1.user - c0.user) + (c1.system - c0.system) + (c1.children_user - c0.children_user) + (
+                c1.children_system - c0.children_system)
+            out[name] = {"wall_s_per_batch": round((t1 - t0) / batches, 3), "cpu_s_per_batch": round(cpu / batches, 3)}
+    out["cpu_ratio"] = round(out["spawned_per_batch"]["cpu_s_per_batch"] / out["kept_in_pool"]["cpu_s_per_batch"], 1)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--concurrent", type=int, default=64)
@@ -130,6 +160,7 @@ def main() -> None:
     ap.add_argument("--channels", type=int, default=None)
     ap.add_argument("--blocks", type=int, default=None)
     ap.add_argument("--playout-batch", type=int, default=20000)
+    ap.add_argument("--batches", type=int, default=5, help="small batches timed per worker strategy")
     args = ap.parse_args()
     torch.set_num_threads(1)
     settings = Settings()
@@ -155,6 +186,7 @@ def main() -> None:
     ceiling_rate = max(before, after)
     uniform_play = selfplay_speed(game, UniformEvaluator(game), args.concurrent, args.sims, args.moves * 3, settings, 2)
     playouts = playout_speed(args.playout_batch, repeats=5)
+    start_up = batch_start_up(args.batches, games=8, sims=4)
     print(json.dumps({
         "machine": {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
                     "torch_threads": torch.get_num_threads()},
@@ -170,6 +202,7 @@ def main() -> None:
         # Search bookkeeping per simulation, from the network-free run: what the ratio loses.
         "search_overhead_us_per_sim": round(1e6 / uniform_play["sims_per_s"], 1),
         "random_playouts": playouts,
+        "batch_start_up": start_up,
     }))
 
 
