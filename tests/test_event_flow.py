@@ -98,4 +98,4 @@ def test_each_runner_setting_has_one_default(tmp_path) -> None:
             if defaults.get(key) == value:
                 repeated.append(f"daemons.{name}.settings.{key}")
     assert repeated == []
-    assert table["export"].defaults().min_new_games == 1000
+    assert table["export"].defaults().min_new_games == 400

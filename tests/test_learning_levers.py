@@ -140,10 +140,12 @@ def test_window_grows_with_the_data_up_to_its_cap(tmp_path: Path) -> None:
     assert fixed.manifest["window_games_used"] == fixed.manifest["counts"]["games"] == 25
 
 
-def test_levers_default_off_and_bad_values_are_refused() -> None:
+def test_the_measured_levers_are_the_defaults_and_bad_values_are_refused() -> None:
+    """The 2-core defaults (docs/BENCHMARKS.md): value mixing and a growing window on, playout-cap
+    randomisation off (not measured yet)."""
     s = Settings()
-    assert s.selfplay.full_search_prob == 1.0 and s.export.value_target_mix == 0.0
-    assert s.export.window_base_games == 0
+    assert s.selfplay.full_search_prob == 1.0 and s.export.value_target_mix == 0.25
+    assert s.export.window_base_games == 2000 and s.train.max_steps == 400
     for bad in ({"full_search_prob": 0.0}, {"full_search_prob": 1.2}, {"fast_simulations": 0}):
         with pytest.raises(ValueError):
             SelfplayConfig(**bad)

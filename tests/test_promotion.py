@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from app.ai.heuristic import heuristic_move
 from app.ai.model import Architecture, ModelMeta, new_model, save_model
 from app.config import load_settings
+from app.config.pipeline import PromotionConfig
 from app.db.registry import ModelRegistry, ModelStatus
 from app.games import get_game
 from app.training.gauntlet import OpponentResult
@@ -196,8 +197,9 @@ def test_a_trained_net_passes_the_gate_vs_random(trained_model: Path, tmp_path: 
 @pytest.mark.timeout(240)
 def test_a_random_net_fails_the_gate_vs_the_heuristic(tmp_path: Path) -> None:
     path = tmp_path / "gen2.safetensors"
-    random_net(path, seed=3, generation=2)  # from generation 2 on, the default gates include the heuristic
-    settings = load_settings(None, gauntlet={"net_simulations": 24})
+    random_net(path, seed=3, generation=2)  # from generation 2 on, the configured gates include the heuristic
+    settings = load_settings(None, gauntlet={"net_simulations": 24},
+                             promotion={"min_score_vs_random": 0.95, "min_score_vs_heuristic": 0.5})
     with ModelRegistry(tmp_path / "reg.sqlite") as registry:
         outcome = evaluate_candidate(path, settings, registry, workers=1, seed=1, games_per_baseline=10)
         assert not outcome.decision.promote
@@ -269,6 +271,6 @@ def test_the_first_generation_faces_no_heuristic_gate() -> None:
     first, later = gates.for_generation(1, heuristic_from=2), gates.for_generation(2, heuristic_from=2)
     assert first.baselines() == ["random"] and later.baselines() == ["random", "heuristic"]
     assert later is gates
-    cfg = load_settings(None).promotion  # the CLI and the daemons read one rule from the config
+    cfg = PromotionConfig(min_score_vs_random=0.9, min_score_vs_heuristic=0.5)  # the CLI and the daemons read one rule
     assert Gates.from_config(cfg, 1).baselines() == ["random"]
     assert Gates.from_config(cfg, cfg.heuristic_gate_from_generation).baselines() == ["random", "heuristic"]

@@ -251,6 +251,6 @@ def test_the_step_cap_comes_from_the_config_and_the_command_line_overrides_it(tm
     base = ["--dataset", "d", "--run-dir", "r", "--config", str(config)]
     assert resolve_options(build_parser().parse_args(base))["max_steps"] == 7
     assert resolve_options(build_parser().parse_args([*base, "--max-steps", "3"]))["max_steps"] == 3
-    assert resolve_options(build_parser().parse_args(["--dataset", "d", "--run-dir", "r"]))["max_steps"] == 0
+    assert resolve_options(build_parser().parse_args(["--dataset", "d", "--run-dir", "r"]))["max_steps"] == 400
     with pytest.raises(TrainInputError, match="--max-steps must be >= 0, got -1"):
         resolve_options(build_parser().parse_args([*base, "--max-steps", "-1"]))

@@ -28,7 +28,7 @@ class SelfplaySettings(StrictModel):
 
 
 class ExportSettings(Polled):
-    min_new_games: int = Field(1000, ge=1)  # new games since the last dataset that start a generation
+    min_new_games: int = Field(400, ge=1)  # new games since the last dataset that start a generation
     sync_budget_s: float = Field(60.0, gt=0)  # a claimant's pull of the games it lacks, at most
 
 
