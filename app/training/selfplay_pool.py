@@ -158,7 +158,7 @@ def _pool_worker_main(worker: int, tasks, results, stop, parent_pid: int) -> Non
     import numpy as np
     import torch
 
-    from app.training.selfplay import make_evaluator, play_games
+    from app.training.selfplay_games import make_evaluator, play_games
 
     torch.set_num_threads(1)
     cached: tuple[tuple, Any] | None = None  # ((model path, sha256, game), evaluator)
