@@ -152,6 +152,37 @@ def plot_curves(curve: list[dict], path: Path, title: str, mcts_sims: int = 0) -
     return True
 
 
+def score_one(job: tuple[str | None, str | None], config: Path | None, positions: list, budgets: list[int]) -> dict:
+    """One model's report: the file at `path` (checked against its sha256), or the untrained
+    start when the path is None. Module level so a scoring process can run it."""
+    torch.set_num_threads(1)
+    path, sha256 = job
+    settings = load_settings(config)
+    if path is None:
+        game = get_game(settings.node.game)
+        arch = Architecture(settings.model.channels, settings.model.blocks, game.plane_shape, game.num_actions)
+        net = new_model(arch, seed=settings.train.seed)
+    else:
+        net, _ = load_model(path, expect_sha256=sha256)
+    report = score_model(net, positions, budgets, settings.search)
+    exact = {budget: result["exact"] for budget, result in report.get("mcts", {}).items()}
+    print(json.dumps({"scored": path or "untrained", "raw_exact": report["raw"]["exact"], "mcts_exact": exact}),
+          file=sys.stderr, flush=True)
+    return report
+
+
+def score_all(jobs: list, config: Path | None, positions: list, budgets: list[int], scorers: int) -> list[dict]:
+    """Every model's report, in order, on `scorers` processes: the loop has stopped by now, so
+    the scoring may use every core (MCTS-400 over 931 positions is minutes per model)."""
+    if scorers <= 1 or len(jobs) <= 1:
+        return [score_one(job, config, positions, budgets) for job in jobs]
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(min(scorers, len(jobs)), mp_context=mp.get_context("spawn")) as pool:
+        return list(pool.map(score_one, jobs, [config] * len(jobs), [positions] * len(jobs), [budgets] * len(jobs)))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, required=True)
@@ -161,13 +192,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", type=Path, default=None, help="the loop's data dir (default: <out>/data)")
     p.add_argument("--mcts-sims", type=int, default=400, help="MCTS budget of the search score; 0 skips it")
     p.add_argument("--positions", type=Path, default=None, help="move_scores.txt (default: the shared benchmark)")
+    p.add_argument("--scorers", type=int, default=os.cpu_count() or 1,
+                   help="processes that score the models after the loop (default: one per core)")
     args = p.parse_args(argv)
-    if args.minutes <= 0 or args.mcts_sims < 0:
-        p.error("--minutes must be > 0 and --mcts-sims >= 0")
+    if args.minutes <= 0 or args.mcts_sims < 0 or args.scorers < 1:
+        p.error("--minutes must be > 0, --mcts-sims >= 0 and --scorers >= 1")
     torch.set_num_threads(1)
     try:  # fail before a long run, not after it
         positions = load_positions(args.positions or default_positions_path(ROOT))
-        settings = load_settings(args.config)
+        load_settings(args.config)  # a bad config fails now, not after the run
     except (SolvedEvalError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -184,18 +217,14 @@ def main(argv: list[str] | None = None) -> int:
     cpu_total = children.children_user + children.children_system  # the reaped orchestrator's whole tree
 
     budgets = [0] + ([args.mcts_sims] if args.mcts_sims else [])
-    game = get_game(settings.node.game)
-    arch = Architecture(settings.model.channels, settings.model.blocks, game.plane_shape, game.num_actions)
-    untrained = new_model(arch, seed=settings.train.seed)  # what generation 1 starts training from
-    curve = [{"generation": 0, "wall_s": 0.0, "cpu_s": 0.0,
-              **curve_point(score_model(untrained, positions, budgets, settings.search), args.mcts_sims)}]
     promoted, n_promoted, n_rejected = promoted_models(data_dir)
-    for model in promoted:
-        net, _ = load_model(model.path, expect_sha256=model.sha256)
-        report = score_model(net, positions, budgets, settings.search)
+    # generation 0 is the untrained net generation 1 starts training from
+    jobs = [(None, None)] + [(str(m.path), m.sha256) for m in promoted]
+    reports = score_all(jobs, args.config, positions, budgets, args.scorers)
+    curve = [{"generation": 0, "wall_s": 0.0, "cpu_s": 0.0, **curve_point(reports[0], args.mcts_sims)}]
+    for model, report in zip(promoted, reports[1:]):
         curve.append({"generation": model.generation, "wall_s": round(model.promoted_at - started, 1),
                       "cpu_s": round(sampler.at(model.promoted_at), 1), **curve_point(report, args.mcts_sims)})
-        print(json.dumps({"scored": curve[-1]}), file=sys.stderr, flush=True)
 
     games, positions_played = game_counts(data_dir)
     wall = ended - started

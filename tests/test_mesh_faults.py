@@ -123,16 +123,20 @@ async def test_stale_claims_after_sigstop_and_claim_ttl_reassignment(tmp_path: P
         assert new_term > term
         body = json.dumps({"node_id": "w2", "item_id": second.item.item_id,
                            "token": second.token.model_dump()}).encode()
-        async with aiohttp.ClientSession() as s:
-            pending_call = asyncio.ensure_future(s.post(
-                f"http://{old.addr}/work/complete", data=body,
-                headers=sign(SECRET.encode(), "POST", "/work/complete", body, sender="w2", receiver=old_id, boot=old_boot),
-                timeout=aiohttp.ClientTimeout(total=10)))
-            await asyncio.sleep(0.3)  # the request waits in the stopped process's socket
-            old.signal(signal.SIGCONT)
-            resp = await pending_call
-            assert resp.status == 409, await resp.text()
-            resp.release()
+        # the whole request is in the stopped process's socket (the kernel accepts for it)
+        # before it runs again: written on a raw connection, not left to a client's timing
+        headers = sign(SECRET.encode(), "POST", "/work/complete", body, sender="w2", receiver=old_id, boot=old_boot)
+        host, port = old.addr.rsplit(":", 1)
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 10.0)
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        writer.write(f"POST /work/complete HTTP/1.1\r\nHost: {old.addr}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\nConnection: close\r\n{head}\r\n".encode() + body)
+        await writer.drain()
+        assert writer.transport.get_write_buffer_size() == 0  # handed to the kernel, none left here
+        old.signal(signal.SIGCONT)
+        reply = await asyncio.wait_for(reader.read(), 10.0)
+        writer.close()
+        assert reply.startswith(b"HTTP/1.1 409"), reply[:300]
 
         async def stepped_down() -> bool:
             st = await cluster.status(old)
