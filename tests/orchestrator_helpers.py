@@ -38,12 +38,15 @@ BUSY_CPU_TIMING = {**PROFILES["fast"].model_dump(), "heartbeat_interval": 0.3, "
                    "leader_lease": 2.0, "request_timeout": 2.0, "bully_patience": 6.0, "claim_ttl": 20.0}
 TimingProfile(**BUSY_CPU_TIMING)  # valid (lease < election timeout, ...) or the import fails here
 
+# rest_s: self-play rests a second after each batch. These runs test the mesh and the
+# pipeline; games are only a means, and two suites' nodes share two cores, so self-play must
+# not starve the torchrun, gauntlet and mesh processes the tests wait on.
 SMALL_DAEMONS = {
     "restart": {"base_s": 0.5, "cap_s": 5},
     "daemons": {
         "dlq_retry": {},
         "selfplay": {"critical": True, "stop_timeout_s": 15,
-                     "settings": {"batch_games": 32, "simulations": 16}},
+                     "settings": {"batch_games": 32, "simulations": 16, "rest_s": 1.0}},
         "export": {"critical": True, "settings": {"min_new_games": 60, "poll_s": 0.5}},
         "train": {"depends_on": ["export"], "critical": True, "stop_timeout_s": 15, "settings": {"poll_s": 0.5}},
         "gauntlet": {"depends_on": ["train"], "critical": True, "settings": {"poll_s": 0.5}},

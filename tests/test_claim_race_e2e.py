@@ -57,7 +57,7 @@ CONFIG = {**SMALL_CONFIG, "model": {"channels": 8, "blocks": 1}, "search": {"sim
           "mesh": {"timing": {**PROFILES["fast"].model_dump(), "claim_ttl": 10.0, "request_timeout": 3.0}}}
 WORKER_DAEMONS = {**SMALL_DAEMONS, "daemons": {
     **SMALL_DAEMONS["daemons"],
-    "selfplay": {"critical": True, "stop_timeout_s": 15, "settings": {"batch_games": 16, "simulations": 4}},
+    "selfplay": {"critical": True, "stop_timeout_s": 15, "settings": {"batch_games": 16, "simulations": 4, "rest_s": 1.0}},
     "export": {"critical": True, "settings": {"min_new_games": 32, "poll_s": 0.5, "sync_budget_s": 5}},
 }}
 # The leader: mesh, work queue and decisions only (the export spec keeps its threshold for scheduling).

@@ -33,7 +33,7 @@ CONFIG = {**SMALL_CONFIG, "search": {"simulations": 8}, "gauntlet": {**SMALL_CON
           "mesh": {"timing": BUSY_CPU_TIMING}}
 DAEMONS = {**SMALL_DAEMONS, "daemons": {
     **SMALL_DAEMONS["daemons"],
-    "selfplay": {"critical": True, "stop_timeout_s": 15, "settings": {"batch_games": 16, "simulations": 8}},
+    "selfplay": {"critical": True, "stop_timeout_s": 15, "settings": {"batch_games": 16, "simulations": 8, "rest_s": 1.0}},
     "export": {"critical": True, "settings": {"min_new_games": 90, "poll_s": 0.5, "sync_budget_s": 20}},
 }}
 

@@ -45,7 +45,7 @@ CONFIG = {**SMALL_CONFIG, "model": {"channels": 8, "blocks": 1}, "search": {"sim
                        "max_games_vs_best": 2, "net_simulations": 2}}
 DAEMONS = {**SMALL_DAEMONS, "daemons": {
     **SMALL_DAEMONS["daemons"],
-    "selfplay": {"critical": True, "stop_timeout_s": 15, "settings": {"batch_games": 16, "simulations": 4}},
+    "selfplay": {"critical": True, "stop_timeout_s": 15, "settings": {"batch_games": 16, "simulations": 4, "rest_s": 1.0}},
     "export": {"critical": True, "settings": {"min_new_games": 32, "poll_s": 0.5, "sync_budget_s": 20}},
 }}
 

@@ -19,8 +19,10 @@ from app.coordination.daemons.registry import DaemonContext
 from app.coordination.pipeline.context import wait_for_wake, wake_on
 from app.coordination.pipeline.workloads import pipeline_context
 from app.coordination.pipeline.mesh_events import MeshSnapshot, mesh_changes
-from app.coordination.pipeline.runners import pipeline_runners
+from app.coordination.pipeline.runner_settings import SelfplaySettings
+from app.coordination.pipeline.runners import pipeline_runners, selfplay_daemon
 from app.db.dead_letters import DeadLetterStore
+from app.db.replay_db import ReplayDB
 
 pytestmark = pytest.mark.timeout(60)
 REPO = Path(__file__).resolve().parents[1]
@@ -99,3 +101,47 @@ def test_each_runner_setting_has_one_default(tmp_path) -> None:
                 repeated.append(f"daemons.{name}.settings.{key}")
     assert repeated == []
     assert table["export"].defaults().min_new_games == 400
+
+
+
+def _selfplay_ctx(tmp_path: Path, rest_s: float) -> tuple:
+    settings = Settings.model_validate({"node": {"data_dir": str(tmp_path)}, "selfplay": {"workers": 0},
+                                        "model": {"channels": 8, "blocks": 1}})
+    router = EventRouter()
+    cfg = SelfplaySettings(batch_games=2, simulations=2, rest_s=rest_s).model_dump()
+    ctx = DaemonContext(name="selfplay", settings=cfg, router=router, app_settings=settings,
+                        stopping=asyncio.Event(), log=None, metrics=router.metrics)
+    return pipeline_context(settings), ctx
+
+
+async def _wait_for_games(pipe, n: int, deadline_s: float = 120) -> None:  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    while await asyncio.to_thread(pipe.newest_game_id) < n:
+        assert loop.time() < end, f"fewer than {n} games stored"
+        await asyncio.sleep(0.05)
+
+
+async def test_selfplay_rests_between_batches(tmp_path) -> None:
+    """`rest_s` (a shared machine, the mesh tests) leaves the CPU to other stages after each
+    batch: the next batch's first game starts no sooner than the rest after the last one ended."""
+    pipe, ctx = _selfplay_ctx(tmp_path, rest_s=0.5)
+    daemon = asyncio.create_task(selfplay_daemon(pipe, ctx))
+    try:
+        await _wait_for_games(pipe, 4)
+    finally:
+        ctx.stopping.set()
+        await asyncio.wait_for(daemon, 30)
+    with ReplayDB(pipe.paths.games_db) as db:
+        games = db.games()
+    first, second = games[:2], games[2:4]
+    assert min(g.started_at for g in second) - max(g.finished_at for g in first) >= 0.5
+
+
+async def test_a_stop_ends_a_selfplay_rest_at_once(tmp_path) -> None:
+    pipe, ctx = _selfplay_ctx(tmp_path, rest_s=3600)
+    daemon = asyncio.create_task(selfplay_daemon(pipe, ctx))
+    await _wait_for_games(pipe, 2)  # the first batch is stored; an hour's rest follows
+    ctx.stopping.set()
+    await asyncio.wait_for(daemon, 30)  # returned on the stop, not after the hour
+    assert await asyncio.to_thread(pipe.newest_game_id) == 2

@@ -45,7 +45,7 @@ CONFIG = {**SMALL_CONFIG, "model": {"channels": 8, "blocks": 1}, "search": {"sim
 DAEMONS = {**SMALL_DAEMONS, "daemons": {
     **{name: {**spec, "stop_timeout_s": 3} if name in ("export", "gauntlet", "promote") else spec
        for name, spec in SMALL_DAEMONS["daemons"].items()},
-    "selfplay": {"critical": True, "stop_timeout_s": 15, "settings": {"batch_games": 8, "simulations": 4}},
+    "selfplay": {"critical": True, "stop_timeout_s": 15, "settings": {"batch_games": 8, "simulations": 4, "rest_s": 1.0}},
     "export": {"critical": True, "stop_timeout_s": 3, "settings": {"min_new_games": 24, "poll_s": 0.5}},
 }}
 

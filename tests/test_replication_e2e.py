@@ -33,7 +33,7 @@ LAG_S = 8.0  # "finished more than a few seconds before" the kill
 CONFIG = {**SMALL_CONFIG, "search": {"simulations": 4}, "selfplay": {"concurrent_games": 8},
           "replication": {"factor": 2}}
 PLAYING = {"restart": {"base_s": 0.5, "cap_s": 5}, "daemons": {
-    "selfplay": {"critical": True, "stop_timeout_s": 15, "settings": {"batch_games": 8, "simulations": 4}},
+    "selfplay": {"critical": True, "stop_timeout_s": 15, "settings": {"batch_games": 8, "simulations": 4, "rest_s": 1.0}},
     "replication": {"settings": {"interval_s": 0.5}},
 }}
 QUIET = {"restart": {"base_s": 0.5, "cap_s": 5}, "daemons": {"replication": {"settings": {"interval_s": 0.5}}}}

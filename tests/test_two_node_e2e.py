@@ -58,7 +58,7 @@ CONFIG = {
 }
 DAEMONS = {**SMALL_DAEMONS, "daemons": {
     **SMALL_DAEMONS["daemons"],
-    "selfplay": {"critical": True, "stop_timeout_s": 15, "settings": {"batch_games": 16, "simulations": 4}},
+    "selfplay": {"critical": True, "stop_timeout_s": 15, "settings": {"batch_games": 16, "simulations": 4, "rest_s": 1.0}},
     "export": {"critical": True, "settings": {"min_new_games": 32, "poll_s": 0.5, "sync_budget_s": 10}},
     "train_join": {"settings": {"poll_s": 0.5}, "stop_timeout_s": 15},
     "gauntlet_shards": {"settings": {"poll_s": 0.3}},

@@ -25,6 +25,10 @@ class SelfplaySettings(StrictModel):
     batch_games: int = Field(64, ge=1)  # games per self-play call (the NEW_GAMES_AVAILABLE granularity)
     simulations: int = Field(0, ge=0)  # 0: search.simulations of the node config
     pause_while_evaluating: bool = True  # two cores: leave them to the gauntlet
+    # seconds of rest after each batch: 0 keeps a core playing; a machine shared with other
+    # work (or a test of the mesh, where games are only a means) leaves the CPU to the stages
+    # that wait on it, and the rest ends at once on stop
+    rest_s: float = Field(0.0, ge=0, le=3600)
 
 
 class ExportSettings(Polled):

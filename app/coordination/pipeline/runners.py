@@ -55,6 +55,8 @@ async def selfplay_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
             if summary.items:
                 await ctx.router.publish(EventType.NEW_GAMES_AVAILABLE, {"count": summary.items, "total": total})
             ctx.mark_healthy()
+            if cfg["rest_s"] and await ctx.sleep(cfg["rest_s"]):
+                break
     finally:
         pipe.steps.close_selfplay(pipe)  # takes no lock: returns within seconds even mid-batch
 
