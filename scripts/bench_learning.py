@@ -2,6 +2,7 @@
 """How fast the single-node loop learns: accuracy on solver-scored positions per wall and CPU second.
 
     python scripts/bench_learning.py --minutes 120 [--config F] [--out DIR] [--mcts-sims 400]
+                                     [--mcts-models all|last] [--final-games 40]
 
 Runs the real orchestrator on a fresh data dir (by default exactly as `make run` does: no
 node config, the repository's daemons.yaml) for `--minutes`, sampling the CPU seconds of its
@@ -40,7 +41,7 @@ from app.games import get_game  # noqa: E402
 from app.training.solved_eval import (  # noqa: E402
     SolvedEvalError, default_positions_path, load_positions, random_mover_accuracy, score_model,
 )
-from bench_loop import game_counts, pipeline_history, run_loop, stage_shares  # noqa: E402
+from bench_loop import final_scores, game_counts, pipeline_history, run_loop, stage_shares  # noqa: E402
 
 # The issue's acceptance lines, drawn on the plot for orientation.
 TARGETS = {"raw exact": 0.80, "raw outcome": 0.93, "mcts exact": 0.92}
@@ -109,7 +110,7 @@ def promoted_models(data_dir: Path) -> tuple[list, int, int]:
 def curve_point(report: dict, mcts_sims: int) -> dict:
     point = {"raw_exact": report["raw"]["exact"], "raw_outcome": report["raw"]["outcome"],
              "raw_middle_exact": report["raw"]["by_phase"].get("middle", {}).get("exact")}
-    if mcts_sims:
+    if mcts_sims and str(mcts_sims) in report.get("mcts", {}):  # not scored with MCTS: raw only
         mcts = report["mcts"][str(mcts_sims)]
         point.update(mcts_exact=mcts["exact"], mcts_outcome=mcts["outcome"], mcts_seconds=mcts["seconds"])
     return point
@@ -171,16 +172,16 @@ def score_one(job: tuple[str | None, str | None], config: Path | None, positions
     return report
 
 
-def score_all(jobs: list, config: Path | None, positions: list, budgets: list[int], scorers: int) -> list[dict]:
-    """Every model's report, in order, on `scorers` processes: the loop has stopped by now, so
-    the scoring may use every core (MCTS-400 over 931 positions is minutes per model)."""
+def score_all(jobs: list, config: Path | None, positions: list, budgets: list[list[int]], scorers: int) -> list[dict]:
+    """Every model's report (each with its own budgets), in order, on `scorers` processes: the
+    loop has stopped by now, so the scoring may use every core (MCTS-400 over 931 positions is minutes per model)."""
     if scorers <= 1 or len(jobs) <= 1:
-        return [score_one(job, config, positions, budgets) for job in jobs]
+        return [score_one(job, config, positions, b) for job, b in zip(jobs, budgets)]
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(min(scorers, len(jobs)), mp_context=mp.get_context("spawn")) as pool:
-        return list(pool.map(score_one, jobs, [config] * len(jobs), [positions] * len(jobs), [budgets] * len(jobs)))
+        return list(pool.map(score_one, jobs, [config] * len(jobs), [positions] * len(jobs), budgets))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,15 +193,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", type=Path, default=None, help="the loop's data dir (default: <out>/data)")
     p.add_argument("--mcts-sims", type=int, default=400, help="MCTS budget of the search score; 0 skips it")
     p.add_argument("--positions", type=Path, default=None, help="move_scores.txt (default: the shared benchmark)")
+    p.add_argument("--mcts-models", choices=("all", "last"), default="all",
+                   help="score every promoted model with MCTS, or only the last (default: %(default)s)")
+    p.add_argument("--final-games", type=int, default=40,
+                   help="games of the last model vs random and the heuristic at the gauntlet's budget; 0 skips")
     p.add_argument("--scorers", type=int, default=os.cpu_count() or 1,
                    help="processes that score the models after the loop (default: one per core)")
     args = p.parse_args(argv)
-    if args.minutes <= 0 or args.mcts_sims < 0 or args.scorers < 1:
-        p.error("--minutes must be > 0, --mcts-sims >= 0 and --scorers >= 1")
+    if args.minutes <= 0 or args.mcts_sims < 0 or args.scorers < 1 or args.final_games < 0:
+        p.error("--minutes must be > 0, --mcts-sims >= 0, --scorers >= 1 and --final-games >= 0")
     torch.set_num_threads(1)
     try:  # fail before a long run, not after it
         positions = load_positions(args.positions or default_positions_path(ROOT))
-        load_settings(args.config)  # a bad config fails now, not after the run
+        settings = load_settings(args.config)  # a bad config fails now, not after the run
     except (SolvedEvalError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -220,11 +225,21 @@ def main(argv: list[str] | None = None) -> int:
     promoted, n_promoted, n_rejected = promoted_models(data_dir)
     # generation 0 is the untrained net generation 1 starts training from
     jobs = [(None, None)] + [(str(m.path), m.sha256) for m in promoted]
-    reports = score_all(jobs, args.config, positions, budgets, args.scorers)
+    # MCTS for every model, or (a shorter session) for the last only: minutes of CPU a model
+    job_budgets = [budgets if args.mcts_models == "all" or i == len(jobs) - 1 else [0] for i in range(len(jobs))]
+    reports = score_all(jobs, args.config, positions, job_budgets, args.scorers)
     curve = [{"generation": 0, "wall_s": 0.0, "cpu_s": 0.0, **curve_point(reports[0], args.mcts_sims)}]
     for model, report in zip(promoted, reports[1:]):
         curve.append({"generation": model.generation, "wall_s": round(model.promoted_at - started, 1),
                       "cpu_s": round(sampler.at(model.promoted_at), 1), **curve_point(report, args.mcts_sims)})
+
+    final_match = None
+    if args.final_games and promoted:  # the acceptance line: >= 0.6 vs the heuristic at the gauntlet's budget
+        final_match = {"generation": promoted[-1].generation, "games": args.final_games,
+                       "simulations": settings.gauntlet.net_simulations,
+                       **final_scores(promoted[-1].path, settings, settings.gauntlet.net_simulations,
+                                      args.final_games, data_dir)}
+        print(json.dumps({"final_match": final_match}), file=sys.stderr, flush=True)
 
     games, positions_played = game_counts(data_dir)
     wall = ended - started
@@ -242,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         "stage_share": stage_shares(pipeline_history(data_dir), started, ended),
         "positions": len(positions), "random_mover": random_mover_accuracy(positions),
         "mcts_simulations": args.mcts_sims or None, "curve": curve,
-        "final": curve[-1], "plot": str(plot) if drawn else None,
+        "final": curve[-1], "final_match": final_match, "plot": str(plot) if drawn else None,
     }
     atomic_write_json(out / "bench_learning.json", result, indent=2)
     print(json.dumps(result))
