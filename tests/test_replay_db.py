@@ -94,3 +94,13 @@ def test_kill_9_of_a_writer_leaves_only_whole_games(tmp_path) -> None:
             assert all(len(g.moves) == 40 for g in db.games())
             count = db.count()
     assert count > 0
+
+
+def test_a_game_missing_moves_is_an_integrity_problem_by_uid(tmp_path) -> None:
+    path = tmp_path / "games.db"
+    with ReplayDB(path) as db:
+        db.add_games([_game("whole", 5), _game("damaged", 6)])
+    with sqlite3.connect(path) as con:  # damage from outside: one move of one game gone
+        con.execute("DELETE FROM moves WHERE ply = 3 AND game_id = (SELECT id FROM games WHERE uid = 'damaged')")
+    with ReplayDB(path) as db:
+        assert db.integrity_problems() == ["game damaged: 5 moves stored, 6 recorded"]

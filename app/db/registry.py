@@ -17,14 +17,13 @@ from pathlib import Path
 from typing import Iterable
 
 from sqlalchemy import delete, func, select, update
-from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.db.registry_tables import (
     MatchGameRow, ModelRow, ModelStatus, RatingRow, RegistryBase, RegistrySchemaInfo, StatusHistoryRow,
 )
-from app.db.engines import display_name, is_url, open_engine
-from app.db.sqlite_files import create_tables, stored_schema_version
+from app.db.versioned_store import StoreSchema, open_store
 
 SCHEMA_VERSION = 1
 
@@ -97,36 +96,16 @@ def _entry(row: ModelRow) -> ModelEntry:
     )
 
 
+REGISTRY_SCHEMA = StoreSchema("registry", RegistryError, RegistryBase.metadata, RegistrySchemaInfo,
+                              "registry_schema_version", SCHEMA_VERSION)
+
+
 class ModelRegistry:
     """One SQLite file; safe for one writer process and many readers (WAL, busy timeout)."""
 
     def __init__(self, path: str | Path, create: bool = True) -> None:
         """`path`: an SQLite file, or a database URL (app/db/engines.py)."""
-        self.path: Path | str = display_name(path) if is_url(path) else Path(path)
-        if isinstance(self.path, Path) and not self.path.exists() and not create:
-            raise RegistryError(f"{self.path}: registry not found")
-        try:
-            self.engine = open_engine(path)
-        except ValueError as exc:
-            raise RegistryError(str(exc)) from None
-        try:
-            create_tables(RegistryBase.metadata, self.engine)
-            self._check_schema()
-        except (DatabaseError, OperationalError) as exc:
-            self.engine.dispose()
-            raise RegistryError(f"{self.path}: not a usable registry: {exc.orig}") from None
-
-    def _check_schema(self) -> None:
-        version = stored_schema_version(self.engine, RegistrySchemaInfo, "registry_schema_version", SCHEMA_VERSION,
-                                        create=True)
-        if version is None:
-            return
-        if version > SCHEMA_VERSION:
-            self.engine.dispose()
-            raise RegistryError(
-                f"{self.path}: registry schema version {version} is newer than this program's "
-                f"({SCHEMA_VERSION}); upgrade the program rather than risk the data"
-            )
+        self.path, self.engine = open_store(path, REGISTRY_SCHEMA, create)
 
     def close(self) -> None:
         self.engine.dispose()

@@ -15,13 +15,12 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 from sqlalchemy import (
-    Float, ForeignKey, Integer, LargeBinary, String, Text, func, select, text,
+    Float, ForeignKey, Integer, LargeBinary, String, Text, func, select,
 )
-from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
-from app.db.engines import display_name, is_url, open_engine
-from app.db.sqlite_files import create_tables, stored_schema_version
+from app.db.versioned_store import StoreSchema, open_store, parent_child_problems
 
 SCHEMA_VERSION = 1
 
@@ -111,38 +110,15 @@ class GameRecord:
         )
 
 
+REPLAY_SCHEMA = StoreSchema("replay DB", ReplayDBError, Base.metadata, SchemaInfo, "schema_version", SCHEMA_VERSION)
+
+
 class ReplayDB:
     """One SQLite file of games. Safe for one writer process and many readers."""
 
     def __init__(self, path: str | Path, create: bool = True, readonly: bool = False) -> None:
         """`path`: an SQLite file, or a database URL (app/db/engines.py)."""
-        self.path: Path | str = display_name(path) if is_url(path) else Path(path)
-        if isinstance(self.path, Path) and not self.path.exists() and (not create or readonly):
-            raise ReplayDBError(f"{self.path}: replay DB not found")
-        try:
-            self.engine = open_engine(path, readonly=readonly)
-        except ValueError as exc:
-            raise ReplayDBError(str(exc)) from None
-        try:
-            if not readonly:
-                create_tables(Base.metadata, self.engine)
-            self._check_schema(create=not readonly)
-        except (DatabaseError, OperationalError) as exc:
-            self.engine.dispose()
-            raise ReplayDBError(f"{self.path}: not a usable replay DB: {exc.orig}") from None
-
-    def _check_schema(self, create: bool) -> None:
-        version = stored_schema_version(self.engine, SchemaInfo, "schema_version", SCHEMA_VERSION, create)
-        if version is None:
-            if not create:
-                raise ReplayDBError(f"{self.path}: no schema version: not a replay DB")
-            return
-        if version > SCHEMA_VERSION:
-            self.engine.dispose()
-            raise ReplayDBError(
-                f"{self.path}: schema version {version} is newer than this program's "
-                f"({SCHEMA_VERSION}); upgrade the program rather than risk the data"
-            )
+        self.path, self.engine = open_store(path, REPLAY_SCHEMA, create, readonly)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -228,23 +204,7 @@ class ReplayDB:
 
     def integrity_problems(self) -> list[str]:
         """Empty when the file is sound and every game has exactly its recorded number of moves."""
-        problems: list[str] = []
-        with self.engine.connect() as conn:
-            if self.engine.dialect.name == "sqlite":
-                result = conn.execute(text("PRAGMA integrity_check")).scalar()
-                if result != "ok":
-                    problems.append(f"sqlite integrity_check: {result}")
-            bad = conn.execute(text(
-                "SELECT g.uid, g.length, COUNT(m.ply) FROM games g LEFT JOIN moves m ON m.game_id = g.id "
-                "GROUP BY g.id HAVING COUNT(m.ply) != g.length"
-            )).all()
-            problems += [f"game {uid}: {n} moves stored, {length} recorded" for uid, length, n in bad]
-            orphans = conn.execute(text(
-                "SELECT COUNT(*) FROM moves WHERE game_id NOT IN (SELECT id FROM games)"
-            )).scalar()
-            if orphans:
-                problems.append(f"{orphans} moves without a game")
-        return problems
+        return parent_child_problems(self.engine, "games", "length", "moves", "game_id", "ply", "game", "move")
 
 
 def _to_record(row: GameRow) -> GameRecord:

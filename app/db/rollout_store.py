@@ -20,13 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Boolean, Float, ForeignKey, Integer, LargeBinary, String, Text, func, insert, select, text
-from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
+from sqlalchemy import Boolean, Float, ForeignKey, Integer, LargeBinary, String, Text, func, insert, select
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
-from app.db.engines import display_name, is_url, open_engine
 from app.db.rollout_records import RolloutGroupRecord, RolloutSampleRecord
-from app.db.sqlite_files import create_tables, stored_schema_version
+from app.db.versioned_store import StoreSchema, open_store, parent_child_problems
 
 SCHEMA_VERSION = 1
 _TOKENS, _MASK, _LOGPROBS = np.dtype("<i4"), np.dtype("u1"), np.dtype("<f8")
@@ -122,35 +121,15 @@ def _to_record(row: RolloutGroupRow) -> RolloutGroupRecord:
             metadata=json.loads(s.metadata_json)) for s in row.samples])
 
 
+ROLLOUT_SCHEMA = StoreSchema("rollout store", RolloutStoreError, Base.metadata, RolloutSchemaInfo, "schema_version",
+                             SCHEMA_VERSION)
+
+
 class RolloutStore:
     """One SQLite file (or database URL) of rollout groups; one writer process, many readers."""
 
     def __init__(self, path: str | Path, create: bool = True, readonly: bool = False) -> None:
-        self.path: Path | str = display_name(path) if is_url(path) else Path(path)
-        if isinstance(self.path, Path) and not self.path.exists() and (not create or readonly):
-            raise RolloutStoreError(f"{self.path}: rollout store not found")
-        try:
-            self.engine = open_engine(path, readonly=readonly)
-        except ValueError as exc:
-            raise RolloutStoreError(str(exc)) from None
-        try:
-            if not readonly:
-                create_tables(Base.metadata, self.engine)
-            self._check_schema(create=not readonly)
-        except (DatabaseError, OperationalError) as exc:
-            self.engine.dispose()
-            raise RolloutStoreError(f"{self.path}: not a usable rollout store: {exc.orig}") from None
-
-    def _check_schema(self, create: bool) -> None:
-        version = stored_schema_version(self.engine, RolloutSchemaInfo, "schema_version", SCHEMA_VERSION, create)
-        if version is None:
-            if not create:
-                raise RolloutStoreError(f"{self.path}: no schema version: not a rollout store")
-            return
-        if version > SCHEMA_VERSION:
-            self.engine.dispose()
-            raise RolloutStoreError(f"{self.path}: schema version {version} is newer than this program's "
-                                    f"({SCHEMA_VERSION}); upgrade the program rather than risk the data")
+        self.path, self.engine = open_store(path, ROLLOUT_SCHEMA, create, readonly)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -238,20 +217,5 @@ class RolloutStore:
 
     def integrity_problems(self) -> list[str]:
         """Empty when the file is sound and every group holds exactly its recorded samples."""
-        problems: list[str] = []
-        with self.engine.connect() as conn:
-            if self.engine.dialect.name == "sqlite":
-                result = conn.execute(text("PRAGMA integrity_check")).scalar()
-                if result != "ok":
-                    problems.append(f"sqlite integrity_check: {result}")
-            bad = conn.execute(text(
-                "SELECT g.uid, g.n_samples, COUNT(s.group_index) FROM rollout_groups g "
-                "LEFT JOIN rollout_samples s ON s.group_id = g.id "
-                "GROUP BY g.id HAVING COUNT(s.group_index) != g.n_samples"
-            )).all()
-            problems += [f"group {uid}: {n} samples stored, {want} recorded" for uid, want, n in bad]
-            orphans = conn.execute(text(
-                "SELECT COUNT(*) FROM rollout_samples WHERE group_id NOT IN (SELECT id FROM rollout_groups)")).scalar()
-            if orphans:
-                problems.append(f"{orphans} samples without a group")
-        return problems
+        return parent_child_problems(self.engine, "rollout_groups", "n_samples", "rollout_samples", "group_id",
+                                     "group_index", "group", "sample")

@@ -9,14 +9,14 @@ name is refused by its path instead of training a model on the wrong data.
 from __future__ import annotations
 
 import hashlib
-import json
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-MANIFEST_NAME = "manifest.json"
+from app.training.manifest_file import MANIFEST_NAME, read_manifest_file
+
 TRAIN_NAME = "train.npz"
 HOLDOUT_NAME = "holdout.npz"
 DATASET_FORMAT = 1
@@ -60,10 +60,6 @@ class Dataset:
         return str(self.manifest["game"])
 
 
-def bytes_sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def file_digest(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -74,25 +70,13 @@ def file_digest(path: Path) -> str:
 
 def read_manifest(path: str | Path) -> tuple[dict, str]:
     """(manifest, dataset_sha256) of a dataset directory; DatasetError names the manifest."""
-    manifest_path = Path(path) / MANIFEST_NAME
-    try:
-        raw = manifest_path.read_bytes()
-    except FileNotFoundError:
-        raise DatasetError(f"{manifest_path}: dataset manifest not found") from None
-    except OSError as exc:
-        raise DatasetError(f"{manifest_path}: unreadable manifest: {exc}") from None
-    try:
-        manifest = json.loads(raw)
-        if not isinstance(manifest, dict):
-            raise ValueError("not a JSON object")
-        if int(manifest.get("format", -1)) > DATASET_FORMAT:
-            raise ValueError(f"format {manifest['format']} is newer than this program's {DATASET_FORMAT}")
-        for key in ("game", "plane_shape", "num_actions", "files"):
-            if key not in manifest:
-                raise ValueError(f"missing key {key!r}")
-    except (ValueError, TypeError) as exc:
-        raise DatasetError(f"{manifest_path}: invalid manifest: {exc}") from None
-    return manifest, bytes_sha256(raw)
+    return read_manifest_file(path, "dataset", DatasetError, DATASET_FORMAT, _check_dataset_manifest)
+
+
+def _check_dataset_manifest(manifest: dict) -> None:
+    for key in ("game", "plane_shape", "num_actions", "files"):
+        if key not in manifest:
+            raise ValueError(f"missing key {key!r}")
 
 
 def dataset_sha256(path: str | Path) -> str:

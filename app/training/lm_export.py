@@ -24,8 +24,9 @@ from pathlib import Path
 from app.atomic_files import fsync_dir, fsync_file
 from app.db.rollout_store import RolloutStore
 from app.lm.samples import Group
-from app.training.dataset import MANIFEST_NAME, bytes_sha256, file_digest
+from app.training.dataset import file_digest
 from app.training.lm_selfplay import to_group
+from app.training.manifest_file import MANIFEST_NAME, bytes_sha256, read_manifest_file
 
 KIND = "lm_rollouts"
 FORMAT = 1
@@ -84,22 +85,12 @@ def export_rollouts(store: RolloutStore, out_dir: str | Path, *, window_groups: 
 
 def read_rollout_manifest(path: str | Path) -> tuple[dict, str]:
     """(manifest, sha256) of a rollout dataset; RolloutDatasetError names the manifest."""
-    manifest_path = Path(path) / MANIFEST_NAME
-    try:
-        raw = manifest_path.read_bytes()
-    except OSError as exc:
-        raise RolloutDatasetError(f"{manifest_path}: rollout manifest unreadable: {exc.strerror or exc}") from None
-    try:
-        manifest = json.loads(raw)
-        if not isinstance(manifest, dict) or manifest.get("kind") != KIND:
-            raise ValueError(f"not a {KIND} manifest")
-        if int(manifest.get("format", -1)) > FORMAT:
-            raise ValueError(f"format {manifest['format']} is newer than this program's {FORMAT}")
-        if set(manifest["files"]) != {GROUPS_NAME}:
-            raise ValueError(f"files must be exactly {GROUPS_NAME}")
-    except (ValueError, TypeError, KeyError) as exc:
-        raise RolloutDatasetError(f"{manifest_path}: invalid rollout manifest: {exc}") from None
-    return manifest, bytes_sha256(raw)
+    return read_manifest_file(path, "rollout", RolloutDatasetError, FORMAT, _check_rollout_manifest, kind=KIND)
+
+
+def _check_rollout_manifest(manifest: dict) -> None:
+    if set(manifest["files"]) != {GROUPS_NAME}:
+        raise ValueError(f"files must be exactly {GROUPS_NAME}")
 
 
 def verify_rollout_dataset(path: str | Path, sha256: str | None = None) -> str | None:

@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 
 from app.atomic_files import atomic_write_text, fsync_dir, fsync_file
-from app.training.dataset import MANIFEST_NAME, bytes_sha256, file_digest
+from app.training.dataset import file_digest
+from app.training.manifest_file import MANIFEST_NAME, bytes_sha256, read_manifest_file
 
 KIND = "hf_checkpoint"
 FORMAT = 1
@@ -71,28 +72,18 @@ def write_manifest(path: str | Path) -> str:
 def read_model_manifest(path: str | Path) -> tuple[dict, str]:
     """(manifest, sha256) of a model directory; ModelDirError names the manifest when it is
     missing or not one of ours. Does not hash the files (verify_model_dir does)."""
-    manifest_path = Path(path) / MANIFEST_NAME
-    try:
-        raw = manifest_path.read_bytes()
-    except OSError as exc:
-        raise ModelDirError(f"{manifest_path}: model manifest unreadable: {exc.strerror or exc}") from None
-    try:
-        manifest = json.loads(raw)
-        if not isinstance(manifest, dict) or manifest.get("kind") != KIND:
-            raise ValueError(f"not a {KIND} manifest")
-        if int(manifest.get("format", -1)) > FORMAT:
-            raise ValueError(f"format {manifest['format']} is newer than this program's {FORMAT}")
-        files = manifest["files"]
-        if not isinstance(files, dict) or "config.json" not in files:
-            raise ValueError("files must be a mapping that lists config.json")
-        for name, entry in files.items():
-            if not _FILE_NAME.fullmatch(name) or name == MANIFEST_NAME:
-                raise ValueError(f"file name {name!r} is not a plain name")
-            if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) or int(entry["bytes"]) < 0:
-                raise ValueError(f"entry of {name} needs sha256 and bytes")
-    except (ValueError, TypeError, KeyError) as exc:
-        raise ModelDirError(f"{manifest_path}: invalid model manifest: {exc}") from None
-    return manifest, bytes_sha256(raw)
+    return read_manifest_file(path, "model", ModelDirError, FORMAT, _check_model_manifest, kind=KIND)
+
+
+def _check_model_manifest(manifest: dict) -> None:
+    files = manifest["files"]
+    if not isinstance(files, dict) or "config.json" not in files:
+        raise ValueError("files must be a mapping that lists config.json")
+    for name, entry in files.items():
+        if not _FILE_NAME.fullmatch(name) or name == MANIFEST_NAME:
+            raise ValueError(f"file name {name!r} is not a plain name")
+        if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) or int(entry["bytes"]) < 0:
+            raise ValueError(f"entry of {name} needs sha256 and bytes")
 
 
 def verify_model_dir(path: str | Path, sha256: str | None = None) -> str | None:
