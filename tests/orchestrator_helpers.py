@@ -30,6 +30,20 @@ SMALL_CONFIG = {
     "promotion": {"min_score_vs_random": 0.0, "min_score_vs_heuristic": None},
 }
 
+# The smallest generation that still goes through every stage: for tests about what happens
+# around a generation (claims, decisions, restarts), not about the network's strength.
+TINY_CONFIG = {**SMALL_CONFIG, "model": {"channels": 8, "blocks": 1}, "search": {"simulations": 4},
+               "selfplay": {"concurrent_games": 16}, "train": {"batch_size": 64, "epochs": 1},
+               "gauntlet": {**SMALL_CONFIG["gauntlet"], "games_vs_baseline": 4, "shard_games": 2,
+                            "max_games_vs_best": 2, "net_simulations": 2}}
+
+
+def tiny_selfplay(batch_games: int) -> dict:
+    """The self-play daemon of a TINY_CONFIG node: 4 simulations, a rest after each batch."""
+    return {"critical": True, "stop_timeout_s": 15,
+            "settings": {"batch_games": batch_games, "simulations": 4, "rest_s": 1.0}}
+
+
 # Mesh timing for several voters on a machine whose cores are busy with other work: the `fast`
 # profile's 0.8 s lease and 0.5 s requests make three loaded voters flap (every leader change
 # loses the training claims), so tests about the pipeline across a leader change use this.

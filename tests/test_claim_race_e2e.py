@@ -33,13 +33,14 @@ from app.config.mesh import PROFILES
 from app.db.registry import ModelRegistry, ModelStatus
 from tests.fault_proxy import LinkProxy, Passing
 from tests.orchestrator_helpers import (
-    SMALL_CONFIG,
     SMALL_DAEMONS,
+    TINY_CONFIG,
     NodeFiles,
     leader_of,
     start_node,
     stop_nodes,
     tail,
+    tiny_selfplay,
     wait_until,
     write_node_files,
 )
@@ -48,16 +49,13 @@ pytestmark = pytest.mark.slow
 
 IDS = ["n0", "n1", "n2"]
 LEADER = "n2"
-CONFIG = {**SMALL_CONFIG, "model": {"channels": 8, "blocks": 1}, "search": {"simulations": 4},
-          "selfplay": {"concurrent_games": 16}, "train": {"batch_size": 64, "epochs": 1},
-          "gauntlet": {**SMALL_CONFIG["gauntlet"], "games_vs_baseline": 4, "shard_games": 2,
-                       "max_games_vs_best": 2, "net_simulations": 2},
+CONFIG = {**TINY_CONFIG,
           # a claim lapses 10 s after its last renewal: long for a busy CPU to lapse by accident,
           # short for the paused claimant to lapse on purpose
           "mesh": {"timing": {**PROFILES["fast"].model_dump(), "claim_ttl": 10.0, "request_timeout": 3.0}}}
 WORKER_DAEMONS = {**SMALL_DAEMONS, "daemons": {
     **SMALL_DAEMONS["daemons"],
-    "selfplay": {"critical": True, "stop_timeout_s": 15, "settings": {"batch_games": 16, "simulations": 4, "rest_s": 1.0}},
+    "selfplay": tiny_selfplay(16),
     "export": {"critical": True, "settings": {"min_new_games": 32, "poll_s": 0.5, "sync_budget_s": 5}},
 }}
 # The leader: mesh, work queue and decisions only (the export spec keeps its threshold for scheduling).

@@ -25,12 +25,13 @@ from aiohttp import web
 
 from tests.fault_proxy import LinkProxy, Passing
 from tests.orchestrator_helpers import (
-    SMALL_CONFIG,
     SMALL_DAEMONS,
+    TINY_CONFIG,
     NodeFiles,
     start_node,
     stop_nodes,
     tail,
+    tiny_selfplay,
     wait_until,
     write_node_files,
 )
@@ -39,13 +40,9 @@ pytestmark = pytest.mark.slow
 
 IDS = ["n0", "n1", "n2"]
 KEY = "generation/1"
-CONFIG = {**SMALL_CONFIG, "model": {"channels": 8, "blocks": 1}, "search": {"simulations": 4},
-          "selfplay": {"concurrent_games": 16}, "train": {"batch_size": 64, "epochs": 1},
-          "gauntlet": {**SMALL_CONFIG["gauntlet"], "games_vs_baseline": 4, "shard_games": 2,
-                       "max_games_vs_best": 2, "net_simulations": 2}}
 DAEMONS = {**SMALL_DAEMONS, "daemons": {
     **SMALL_DAEMONS["daemons"],
-    "selfplay": {"critical": True, "stop_timeout_s": 15, "settings": {"batch_games": 16, "simulations": 4, "rest_s": 1.0}},
+    "selfplay": tiny_selfplay(16),
     "export": {"critical": True, "settings": {"min_new_games": 32, "poll_s": 0.5, "sync_budget_s": 20}},
 }}
 
@@ -88,7 +85,7 @@ def log_has(files: NodeFiles, event: str) -> bool:
 @pytest.mark.timeout(1200)  # generous bounds: a generation on three nodes of two busy cores
 def test_a_new_leader_finishes_the_decision_its_predecessor_stored_but_never_announced(tmp_path) -> None:
     env = {"MESH_SECRET": secrets.token_hex(16)}
-    nodes = {nid: write_node_files(tmp_path / nid, nid, CONFIG, DAEMONS) for nid in IDS}
+    nodes = {nid: write_node_files(tmp_path / nid, nid, TINY_CONFIG, DAEMONS) for nid in IDS}
     hook = KillAtQuorumStore()
     procs: dict = {}
 

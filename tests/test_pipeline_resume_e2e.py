@@ -20,13 +20,14 @@ from app.db.registry import ModelRegistry
 from app.db.replay_db import ReplayDB
 from app.training.dataset import dataset_sha256
 from tests.orchestrator_helpers import (
-    SMALL_CONFIG,
     SMALL_DAEMONS,
+    TINY_CONFIG,
     NodeFiles,
     group_alive,
     kill_group,
     start_node,
     tail,
+    tiny_selfplay,
     wait_until,
     write_node_files,
 )
@@ -36,16 +37,13 @@ pytestmark = pytest.mark.slow
 
 STAGES = ["collecting", "exported", "training", "trained", "evaluated"]
 # Ten stops and eleven starts: the smallest generation that still goes through every stage.
-CONFIG = {**SMALL_CONFIG, "model": {"channels": 8, "blocks": 1}, "search": {"simulations": 4},
-          "selfplay": {"concurrent_games": 16}, "train": {"batch_size": 64, "epochs": 1},
-          "gauntlet": {**SMALL_CONFIG["gauntlet"], "games_vs_baseline": 4, "max_games_vs_best": 2,
-                       "net_simulations": 2}}
+CONFIG = TINY_CONFIG
 # A held daemon only leaves its hold when cancelled: a short stop timeout keeps each drain short
 # (not the train daemon's: a SIGTERM mid-training stops torchrun as in production).
 DAEMONS = {**SMALL_DAEMONS, "daemons": {
     **{name: {**spec, "stop_timeout_s": 3} if name in ("export", "gauntlet", "promote") else spec
        for name, spec in SMALL_DAEMONS["daemons"].items()},
-    "selfplay": {"critical": True, "stop_timeout_s": 15, "settings": {"batch_games": 8, "simulations": 4, "rest_s": 1.0}},
+    "selfplay": tiny_selfplay(8),
     "export": {"critical": True, "stop_timeout_s": 3, "settings": {"min_new_games": 24, "poll_s": 0.5}},
 }}
 
