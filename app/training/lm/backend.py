@@ -108,14 +108,13 @@ def grad_norm_and_clip(model: nn.Module, max_norm: float | None) -> float:
     return float(norm)
 
 
-class LocalBackend:
-    """One process, the whole model. Synchronous: every future is already done."""
+class AccumulatingBackend:
+    """What the backends share: micro-batches accumulate gradients and stats, a step clips,
+    steps and reports them (`_reduce_stats`: as they are on one process, summed over the ranks
+    of a sharded model), checkpoints are DCP directories."""
 
-    def __init__(self, model: nn.Module, optim: OptimConfig, loss_fn: LossFn,
-                 device: torch.device | None = None) -> None:
-        self.rank, self.world_size = 0, 1
-        self.device = device or torch.device("cpu")
-        self.model = model.to(self.device)
+    def __init__(self, model: nn.Module, optim: OptimConfig, loss_fn: LossFn) -> None:
+        self.model = model
         self.model.train()
         self.optim_cfg = optim
         self.optimizer = make_optimizer(self.model, optim)
@@ -131,14 +130,27 @@ class LocalBackend:
         norm = grad_norm_and_clip(self.model, self.optim_cfg.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        stats, self._pending = {**self._pending, "grad_norm": norm}, {}
-        return done(stats)
+        stats, self._pending = self._reduce_stats(self._pending), {}
+        return done({**stats, "grad_norm": norm})
+
+    def _reduce_stats(self, stats: dict[str, float]) -> dict[str, float]:
+        return stats
 
     def save_checkpoint(self, directory: str | Path) -> None:
         dcp_io.save_sharded(self.model, self.optimizer, Path(directory))
 
     def load_checkpoint(self, directory: str | Path) -> None:
         dcp_io.load_sharded(self.model, self.optimizer, Path(directory))
+
+
+class LocalBackend(AccumulatingBackend):
+    """One process, the whole model. Synchronous: every future is already done."""
+
+    def __init__(self, model: nn.Module, optim: OptimConfig, loss_fn: LossFn,
+                 device: torch.device | None = None) -> None:
+        self.rank, self.world_size = 0, 1
+        self.device = device or torch.device("cpu")
+        super().__init__(model.to(self.device), optim, loss_fn)
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}

@@ -12,8 +12,6 @@ Synchronous: every future it returns is already done.
 
 from __future__ import annotations
 
-from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,17 +19,8 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from app.training.lm import dcp_io
-from app.training.lm.backend import (
-    LossFn,
-    OptimConfig,
-    add_into,
-    done,
-    grad_norm_and_clip,
-    make_optimizer,
-    run_micro_batch,
-)
+from app.training.lm.backend import AccumulatingBackend, LossFn, OptimConfig
 from app.training.lm.dist_env import DistEnv
-from app.training.lm.grpo import Batch
 
 
 def shard_model(model: nn.Module, reshard_after_forward: bool = True) -> nn.Module:
@@ -47,38 +36,17 @@ def shard_model(model: nn.Module, reshard_after_forward: bool = True) -> nn.Modu
     return model
 
 
-class FSDPBackend:
+class FSDPBackend(AccumulatingBackend):
     def __init__(self, model: nn.Module, optim: OptimConfig, loss_fn: LossFn, env: DistEnv,
                  reshard_after_forward: bool = True) -> None:
         self.env = env
         self.rank, self.world_size, self.device = env.rank, env.world_size, env.device
-        self.model = shard_model(model.to(env.device), reshard_after_forward)
-        self.model.train()
-        self.optim_cfg = optim
-        self.optimizer = make_optimizer(self.model, optim)
-        self.loss_fn = loss_fn
-        self._pending: dict[str, float] = {}
+        super().__init__(shard_model(model.to(env.device), reshard_after_forward), optim, loss_fn)
 
-    def forward_backward(self, batch: Batch, loss_fn: LossFn | None = None) -> Future[dict[str, float]]:
-        stats = run_micro_batch(self.model, batch.to(self.device), loss_fn or self.loss_fn)
-        add_into(self._pending, stats)
-        return done(stats)
-
-    def optim_step(self) -> Future[dict[str, float]]:
-        """Step on the accumulated gradients; the stats are summed over micro-batches AND ranks."""
-        norm = grad_norm_and_clip(self.model, self.optim_cfg.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        keys = sorted(self._pending)
-        summed = dict(zip(keys, self.env.all_reduce_sum([self._pending[k] for k in keys])))
-        self._pending = {}
-        return done({**summed, "grad_norm": norm})
-
-    def save_checkpoint(self, directory: str | Path) -> None:
-        dcp_io.save_sharded(self.model, self.optimizer, Path(directory))
-
-    def load_checkpoint(self, directory: str | Path) -> None:
-        dcp_io.load_sharded(self.model, self.optimizer, Path(directory))
+    def _reduce_stats(self, stats: dict[str, float]) -> dict[str, float]:
+        """A step's stats are summed over micro-batches AND ranks."""
+        keys = sorted(stats)
+        return dict(zip(keys, self.env.all_reduce_sum([stats[k] for k in keys])))
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """Whole weights on EVERY rank (each may feed its own generation engine). Collective."""
