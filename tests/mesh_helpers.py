@@ -23,6 +23,10 @@ from app.coordination.p2p.persist import leaders_by_term, read_history
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "test-mesh-secret"
+# How long a test waits for a state the mesh must reach (a leader, a step-down) with both cores
+# busy and several node processes: a bound on the test, not a speed aim. The profile's
+# detection and failover aims are held by scripts/bench_mesh.py.
+LIVENESS_S = 45.0
 
 
 def free_ports(n: int) -> list[int]:
