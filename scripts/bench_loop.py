@@ -62,6 +62,9 @@ def run_loop(config: Path | None, daemons: Path, data_dir: Path, minutes: float,
         cmd += ["--config", str(config)]
     started = time.time()
     deadline = started + minutes * 60
+    # The loop runs in its own session, so a SIGTERM to the bench would orphan it: turn the
+    # signal into SystemExit here, and the `finally` below takes the loop's process group down.
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     with open(data_dir.parent / f"{data_dir.name}.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
         try:
@@ -72,14 +75,30 @@ def run_loop(config: Path | None, daemons: Path, data_dir: Path, minutes: float,
                     proc.wait(timeout=max(0.0, min(tick_s, deadline - time.time())))
                 except subprocess.TimeoutExpired:
                     pass
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout=60)
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+            signal.signal(signal.SIGTERM, previous)
+            _stop_group(proc)
     return started, time.time()
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM (the orchestrator stops its daemons and workers), SIGKILL after a 60 s grace;
+    then whatever of its process group is left."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=10)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def game_counts(data_dir: Path) -> tuple[int, int]:

@@ -1,7 +1,7 @@
-"""The learning levers of issue 15, each behind a config flag whose default is the old behaviour:
+"""The learning levers of issue 15, each behind a config flag (the defaults are the measured ones):
 playout-cap randomisation (per-tree search budgets and noise, fast moves left out of the data),
-value targets mixing the result with the search's value, and a training window that grows
-with the data."""
+random openings (played, recorded, never sampled), value targets mixing the result with the
+search's value, and a training window that grows with the data."""
 
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ from app.ai.mcts import SearchTree, run_searches
 from app.config import Settings
 from app.config.pipeline import ExportConfig, SearchConfig, SelfplayConfig
 from app.db.replay_db import GameRecord, MoveRecord, ReplayDB
-from app.games import get_game
+from app.games import GameError, get_game
 from app.training.dataset import load_dataset
 from app.training.export import ExportError, WindowGrowth, export_dataset, game_samples, value_target
 from app.training.selfplay import play_games, search_budgets
+from app.training.selfplay_games import random_opening
 
 GAME = get_game("connect4")
 
@@ -68,12 +69,48 @@ def test_selfplay_marks_fast_moves_and_is_unchanged_when_off() -> None:
     on = Settings(selfplay=SelfplayConfig(concurrent_games=8, full_search_prob=0.3, fast_simulations=2))
     records = list(play_games(8, UniformEvaluator(GAME), on, 8, np.random.default_rng(1)))
     fast = [p for r in records for p in r.search["fast_plies"]]
-    plies = sum(len(r.moves) for r in records)
+    plies = sum(len(r.moves) - r.search["opening_plies"] for r in records)  # the searched moves
     assert all(0 <= p < len(r.moves) for r in records for p in r.search["fast_plies"])
     assert 0.5 < len(fast) / plies < 0.9  # about 70 % fast at full_search_prob 0.3
     assert records[0].search["full_search_prob"] == 0.3 and records[0].search["fast_simulations"] == 2
     off = list(play_games(4, UniformEvaluator(GAME), Settings(), 8, np.random.default_rng(1)))
     assert all("fast_plies" not in r.search and "full_search_prob" not in r.search for r in off)
+    assert all("opening_plies" in r.search for r in off)  # random openings are on by default
+
+
+def test_random_openings_are_legal_bounded_and_off_by_default() -> None:
+    rng = np.random.default_rng(7)
+    before = rng.bit_generator.state
+    assert random_opening(GAME, 0, rng) == [] and rng.bit_generator.state == before  # off: nothing drawn
+    lengths = []
+    for _ in range(300):
+        moves = random_opening(GAME, 12, rng)
+        state = GAME.initial_state()
+        for move in moves:
+            state = state.play(move)  # raises on an illegal move
+        assert not state.is_terminal
+        lengths.append(len(moves))
+    assert min(lengths) == 0 and max(lengths) == 12  # uniform over 0..12: both ends come up in 300 draws
+
+
+def test_selfplay_records_its_random_opening_and_export_leaves_it_out() -> None:
+    on = Settings(selfplay=SelfplayConfig(concurrent_games=8, random_opening_plies=10))
+    records = list(play_games(16, UniformEvaluator(GAME), on, 8, np.random.default_rng(2)))
+    openings = [r.search["opening_plies"] for r in records]
+    assert all(0 <= k <= 10 for k in openings) and len(set(openings)) > 3
+    for record in records:
+        k = record.search["opening_plies"]
+        assert all(sum(m.visits) == pytest.approx(1.0) and m.visits[m.action] == 1.0 for m in record.moves[:k])
+        planes, _, _ = game_samples(GAME, record, augment=False)
+        assert len(planes) == len(record.moves) - k  # every searched move, none of the opening
+    off = Settings(selfplay=SelfplayConfig(random_opening_plies=0))
+    assert all("opening_plies" not in r.search for r in play_games(4, UniformEvaluator(GAME), off, 8, np.random.default_rng(1)))
+    bad = GameRecord(uid="b", game=GAME.name, moves=records[0].moves, winner=records[0].winner,
+                     search={**records[0].search, "opening_plies": len(records[0].moves) + 1})
+    with pytest.raises(GameError, match="opening_plies"):
+        game_samples(GAME, bad, augment=False)
+    with pytest.raises(ValueError):
+        SelfplayConfig(random_opening_plies=-1)
 
 
 # ---- what export makes of it ------------------------------------------------------------------
@@ -141,10 +178,11 @@ def test_window_grows_with_the_data_up_to_its_cap(tmp_path: Path) -> None:
 
 
 def test_the_measured_levers_are_the_defaults_and_bad_values_are_refused() -> None:
-    """The 2-core defaults (docs/BENCHMARKS.md): value mixing and a growing window on, playout-cap
-    randomisation off (not measured yet)."""
+    """The 2-core defaults (docs/BENCHMARKS.md): value mixing, a growing window and random openings
+    of up to 10 plies on, playout-cap randomisation off (measured: no gain per CPU minute)."""
     s = Settings()
     assert s.selfplay.full_search_prob == 1.0 and s.export.value_target_mix == 0.25
+    assert s.selfplay.random_opening_plies == 10
     assert s.export.window_base_games == 2000 and s.train.max_steps == 400
     for bad in ({"full_search_prob": 0.0}, {"full_search_prob": 1.2}, {"fast_simulations": 0}):
         with pytest.raises(ValueError):

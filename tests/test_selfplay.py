@@ -65,7 +65,8 @@ def test_in_process_selfplay_with_a_network(tmp_path: Path, tiny_model) -> None:
                            progress=seen.append)
     records = assert_complete_games(tmp_path / "g.db", expected=6)
     assert summary.games == 6 and seen[-1] == 6
-    assert summary.positions == sum(len(r.moves) for r in records)
+    # searched positions: the random opening's moves are not searched (selfplay.random_opening_plies)
+    assert summary.positions == sum(len(r.moves) - r.search.get("opening_plies", 0) for r in records)
     assert summary.first_player_wins + summary.second_player_wins + summary.draws == 6
     assert summary.model_sha256 == sha and not summary.stopped
     assert all(r.model_sha256 == sha and r.node_id == "node-a" for r in records)

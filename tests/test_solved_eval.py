@@ -20,8 +20,8 @@ from app.ai.model import Architecture, ModelMeta, new_model, save_model
 from app.config.pipeline import SearchConfig
 from app.games import get_game
 from app.training.solved_eval import (
-    ScoredPosition, SolvedEvalError, accuracy, default_positions_path, load_positions, mcts_choices,
-    network_choices, parse_line, random_mover_accuracy, score_model,
+    ScoredPosition, SolvedEvalError, accuracy, coverage, default_positions_path, load_positions, mcts_choices,
+    network_choices, parse_line, random_mover_accuracy, score_model, seen_in,
 )
 from tests.conftest import REPO
 
@@ -126,6 +126,54 @@ def test_cli_prints_one_json_object_and_fails_cleanly(tmp_path: Path, tiny_net) 
                               str(tmp_path / "nowhere.txt")], cwd=REPO, capture_output=True, text=True, timeout=100)
     assert missing.returncode == 2
     assert "nowhere.txt: solved move scores not found" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def game_through(moves: str, seed: int = 0):
+    """A finished game record that passes through the Pons position `moves` (random moves after it)."""
+    from app.db.replay_db import GameRecord, MoveRecord
+
+    rng = np.random.default_rng(seed)
+    state, played = GAME.initial_state(), [int(c) - 1 for c in moves]
+    for move in played:
+        state = state.play(move)
+    while not state.is_terminal:
+        legal = state.legal_moves()
+        played.append(int(legal[rng.integers(len(legal))]))
+        state = state.play(played[-1])
+    uniform = [1.0 / GAME.num_actions] * GAME.num_actions
+    return GameRecord(uid=f"through-{moves}", game=GAME.name, moves=[MoveRecord(m, uniform) for m in played],
+                      winner=state.winner, finished_at=1.0)
+
+
+def test_coverage_splits_accuracy_by_what_the_dataset_holds(tmp_path: Path, tiny_net) -> None:
+    from app.db.replay_db import ReplayDB
+    from app.training.export import export_dataset
+
+    positions = load_positions(default_positions_path(REPO))[:40]
+    planes = np.stack([GAME.parse(p.moves).planes() for p in positions[:3]])
+    seen = seen_in(positions, planes)
+    assert seen[:3] == [True] * 3 and sum(seen) == 3
+    choices = network_choices(tiny_net, positions)
+    split = coverage(positions, choices, seen)
+    assert split["positions_seen"] == 3 and split["seen"]["positions"] == 3 and split["unseen"]["positions"] == 37
+    assert split["seen"]["exact"] == accuracy(positions[:3], choices[:3])["exact"]
+    with pytest.raises(ValueError, match="40 positions, 40 choices, 2 seen flags"):
+        coverage(positions, choices, seen[:2])
+    # the CLI: a dataset exported from a game through the first two positions
+    with ReplayDB(tmp_path / "games.db") as db:
+        for i, p in enumerate(positions[:2]):
+            db.add_game(game_through(p.moves, seed=i))
+    export_dataset([tmp_path / "games.db"], tmp_path / "ds", holdout_fraction=0.0, augment=False)
+    model = tmp_path / "m.safetensors"
+    save_model(tiny_net, ModelMeta(Architecture(8, 1, GAME.plane_shape, GAME.num_actions), GAME.name), model)
+    cmd = [sys.executable, "scripts/solved_eval.py", "--model", str(model), "--sims", "0", "--limit", "40"]
+    proc = subprocess.run(cmd + ["--dataset", str(tmp_path / "ds")], cwd=REPO, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)["coverage"]
+    assert report["positions_seen"] >= 2 and report["seen"]["positions"] + report["unseen"]["positions"] == 40
+    missing = subprocess.run(cmd + ["--dataset", str(tmp_path / "nowhere")], cwd=REPO, capture_output=True,
+                             text=True, timeout=100)
+    assert missing.returncode == 2 and "nowhere" in missing.stderr and "Traceback" not in missing.stderr
 
 
 def test_cpu_of_a_process_tree_counts_live_and_reaped_children() -> None:

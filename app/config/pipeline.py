@@ -31,6 +31,11 @@ class SelfplayConfig(StrictModel):
     # (no noise, not a training sample). 1.0 = every move a full search (off).
     full_search_prob: float = Field(1.0, gt=0.0, le=1.0)
     fast_simulations: int = Field(8, ge=1)
+    # Random openings: each game starts after k uniformly random moves, k uniform in
+    # 0..random_opening_plies (0 = off, every game from the empty board). The random moves are
+    # played, recorded and never sampled, so every training position is one the search played on
+    # from; they widen coverage beyond the lines the network already likes (docs/BENCHMARKS.md).
+    random_opening_plies: int = Field(10, ge=0, le=20)
 
 
 class ExportConfig(StrictModel):

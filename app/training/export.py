@@ -123,12 +123,17 @@ def game_samples(game: Game, record: GameRecord, augment: bool,
                  value_mix: float = 0.0) -> tuple[list[np.ndarray], list[np.ndarray], list[float]]:
     """Replay one game through the rules: (planes, visit targets, value targets), one per
     position (times the number of symmetries when `augment`); moves self-play marked as fast
-    searches (`search["fast_plies"]`, playout-cap randomisation) are played but not sampled.
+    searches (`search["fast_plies"]`, playout-cap randomisation) and the random opening a game
+    started with (`search["opening_plies"]`) are played but not sampled.
     A record the rules reject raises GameError."""
     planes_out: list[np.ndarray] = []
     policy_out: list[np.ndarray] = []
     value_out: list[float] = []
-    fast = set(record.search.get("fast_plies", ())) if isinstance(record.search, dict) else set()
+    search = record.search if isinstance(record.search, dict) else {}
+    opening = search.get("opening_plies", 0)
+    if not isinstance(opening, int) or isinstance(opening, bool) or not 0 <= opening <= len(record.moves):
+        raise GameError(f"opening_plies {opening!r} is not a count of the game's {len(record.moves)} moves")
+    fast = set(search.get("fast_plies", ())) | set(range(opening))
     state = game.initial_state()
     for ply, move in enumerate(record.moves):
         if ply in fast:

@@ -147,7 +147,8 @@ class _Tally:
 
     def add(self, record: GameRecord) -> None:
         self.games += 1
-        self.positions += len(record.moves)
+        # searched positions: a random opening's moves cost no search (selfplay.random_opening_plies)
+        self.positions += len(record.moves) - int(record.search.get("opening_plies", 0))
         if record.winner is None:
             self.draws += 1
         else:

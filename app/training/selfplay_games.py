@@ -19,7 +19,7 @@ from app.ai.mcts import SearchTree, choose_action, run_searches, temperature_for
 from app.ai.model import load_model
 from app.config import Settings
 from app.db.replay_db import GameRecord, MoveRecord
-from app.games import get_game
+from app.games import Game, get_game
 
 
 def search_settings(settings: Settings, simulations: int, evaluator: str) -> dict:
@@ -34,6 +34,29 @@ def search_settings(settings: Settings, simulations: int, evaluator: str) -> dic
         recorded.update(full_search_prob=settings.selfplay.full_search_prob,
                         fast_simulations=settings.selfplay.fast_simulations)
     return recorded
+
+
+def random_opening(game: Game, max_plies: int, rng: np.random.Generator) -> list[int]:
+    """0..max_plies uniformly random moves from the empty board that do not end the game.
+
+    With `max_plies` 0 no random number is drawn, so self-play with the feature off is exactly
+    what it was before it existed. A line that ends the game is drawn again (in Connect Four
+    that needs 7 plies or more and a lucky line, so it is rare).
+    """
+    if max_plies <= 0:
+        return []
+    plies = int(rng.integers(max_plies + 1))
+    while True:
+        state, moves = game.initial_state(), []
+        for _ in range(plies):
+            legal = state.legal_moves()
+            move = int(legal[rng.integers(len(legal))])
+            state = state.play(move)
+            moves.append(move)
+            if state.is_terminal:
+                break
+        if not state.is_terminal:
+            return moves
 
 
 def search_budgets(n: int, simulations: int, full_search_prob: float, fast_simulations: int,
@@ -74,7 +97,13 @@ def play_games(
     def new_slot() -> _Slot:
         nonlocal started
         started += 1
-        return _Slot(SearchTree(game.initial_state(), game.num_actions), [], time.time())
+        opening = random_opening(game, settings.selfplay.random_opening_plies, rng)
+        state = game.initial_state()
+        moves = []
+        for move in opening:
+            state = state.play(move)
+            moves.append(MoveRecord(move, np.eye(game.num_actions, dtype=np.float32)[move].tolist(), 0.0))
+        return _Slot(SearchTree(state, game.num_actions), moves, time.time(), opening_plies=len(opening))
 
     slots = [new_slot() for _ in range(concurrent)]
     while slots:
@@ -95,8 +124,11 @@ def play_games(
             if not final.is_terminal:
                 still.append(slot)
                 continue
-            # fast_plies: moves of a fast search, which export leaves out of the training data
+            # fast_plies: moves of a fast search, which export leaves out of the training data;
+            # opening_plies: the random moves the game started with, also left out
             record_search = {**search, "fast_plies": slot.fast_plies} if "full_search_prob" in search else search
+            if settings.selfplay.random_opening_plies:
+                record_search = {**record_search, "opening_plies": slot.opening_plies}
             yield GameRecord(
                 uid=uuid.uuid4().hex, game=game.name, moves=slot.moves, winner=final.winner,
                 model_sha256=model_sha256, node_id=node_id, search=record_search, config=config,
@@ -113,6 +145,7 @@ class _Slot:
     moves: list[MoveRecord]
     started_at: float
     fast_plies: list[int] = field(default_factory=list)
+    opening_plies: int = 0
 
 
 def make_evaluator(model_path, model_sha256: str | None, settings: Settings) -> Evaluator:

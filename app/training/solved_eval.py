@@ -146,6 +146,28 @@ def random_mover_accuracy(positions: Sequence[ScoredPosition]) -> dict:
             "outcome": round(float(np.mean(outcome)), 4)}
 
 
+def seen_in(positions: Sequence[ScoredPosition], planes: np.ndarray, game: Game | None = None) -> list[bool]:
+    """Whether each position occurs among `planes` (a dataset's training inputs, mirror images
+    included), compared as the exact input the network gets."""
+    game = game or get_game("connect4")
+    stored = {np.ascontiguousarray(row, dtype=np.float32).tobytes() for row in planes}
+    return [np.ascontiguousarray(game.parse(p.moves).planes(), dtype=np.float32).tobytes() in stored
+            for p in positions]
+
+
+def coverage(positions: Sequence[ScoredPosition], choices: Sequence[int], seen: Sequence[bool]) -> dict:
+    """Accuracy on the positions a dataset holds and on those it does not: is a model weak where
+    self-play never went (coverage), or also where it trained (targets, capacity)?"""
+    if not len(positions) == len(choices) == len(seen):
+        raise ValueError(f"{len(positions)} positions, {len(choices)} choices, {len(seen)} seen flags")
+    split = {}
+    for name, flag in (("seen", True), ("unseen", False)):
+        idx = [i for i, s in enumerate(seen) if bool(s) == flag]
+        if idx:
+            split[name] = accuracy([positions[i] for i in idx], [choices[i] for i in idx])
+    return {"positions_seen": int(sum(bool(s) for s in seen)), **split}
+
+
 # ---- choosing moves --------------------------------------------------------------------------
 
 
