@@ -8,56 +8,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.conftest import REPO
-from tests.orchestrator_helpers import TINY_CONFIG
-
-
-def processes_naming(text: str) -> list[int]:
-    """Pids whose command line contains `text` (this test's data dir is unique to it)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in cmdline and int(entry.name) != os.getpid():
-            pids.append(int(entry.name))
-    return pids
-
-
-def session_members(sid: int) -> list[int]:
-    """Pids in session `sid`: the loop was started in a new session, so this is the orchestrator
-    and everything it started (self-play workers, torchrun, the gauntlet)."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp session
-        if int(fields[3]) == sid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+from tests.orchestrator_helpers import TINY_CONFIG, group_alive, wait_until
+from tests.train_fixtures import live_pids_with_marker
 
 
 @pytest.mark.timeout(240)
@@ -69,18 +27,21 @@ def test_sigterm_to_the_bench_stops_its_loop(tmp_path: Path) -> None:
         [sys.executable, "scripts/bench_learning.py", "--minutes", "10", "--config", str(config),
          "--data-dir", str(data_dir), "--out", str(tmp_path / "out"), "--mcts-sims", "0", "--final-games", "0"],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # the loop's orchestrator, not the bench (whose command line names the data dir too);
+    # /proc's command lines separate the arguments with NULs
+    marker = "\0".join(["app.p2p_orchestrator", "--daemons", str(REPO / "daemons.yaml"), "--data-dir", str(data_dir), ""])
     try:
-        # the orchestrator is up when its process names the data dir and it has written its log
-        loop = wait_for(lambda: processes_naming(f"app.p2p_orchestrator --daemons {REPO / 'daemons.yaml'} --data-dir {data_dir} "),
-                        90, "the loop's orchestrator to start")
+        loop = wait_until(lambda: live_pids_with_marker(marker), 90, what="the loop's orchestrator to start")
         assert bench.poll() is None
         bench.send_signal(signal.SIGTERM)
         assert bench.wait(timeout=120) == 128 + signal.SIGTERM
+        # the loop was started in a new session: its process group is the orchestrator and
+        # everything it started (self-play workers, torchrun, the gauntlet)
         [orchestrator] = loop
-        wait_for(lambda: not session_members(orchestrator), 30, f"the loop's session {orchestrator} to end")
+        wait_until(lambda: not group_alive(orchestrator), 30, what=f"the loop's process group {orchestrator} to end")
     finally:
         if bench.poll() is None:
             bench.kill()
             bench.wait(timeout=10)
-        for pid in processes_naming(str(data_dir)):
+        for pid in live_pids_with_marker(marker):
             os.killpg(pid, signal.SIGKILL)
