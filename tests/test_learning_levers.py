@@ -81,14 +81,15 @@ def test_selfplay_marks_fast_moves_and_is_unchanged_when_off() -> None:
 def test_random_openings_are_legal_bounded_and_off_by_default() -> None:
     rng = np.random.default_rng(7)
     before = rng.bit_generator.state
-    assert random_opening(GAME, 0, rng) == [] and rng.bit_generator.state == before  # off: nothing drawn
+    moves, reached = random_opening(GAME, 0, rng)
+    assert moves == [] and reached == GAME.initial_state() and rng.bit_generator.state == before  # off: nothing drawn
     lengths = []
     for _ in range(300):
-        moves = random_opening(GAME, 12, rng)
+        moves, reached = random_opening(GAME, 12, rng)
         state = GAME.initial_state()
         for move in moves:
             state = state.play(move)  # raises on an illegal move
-        assert not state.is_terminal
+        assert not state.is_terminal and state == reached
         lengths.append(len(moves))
     assert min(lengths) == 0 and max(lengths) == 12  # uniform over 0..12: both ends come up in 300 draws
 

@@ -19,7 +19,7 @@ from app.ai.mcts import SearchTree, choose_action, run_searches, temperature_for
 from app.ai.model import load_model
 from app.config import Settings
 from app.db.replay_db import GameRecord, MoveRecord
-from app.games import Game, get_game
+from app.games import Game, GameState, get_game
 
 
 def search_settings(settings: Settings, simulations: int, evaluator: str) -> dict:
@@ -36,15 +36,16 @@ def search_settings(settings: Settings, simulations: int, evaluator: str) -> dic
     return recorded
 
 
-def random_opening(game: Game, max_plies: int, rng: np.random.Generator) -> list[int]:
-    """0..max_plies uniformly random moves from the empty board that do not end the game.
+def random_opening(game: Game, max_plies: int, rng: np.random.Generator) -> tuple[list[int], GameState]:
+    """0..max_plies uniformly random moves from the empty board that do not end the game, and
+    the position they reach.
 
     With `max_plies` 0 no random number is drawn, so self-play with the feature off is exactly
     what it was before it existed. A line that ends the game is drawn again (in Connect Four
     that needs 7 plies or more and a lucky line, so it is rare).
     """
     if max_plies <= 0:
-        return []
+        return [], game.initial_state()
     plies = int(rng.integers(max_plies + 1))
     while True:
         state, moves = game.initial_state(), []
@@ -56,7 +57,7 @@ def random_opening(game: Game, max_plies: int, rng: np.random.Generator) -> list
             if state.is_terminal:
                 break
         if not state.is_terminal:
-            return moves
+            return moves, state
 
 
 def search_budgets(n: int, simulations: int, full_search_prob: float, fast_simulations: int,
@@ -97,12 +98,9 @@ def play_games(
     def new_slot() -> _Slot:
         nonlocal started
         started += 1
-        opening = random_opening(game, settings.selfplay.random_opening_plies, rng)
-        state = game.initial_state()
-        moves = []
-        for move in opening:
-            state = state.play(move)
-            moves.append(MoveRecord(move, np.eye(game.num_actions, dtype=np.float32)[move].tolist(), 0.0))
+        opening, state = random_opening(game, settings.selfplay.random_opening_plies, rng)
+        # recorded so the game replays; one-hot visits, never a training target (export skips them)
+        moves = [MoveRecord(move, np.eye(game.num_actions, dtype=np.float32)[move].tolist(), 0.0) for move in opening]
         return _Slot(SearchTree(state, game.num_actions), moves, time.time(), opening_plies=len(opening))
 
     slots = [new_slot() for _ in range(concurrent)]
