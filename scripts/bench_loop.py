@@ -102,11 +102,11 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 
 def game_counts(data_dir: Path) -> tuple[int, int]:
-    """(games, positions) stored by the loop."""
+    """(games, positions the search played) stored by the loop; random openings' moves do not count."""
     if not (data_dir / "games.db").exists():
         return 0, 0
     with ReplayDB(data_dir / "games.db") as db:
-        return db.count(), db.count_positions()
+        return db.count(), db.count_searched_positions()
 
 
 def pipeline_history(data_dir: Path) -> list[dict]:

@@ -7,6 +7,8 @@ Prints ONE JSON object:
 - `step_loop`: samples/s of `app.training.trainer.Trainer.train_step` (1 rank, DDP over gloo)
   and of a bare loop (same model weights, batches, AdamW, loss) run alternately in this
   process, and their ratio (target >= 0.9);
+- `layout`: samples/s of the bare loop with the network's channels-last weights and input (what
+  `PolicyValueNet` does) and with the default NCHW layout, alternately, and their ratio;
 - `torchrun`: wall seconds of a no-op job under the launcher (start-up), and for 1 and 2 CPU
   ranks of the real trainer: time to the first step and steady samples/s from metrics.jsonl.
 """
@@ -31,7 +33,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from app.ai.model import Architecture, new_model  # noqa: E402
+from app.ai.model import Architecture, PolicyValueNet, new_model  # noqa: E402
 from app.db.replay_db import GameRecord, MoveRecord, ReplayDB  # noqa: E402
 from app.games import get_game  # noqa: E402
 from app.training.dataset import Arrays, load_dataset  # noqa: E402
@@ -68,16 +70,18 @@ def init_single_rank() -> DistContext:
     return DistContext(0, 1, 0, torch.device("cpu"))
 
 
-def bare_loop(model: torch.nn.Module, data: dict[str, torch.Tensor], batches: list[torch.Tensor], lr: float, wd: float):
+def bare_loop(model: torch.nn.Module, data: dict[str, torch.Tensor], batches: list[torch.Tensor], lr: float, wd: float,
+              forward=None):
     """The reference: what one would write by hand, no DDP, no bookkeeping."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=wd)
+    forward = forward or model
     model.train()
 
     def run(step_batches: list[torch.Tensor]) -> float:
         start = time.perf_counter()
         for idx in step_batches:
             planes, policy, value = (data[k].index_select(0, idx) for k in ("planes", "policy", "value"))
-            logits, v = model(planes)
+            logits, v = forward(planes)
             loss = -(policy * torch.log_softmax(logits, -1)).sum(-1).mean() + torch.mean((v - value) ** 2)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -118,6 +122,40 @@ def bench_step_loop(train: Arrays, args: argparse.Namespace) -> dict:
             "ratio": round(statistics.median(ratios), 3), "ratios": [round(r, 3) for r in ratios],
             "batch": trainer.batch_size, "steps_per_round": n, "rounds": args.rounds,
             "model": f"{args.channels}x{args.blocks}"}
+
+
+def default_layout_forward(net: PolicyValueNet):
+    """The network's forward without its channels-last input (use it with contiguous weights):
+    the default NCHW layout that the network's own channels-last layout replaced."""
+    def forward(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = net.tower(net.stem(x))
+        return net.policy_head(h), net.value_head(h).squeeze(-1)
+    return forward
+
+
+def bench_layout(train: Arrays, args: argparse.Namespace) -> dict:
+    game = get_game("connect4")
+    arch = Architecture(args.channels, args.blocks, game.plane_shape, game.num_actions)
+    data = {"planes": torch.from_numpy(train.planes), "policy": torch.from_numpy(train.policy),
+            "value": torch.from_numpy(train.value)}
+    nhwc_net = new_model(arch, seed=0)
+    nchw_net = new_model(arch, seed=0).to(memory_format=torch.contiguous_format)
+    nhwc = bare_loop(nhwc_net, data, [], 1e-3, 1e-4)
+    nchw = bare_loop(nchw_net, data, [], 1e-3, 1e-4, forward=default_layout_forward(nchw_net))
+    gen = torch.Generator().manual_seed(0)
+    batch = min(args.batch, len(train))
+    warm = [torch.randperm(len(train), generator=gen)[:batch]]
+    nhwc(warm), nchw(warm)
+    fast, slow = [], []
+    for _ in range(args.rounds):
+        batches = [torch.randperm(len(train), generator=gen)[:batch] for _ in range(args.steps)]
+        slow.append(args.steps * batch / nchw(batches))
+        fast.append(args.steps * batch / nhwc(batches))
+    ratios = [a / b for a, b in zip(fast, slow)]
+    return {"channels_last_samples_per_s": round(statistics.median(fast), 1),
+            "nchw_samples_per_s": round(statistics.median(slow), 1),
+            "ratio": round(statistics.median(ratios), 3), "ratios": [round(r, 3) for r in ratios],
+            "batch": batch, "model": f"{args.channels}x{args.blocks}"}
 
 
 def bench_torchrun(dataset: Path, work: Path, args: argparse.Namespace) -> dict:
@@ -163,7 +201,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         dataset = random_games_dataset(work, args.games)
-        report = {"step_loop": bench_step_loop(load_dataset(dataset).train, args)}
+        train = load_dataset(dataset).train
+        report = {"step_loop": bench_step_loop(train, args), "layout": bench_layout(train, args)}
         if not args.skip_torchrun:
             report["torchrun"] = bench_torchrun(dataset, work, args)
     report["torch"] = torch.__version__

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from app.ai.model import (
     Architecture, ModelFormatError, ModelMeta, file_sha256, load_model, new_model, predict, read_meta, save_model,
@@ -41,6 +42,24 @@ def test_same_seed_same_sha(tmp_path) -> None:
     b = save_model(new_model(ARCH, seed=1), ModelMeta(ARCH, "connect4", created_at=0), tmp_path / "b.safetensors")
     c = save_model(new_model(ARCH, seed=2), ModelMeta(ARCH, "connect4", created_at=0), tmp_path / "c.safetensors")
     assert a.sha256 == b.sha256 != c.sha256
+
+
+def test_the_channels_last_layout_changes_neither_files_nor_outputs(tmp_path) -> None:
+    """The network keeps NHWC weights for speed; its files and answers are those of the NCHW layout."""
+    fast = new_model(ARCH, seed=1)
+    plain = new_model(ARCH, seed=1).to(memory_format=torch.contiguous_format)
+    conv = fast.stem[0].weight
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+    a = save_model(fast, ModelMeta(ARCH, "connect4", created_at=0), tmp_path / "a.safetensors")
+    b = save_model(plain, ModelMeta(ARCH, "connect4", created_at=0), tmp_path / "b.safetensors")
+    assert a.sha256 == b.sha256
+    loaded, _ = load_model(tmp_path / "b.safetensors")
+    assert loaded.stem[0].weight.is_contiguous(memory_format=torch.channels_last)
+    planes = np.random.default_rng(1).random((9, 3, 6, 7), dtype=np.float32)
+    for net in (plain, loaded):
+        p, v = predict(net, planes)
+        p_fast, v_fast = predict(fast, planes)
+        assert np.allclose(p, p_fast, atol=1e-6) and np.allclose(v, v_fast, atol=1e-6)
 
 
 def test_corrupt_weights_are_refused_by_path(tmp_path) -> None:

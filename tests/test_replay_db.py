@@ -20,6 +20,15 @@ def _game(uid: str, n_moves: int = 5) -> GameRecord:
     return GameRecord(uid=uid, game="connect4", moves=moves, winner=None, node_id="n1", search={"sims": 8})
 
 
+def test_searched_positions_leave_out_random_openings(db_target) -> None:
+    opened = _game("opened", 6)
+    opened.search["opening_plies"] = 2  # two random moves before the search took over
+    with ReplayDB(db_target) as db:
+        assert db.count_searched_positions() == 0
+        db.add_games([_game("plain", 5), opened])
+        assert db.count_positions() == 11 and db.count_searched_positions() == 9
+
+
 def test_insert_is_idempotent_by_uid(db_target) -> None:
     with ReplayDB(db_target) as db:
         assert db.add_game(_game("a")) is True

@@ -101,8 +101,15 @@ class PolicyValueNet(nn.Module):
             nn.Linear(height * width, ch), nn.ReLU(), nn.Linear(ch, 1), nn.Tanh(),
         )
 
+        # Channels-last weights and inputs take oneDNN's NHWC convolutions on CPU: on one thread
+        # for the 48x4 net, ~1.25x the positions per second in self-play (batch 64) and ~1.2x the
+        # training samples per second (batch 256) of the default layout (docs/BENCHMARKS.md).
+        # Weights in the same layout as their gradients keep DDP's buckets free of copies;
+        # `save_model` writes them contiguous, so model files do not change.
+        self.to(memory_format=torch.channels_last)
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        h = self.tower(self.stem(x))
+        h = self.tower(self.stem(x.contiguous(memory_format=torch.channels_last)))
         return self.policy_head(h), self.value_head(h).squeeze(-1)
 
 
@@ -123,9 +130,7 @@ def predict(net: PolicyValueNet, planes: np.ndarray, legal: np.ndarray | None = 
     """
     net.eval()
     x = torch.from_numpy(np.ascontiguousarray(planes, dtype=np.float32))
-    # A channels-last input takes oneDNN's NHWC convolutions: ~1.25x the positions per second
-    # of the default layout on one CPU thread for the 48x4 net at batch 64 (docs/BENCHMARKS.md).
-    logits, values = net(x.contiguous(memory_format=torch.channels_last))
+    logits, values = net(x)
     if legal is not None:
         logits = logits.masked_fill(~torch.from_numpy(legal), float("-inf"))
     probs = torch.softmax(logits, dim=-1)

@@ -174,6 +174,17 @@ class ReplayDB:
         with Session(self.engine) as session:
             return int(session.scalar(stmt) or 0)
 
+    def count_searched_positions(self) -> int:
+        """Positions the search chose a move in: stored moves less each game's random opening
+        (`search["opening_plies"]`), which self-play played without searching. Self-play's
+        throughput is this, not `count_positions`. Reads every game's metadata: for reports."""
+        total = 0
+        with Session(self.engine) as session:
+            rows = session.execute(select(GameRow.length, GameRow.search_json).execution_options(yield_per=2000))
+            for length, search_json in rows:
+                total += length - int(json.loads(search_json).get("opening_plies", 0))
+        return total
+
     def count_by_node(self, node_id: str) -> int:
         """Games this node created itself (synced copies of other nodes' games excluded)."""
         with Session(self.engine) as session:
