@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset directory")
     args = parser.parse_args(argv)
     try:
-        cfg = load_settings(args.config).export
+        settings = load_settings(args.config)
+        cfg = settings.export
         result = export_dataset(
             args.db, args.out,
             window_games=args.window if args.window is not None else cfg.window_games,
@@ -42,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             augment=cfg.augment if args.augment is None else args.augment,
             game=args.game, overwrite=args.overwrite, value_target_mix=cfg.value_target_mix,
             window_growth=WindowGrowth.from_config(cfg.window_base_games, cfg.window_alpha, cfg.window_beta),
+            length_discount=settings.search.length_discount,
         )
     except (ExportError, ConfigError) as exc:
         print(f"export failed: {exc}", file=sys.stderr)

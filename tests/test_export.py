@@ -94,6 +94,9 @@ def test_targets_are_visits_and_outcome_from_side_to_move():
     bad = GameRecord("x", "connect4", record.moves, winner=1)
     with pytest.raises(GameError, match="recorded winner 1 but the moves end with winner 0"):
         game_samples(game, bad, augment=False)
+    # with a length discount a seven-move win is worth 1 - 0.5 * 7 / 42 to every position of it
+    _, _, shrunk = game_samples(game, record, augment=False, length_discount=0.5)
+    assert np.allclose(shrunk, np.array(value) * (1 - 0.5 * 7 / 42))
 
 
 @settings(max_examples=200, deadline=None)

@@ -14,7 +14,8 @@ from app.ai.evaluators import NetworkEvaluator, RolloutEvaluator, UniformEvaluat
 from app.ai.mcts import SearchTree, choose_action, run_searches, search, temperature_for_ply
 from app.ai.model import Architecture, new_model
 from app.config import SearchConfig
-from app.games import get_game
+from app.games import get_game, result_scale
+from app.training.solved_eval import ScoredPosition, load_positions
 from tests.conftest import PONS_DIR
 
 GAME = get_game("connect4")
@@ -90,6 +91,34 @@ def test_a_lost_position_is_proven_lost() -> None:
     state = GAME.parse("4455661")
     result = search(state, UniformEvaluator(GAME), 200, CFG, np.random.default_rng(0))
     assert result.proven == -1.0 and result.root_value == -1.0
+
+
+def solver_value(position: ScoredPosition, length_discount: float) -> float:
+    """The solver's score of a position as the search's exact value: a Pons score s != 0 means
+    the winner wins with its (22 - |s|)-th stone, so the game lasts that many of its moves."""
+    if position.best == 0:
+        return 0.0
+    mover = position.ply % 2
+    winner = mover if position.best > 0 else 1 - mover
+    stones = 22 - abs(position.best)
+    plies = 2 * stones - 1 if winner == 0 else 2 * stones
+    return (1.0 if position.best > 0 else -1.0) * result_scale(plies, 42, length_discount)
+
+
+def test_with_a_length_discount_proven_values_are_the_solvers_scores() -> None:
+    """A quicker win is worth more and a later loss costs less; only an immediate win proves a
+    node on its own, so whatever the search proves is exact, not a bound."""
+    cfg = SearchConfig(length_discount=0.5)
+    late = [p for p in load_positions(PONS_DIR / "move_scores.txt") if p.ply >= 30]
+    trees = [SearchTree(GAME.parse(p.moves), GAME.num_actions, cfg.length_discount) for p in late]
+    results = run_searches(trees, UniformEvaluator(GAME), 4000, cfg, np.random.default_rng(0))
+    proven = [(p, r) for p, r in zip(late, results) if r.proven is not None]
+    assert len(proven) >= len(late) // 2, f"only {len(proven)} of {len(late)} late positions proven"
+    assert {p.best > 0 for p, _ in proven} == {True, False}, "both won and lost positions must be proven"
+    for p, r in proven:
+        assert r.proven == pytest.approx(solver_value(p, cfg.length_discount)), p.moves
+        assert p.is_exact(r.best_action), p.moves
+    assert GAME.parse("1212121").terminal_value(0.5) == pytest.approx(-(1 - 0.5 * 7 / 42))
 
 
 def test_last_move_draw_is_exact_and_needs_no_evaluation() -> None:

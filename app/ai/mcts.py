@@ -157,7 +157,8 @@ def search(
     rng: np.random.Generator | None = None, add_noise: bool = False, leaves_per_round: int = 1,
 ) -> SearchResult:
     """One search of one position (or tree): a convenience over `run_searches`."""
-    tree = state_or_tree if isinstance(state_or_tree, SearchTree) else SearchTree(state_or_tree)
+    tree = (state_or_tree if isinstance(state_or_tree, SearchTree)
+            else SearchTree(state_or_tree, length_discount=cfg.length_discount))
     rng = rng if rng is not None else np.random.default_rng()
     return run_searches([tree], evaluator, simulations, cfg, rng, add_noise, leaves_per_round)[0]
 

@@ -8,9 +8,11 @@ what stands between the search and the network's throughput. No per-node objects
 
 Values are always from the view of the side to move at the node that owns the edge, so
 backup negates once per ply. Terminal states and positions proven by them are exact
-("MCTS-solver" lite): a node whose child is a proven loss for the child's mover is a
-proven win; a node whose children are all proven takes the best of them. A proven node is
-never expanded or evaluated again: reaching it backs up its exact value.
+("MCTS-solver" lite): a node whose child is a proven loss for the child's mover worth the
+most any win from that node can be worth is a proven win; a node whose children are all
+proven takes the best of them. A proven node is never expanded or evaluated again: reaching
+it backs up its exact value. With a length discount (`GameState.terminal_value`) wins are
+worth less the later they come, so only an immediate win proves a node on its own.
 
 The batched driver that runs many of these trees against one evaluator is app/ai/mcts.py.
 """
@@ -22,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from app.games import GameState
+from app.games import GameState, result_scale
 
 FPU_VALUE = 0.0  # value assumed for an unvisited edge ("first play urgency")
 
@@ -32,11 +34,12 @@ class SearchTree:
 
     __slots__ = (
         "num_actions", "_states", "_child", "_n", "_w", "_p", "_legal", "_proven",
-        "_value", "_root", "_root_prior",
+        "_value", "_root", "_root_prior", "length_discount",
     )
 
-    def __init__(self, state: GameState, num_actions: int | None = None) -> None:
+    def __init__(self, state: GameState, num_actions: int | None = None, length_discount: float = 0.0) -> None:
         self.num_actions = int(num_actions if num_actions is not None else len(state.legal_mask()))
+        self.length_discount = float(length_discount)  # SearchConfig.length_discount
         self._states: list[GameState] = []
         self._child: list[int] = []
         self._n: list[float] = []
@@ -228,10 +231,15 @@ class SearchTree:
                     continue
                 if -pv > best:
                     best = -pv
-            if best == 1.0 or (solved and best > -math.inf):
+            if (solved and best > -math.inf) or (best > 0.0 and best >= self._quickest_win(node)):
                 self._proven[node] = best
             else:
                 return
+
+    def _quickest_win(self, node: int) -> float:
+        """The most a win can be worth to the side to move at `node`: a win on the next move."""
+        state = self._states[node]
+        return result_scale(state.ply + 1, state.max_plies, self.length_discount)
 
     # -- storage -------------------------------------------------------------------------------
 
@@ -245,8 +253,9 @@ class SearchTree:
         self._p.extend([0.0] * A)
         if state.is_terminal:
             self._legal.append([])
-            self._proven.append(state.terminal_value())
-            self._value.append(state.terminal_value())
+            value = state.terminal_value(self.length_discount)
+            self._proven.append(value)
+            self._value.append(value)
         else:
             self._legal.append(None)
             self._proven.append(None)

@@ -21,6 +21,10 @@ class SearchConfig(StrictModel):
     dirichlet_alpha: float = 1.0
     dirichlet_fraction: float = 0.25
     temperature_moves: int = 10  # moves sampled at temperature 1, then greedy
+    # A decided game is worth 1 - d * plies / max_plies (app/games/base.py `result_scale`) to
+    # the search's terminal states and to the value targets, so a quicker win ranks above a
+    # slower one and a later loss above an earlier one, as a solver scores them. 0 = +-1.
+    length_discount: float = Field(0.0, ge=0.0, lt=1.0)
 
 
 class SelfplayConfig(StrictModel):

@@ -1,6 +1,6 @@
 """Game rules behind one small interface; `get_game(name)` is the only way in from above."""
 
-from app.games.base import Game, GameError, GameState, IllegalMoveError, ParseError
+from app.games.base import Game, GameError, GameState, IllegalMoveError, ParseError, result_scale
 from app.games.connect4 import Connect4
 
 _GAMES: dict[str, type[Game]] = {"connect4": Connect4}
@@ -14,4 +14,4 @@ def get_game(name: str = "connect4") -> Game:
         raise GameError(f"unknown game {name!r}; known games: {sorted(_GAMES)}") from None
 
 
-__all__ = ["Game", "GameError", "GameState", "IllegalMoveError", "ParseError", "get_game"]
+__all__ = ["Game", "GameError", "GameState", "IllegalMoveError", "ParseError", "get_game", "result_scale"]

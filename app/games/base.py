@@ -32,6 +32,17 @@ class ParseError(GameError, ValueError):
     """A position text that does not describe a legal sequence of moves."""
 
 
+def result_scale(plies: int, max_plies: int, length_discount: float) -> float:
+    """What a decided game that lasted `plies` moves is worth, 1 - d * plies / max_plies.
+
+    With d = 0 every win is +1 and every loss -1, and a search is indifferent between a quick
+    win and a slow one. A solver's scores (and the exact-move benchmark) rank a quicker win
+    above a slower one and a later loss above an earlier one; d > 0 gives the search and the
+    value targets the same order, at the cost of shrinking late results toward a draw's 0.
+    """
+    return 1.0 - length_discount * plies / max_plies
+
+
 class GameState(ABC):
     """An immutable position. `play` returns a new state; nothing mutates in place."""
 
@@ -66,13 +77,20 @@ class GameState(ABC):
     def winner(self) -> int | None:
         """0 or 1 when a player has won, None for a draw or an unfinished game."""
 
-    def terminal_value(self) -> float:
-        """Result from the side to move's view (+1 win, 0 draw, -1 loss) of a terminal state."""
+    @property
+    @abstractmethod
+    def max_plies(self) -> int:
+        """The most moves any game can last: the scale of `terminal_value`'s length discount."""
+
+    def terminal_value(self, length_discount: float = 0.0) -> float:
+        """Result from the side to move's view (+1 win, 0 draw, -1 loss) of a terminal state,
+        scaled by `result_scale(ply, max_plies, length_discount)`."""
         if not self.is_terminal:
             raise GameError("terminal_value of a non-terminal state")
         if self.winner is None:
             return 0.0
-        return 1.0 if self.winner == self.to_move else -1.0
+        sign = 1.0 if self.winner == self.to_move else -1.0
+        return sign * result_scale(self.ply, self.max_plies, length_discount)
 
     @abstractmethod
     def planes(self) -> np.ndarray:

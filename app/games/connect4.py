@@ -72,6 +72,10 @@ class Connect4State(GameState):
         return len(self.moves)
 
     @property
+    def max_plies(self) -> int:
+        return WIDTH * HEIGHT
+
+    @property
     def is_terminal(self) -> bool:
         return self._won or len(self.moves) == WIDTH * HEIGHT
 

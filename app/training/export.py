@@ -28,7 +28,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from app.atomic_files import fsync_dir
 from app.db.engines import display_name, is_url
 from app.db.replay_db import GameRecord, ReplayDB, ReplayDBError
-from app.games import Game, GameError, get_game
+from app.games import Game, GameError, get_game, result_scale
 from app.training.dataset import DATASET_FORMAT, HOLDOUT_NAME, MANIFEST_NAME, TRAIN_NAME, Arrays, file_digest
 from app.training.manifest_file import bytes_sha256
 
@@ -119,12 +119,14 @@ def outcome_for(winner: int | None, to_move: int) -> float:
 # ---- samples ------------------------------------------------------------------------------
 
 
-def game_samples(game: Game, record: GameRecord, augment: bool,
-                 value_mix: float = 0.0) -> tuple[list[np.ndarray], list[np.ndarray], list[float]]:
+def game_samples(game: Game, record: GameRecord, augment: bool, value_mix: float = 0.0,
+                 length_discount: float = 0.0) -> tuple[list[np.ndarray], list[np.ndarray], list[float]]:
     """Replay one game through the rules: (planes, visit targets, value targets), one per
     position (times the number of symmetries when `augment`); moves self-play marked as fast
     searches (`search["fast_plies"]`, playout-cap randomisation) and the random opening a game
-    started with (`search["opening_plies"]`) are played but not sampled.
+    started with (`search["opening_plies"]`) are played but not sampled. The result is worth
+    `result_scale(moves in the game, ...)` with `length_discount` (the search's
+    SearchConfig.length_discount: targets and search must agree on what a result is worth).
     A record the rules reject raises GameError."""
     planes_out: list[np.ndarray] = []
     policy_out: list[np.ndarray] = []
@@ -135,6 +137,7 @@ def game_samples(game: Game, record: GameRecord, augment: bool,
         raise GameError(f"opening_plies {opening!r} is not a count of the game's {len(record.moves)} moves")
     fast = set(search.get("fast_plies", ())) | set(range(opening))
     state = game.initial_state()
+    scale = result_scale(len(record.moves), state.max_plies, length_discount)
     for ply, move in enumerate(record.moves):
         if ply in fast:
             state = state.play(int(move.action))
@@ -149,7 +152,7 @@ def game_samples(game: Game, record: GameRecord, augment: bool,
         else:
             visits = visits / total
         planes = state.planes()
-        value = outcome_for(record.winner, state.to_move)
+        value = outcome_for(record.winner, state.to_move) * scale
         if value_mix:
             value = value_target(value, move.root_value, value_mix)
         images = game.symmetries(planes, visits) if augment else [(planes, visits)]
@@ -164,13 +167,13 @@ def game_samples(game: Game, record: GameRecord, augment: bool,
 
 
 def build_arrays(game: Game, records: Iterable[GameRecord], augment: bool, source: dict[str, str],
-                 value_mix: float = 0.0) -> Arrays:
+                 value_mix: float = 0.0, length_discount: float = 0.0) -> Arrays:
     planes: list[np.ndarray] = []
     policy: list[np.ndarray] = []
     value: list[float] = []
     for record in records:
         try:
-            p, q, v = game_samples(game, record, augment, value_mix)
+            p, q, v = game_samples(game, record, augment, value_mix, length_discount)
         except (GameError, IndexError, TypeError) as exc:
             raise ExportError(f"{source.get(record.uid, '?')}: game {record.uid} is invalid: {exc}") from None
         planes += p
@@ -264,12 +267,14 @@ def export_dataset(
     check_integrity: bool = True,
     value_target_mix: float = 0.0,
     window_growth: WindowGrowth | None = None,
+    length_discount: float = 0.0,
 ) -> ExportResult:
     """Export the newest `window_games` distinct games of `db_paths` to `out_dir`.
 
     Symmetry augmentation applies to the training split only: the holdout split measures the
     positions as they were played. `value_target_mix` mixes the search's root value into the
-    value targets of both splits; `window_growth` shrinks the window below `window_games`
+    value targets of both splits, whose results are scaled by `length_discount` (see
+    `game_samples`); `window_growth` shrinks the window below `window_games`
     while the inputs hold few games (see WindowGrowth). Raises ExportError (nothing written)
     on any bad input.
     """
@@ -281,6 +286,8 @@ def export_dataset(
         raise ExportError(f"holdout_fraction must be in [0, 1), got {holdout_fraction}")
     if not 0.0 <= value_target_mix <= 1.0:
         raise ExportError(f"value_target_mix must be in [0, 1], got {value_target_mix}")
+    if not 0.0 <= length_discount < 1.0:
+        raise ExportError(f"length_discount must be in [0, 1), got {length_discount}")
     out = Path(out_dir)
     if out.exists() and not overwrite:
         raise ExportError(f"{out}: already exists (pass overwrite to replace it)")
@@ -310,8 +317,8 @@ def export_dataset(
         raise ExportError(str(exc)) from None
     holdout_games = [r for r in selected if is_holdout(r.uid, holdout_fraction)]
     train_games = [r for r in selected if not is_holdout(r.uid, holdout_fraction)]
-    train = build_arrays(rules, train_games, augment, source, value_target_mix)
-    holdout = build_arrays(rules, holdout_games, False, source, value_target_mix)
+    train = build_arrays(rules, train_games, augment, source, value_target_mix, length_discount)
+    holdout = build_arrays(rules, holdout_games, False, source, value_target_mix, length_discount)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
@@ -331,6 +338,7 @@ def export_dataset(
             "window_games": window_games,
             "window_games_used": window_used,
             "value_target_mix": value_target_mix,
+            "length_discount": length_discount,
             "holdout_fraction": holdout_fraction,
             "augment": augment,
             "augment_applies_to": "train",

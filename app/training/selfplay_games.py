@@ -30,6 +30,8 @@ def search_settings(settings: Settings, simulations: int, evaluator: str) -> dic
         "dirichlet_fraction": s.dirichlet_fraction, "temperature_moves": s.temperature_moves,
         "evaluator": evaluator,
     }
+    if s.length_discount:
+        recorded["length_discount"] = s.length_discount
     if settings.selfplay.full_search_prob < 1.0:
         recorded.update(full_search_prob=settings.selfplay.full_search_prob,
                         fast_simulations=settings.selfplay.fast_simulations)
@@ -101,7 +103,7 @@ def play_games(
         opening, state = random_opening(game, settings.selfplay.random_opening_plies, rng)
         # recorded so the game replays; one-hot visits, never a training target (export skips them)
         moves = [MoveRecord(move, np.eye(game.num_actions, dtype=np.float32)[move].tolist(), 0.0) for move in opening]
-        return _Slot(SearchTree(state, game.num_actions), moves, time.time(), opening_plies=len(opening))
+        return _Slot(SearchTree(state, game.num_actions, settings.search.length_discount), moves, time.time(), opening_plies=len(opening))
 
     slots = [new_slot() for _ in range(concurrent)]
     while slots:

@@ -81,6 +81,7 @@ class Connect4Steps:
         result = export_dataset(
             [pipe.paths.games_db], out, window_games=cfg.window_games, holdout_fraction=cfg.holdout_fraction,
             augment=cfg.augment, overwrite=True, value_target_mix=cfg.value_target_mix,
+            length_discount=pipe.settings.search.length_discount,
             window_growth=WindowGrowth.from_config(cfg.window_base_games, cfg.window_alpha, cfg.window_beta))
         return result.dataset_sha256, int(result.manifest["counts"]["games"])
 
