@@ -109,7 +109,9 @@ def promoted_models(data_dir: Path) -> tuple[list, int, int]:
 
 def curve_point(report: dict, mcts_sims: int) -> dict:
     point = {"raw_exact": report["raw"]["exact"], "raw_outcome": report["raw"]["outcome"],
-             "raw_middle_exact": report["raw"]["by_phase"].get("middle", {}).get("exact")}
+             "raw_middle_exact": report["raw"]["by_phase"].get("middle", {}).get("exact"),
+             "raw_won_exact": report["raw"]["by_result"].get("won", {}).get("exact"),
+             "raw_lost_exact": report["raw"]["by_result"].get("lost", {}).get("exact")}
     if mcts_sims and str(mcts_sims) in report.get("mcts", {}):  # not scored with MCTS: raw only
         mcts = report["mcts"][str(mcts_sims)]
         point.update(mcts_exact=mcts["exact"], mcts_outcome=mcts["outcome"], mcts_seconds=mcts["seconds"])

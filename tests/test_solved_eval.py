@@ -86,6 +86,9 @@ def test_exact_and_outcome_follow_the_solver_scores() -> None:
     report = accuracy([p, draw], [6, 1])
     assert (report["exact"], report["outcome"]) == (0.5, 1.0)
     assert report["by_phase"]["opening"]["positions"] == 2
+    # the won position kept its win too slowly (column 7 scores 1, the best 3); the draw is exact
+    assert report["by_result"] == {"won": {"positions": 1, "exact": 0.0, "outcome": 1.0},
+                                   "drawn": {"positions": 1, "exact": 1.0, "outcome": 1.0}}
     assert random_mover_accuracy([p]) == {"positions": 1, "exact": round(2 / 6, 4), "outcome": round(3 / 6, 4)}
     with pytest.raises(ValueError, match="1 choices for 2 positions"):
         accuracy([p, draw], [1])

@@ -32,6 +32,10 @@ from app.games import Game, GameError, get_game
 POSITIONS_NAME = "move_scores.txt"
 # Ply ranges of the per-phase breakdown (the file holds plies 4-32).
 PHASES: tuple[tuple[str, int, int], ...] = (("opening", 0, 12), ("middle", 13, 22), ("late", 23, 42))
+# The split by the position's true result: in a won position a move that keeps the win but is
+# not exact wins too slowly; in a lost one every move keeps the (lost) outcome, and a miss
+# loses too early. Outcome minus exact there is what the search's win-speed ranking decides.
+RESULTS: tuple[tuple[str, int], ...] = (("won", 1), ("drawn", 0), ("lost", -1))
 
 
 class SolvedEvalError(ValueError):
@@ -120,19 +124,25 @@ def load_positions(path: str | Path, game: Game | None = None) -> list[ScoredPos
 
 
 def accuracy(positions: Sequence[ScoredPosition], choices: Sequence[int]) -> dict:
-    """Exact-move and outcome accuracy of one choice per position, overall and by phase."""
+    """Exact-move and outcome accuracy of one choice per position, overall, by phase and by the
+    position's true result."""
     if len(positions) != len(choices):
         raise ValueError(f"{len(choices)} choices for {len(positions)} positions")
     exact = np.array([p.is_exact(int(c)) for p, c in zip(positions, choices)], dtype=bool)
     outcome = np.array([p.keeps_outcome(int(c)) for p, c in zip(positions, choices)], dtype=bool)
-    phases = {}
-    for name, low, high in PHASES:
-        idx = [i for i, p in enumerate(positions) if low <= p.ply <= high]
-        if idx:
-            phases[name] = {"positions": len(idx), "exact": round(float(exact[idx].mean()), 4),
-                            "outcome": round(float(outcome[idx].mean()), 4)}
+    def split(groups: Sequence[tuple[str, object]], member) -> dict:
+        out = {}
+        for name, key in groups:
+            idx = [i for i, p in enumerate(positions) if member(p, key)]
+            if idx:
+                out[name] = {"positions": len(idx), "exact": round(float(exact[idx].mean()), 4),
+                             "outcome": round(float(outcome[idx].mean()), 4)}
+        return out
+
+    phases = split([(name, (low, high)) for name, low, high in PHASES], lambda p, k: k[0] <= p.ply <= k[1])
+    results = split(RESULTS, lambda p, sign: np.sign(p.best) == sign)
     return {"positions": len(positions), "exact": round(float(exact.mean()), 4),
-            "outcome": round(float(outcome.mean()), 4), "by_phase": phases}
+            "outcome": round(float(outcome.mean()), 4), "by_phase": phases, "by_result": results}
 
 
 def random_mover_accuracy(positions: Sequence[ScoredPosition]) -> dict:
