@@ -72,7 +72,9 @@ def test_finds_an_immediate_win(kind: str) -> None:
     for state in positions:
         result = search(state, evaluator, 48, CFG, rng)
         assert result.best_action in winning_moves(state), state.to_text()
-        assert result.proven == 1.0 and result.root_value == 1.0
+        # a win on the next move, worth what the length discount leaves of it
+        quickest = result_scale(state.ply + 1, state.max_plies, CFG.length_discount)
+        assert result.proven == pytest.approx(quickest) and result.root_value == pytest.approx(quickest)
 
 
 @pytest.mark.parametrize("kind", ["uniform", "rollout"])
@@ -90,7 +92,9 @@ def test_a_lost_position_is_proven_lost() -> None:
     # The first player has 4,5,6 on the bottom row with both ends open: a double threat.
     state = GAME.parse("4455661")
     result = search(state, UniformEvaluator(GAME), 200, CFG, np.random.default_rng(0))
-    assert result.proven == -1.0 and result.root_value == -1.0
+    # whatever the second player does, the first wins with ply 9: the latest loss there is
+    latest_loss = -result_scale(9, state.max_plies, CFG.length_discount)
+    assert result.proven == pytest.approx(latest_loss) and result.root_value == pytest.approx(latest_loss)
 
 
 def solver_value(position: ScoredPosition, length_discount: float) -> float:
