@@ -17,8 +17,10 @@ from app.games import get_game, result_scale
 from tests.conftest import REPO
 
 GAME = get_game("connect4")
-# "2433354242571" (13 plies): column 6 wins with ply 14, worth what the default length discount leaves
-IMMEDIATE_WIN = result_scale(14, GAME.initial_state().max_plies, SearchConfig().length_discount)
+# "2433354242571": column 6 wins on the next ply, worth what the default length discount leaves
+# (analyze prints values rounded to 6 places)
+_WIN_NEXT = GAME.parse("2433354242571")
+IMMEDIATE_WIN = round(result_scale(_WIN_NEXT.ply + 1, _WIN_NEXT.max_plies, SearchConfig().length_discount), 6)
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +89,7 @@ def test_search_answers_line_by_line_and_survives_bad_lines(model_path: Path) ->
         check_answer(engine.ask(""), "")  # the starting position
         win = engine.ask("2433354242571")  # from a Pons position: column 6 wins at once
         check_answer(win, "2433354242571")
-        assert win["best_move"] == 5 and win["value"] == pytest.approx(IMMEDIATE_WIN)
+        assert win["best_move"] == 5 and win["value"] == IMMEDIATE_WIN
         check_answer(engine.ask("  4453  "), "4453")
         assert engine.close() == 0
     finally:
@@ -133,7 +135,7 @@ def test_search_answer_shows_the_raw_network_beside_it(model_path: Path) -> None
     finally:
         engine.kill()
     check_answer(answer, "2433354242571")
-    assert answer["best_move"] == 5 and answer["value"] == pytest.approx(IMMEDIATE_WIN)
+    assert answer["best_move"] == 5 and answer["value"] == IMMEDIATE_WIN
     # the network's own policy and value for the position, whatever the search made of it
     net, _ = load_model(model_path)
     priors, values = NetworkEvaluator(net).evaluate([GAME.parse("2433354242571")])

@@ -74,7 +74,7 @@ def test_finds_an_immediate_win(kind: str) -> None:
         assert result.best_action in winning_moves(state), state.to_text()
         # a win on the next move, worth what the length discount leaves of it
         quickest = result_scale(state.ply + 1, state.max_plies, CFG.length_discount)
-        assert result.proven == pytest.approx(quickest) and result.root_value == pytest.approx(quickest)
+        assert result.proven == quickest and result.root_value == quickest
 
 
 @pytest.mark.parametrize("kind", ["uniform", "rollout"])
@@ -94,7 +94,7 @@ def test_a_lost_position_is_proven_lost() -> None:
     result = search(state, UniformEvaluator(GAME), 200, CFG, np.random.default_rng(0))
     # whatever the second player does, the first wins with ply 9: the latest loss there is
     latest_loss = -result_scale(9, state.max_plies, CFG.length_discount)
-    assert result.proven == pytest.approx(latest_loss) and result.root_value == pytest.approx(latest_loss)
+    assert result.proven == latest_loss and result.root_value == latest_loss
 
 
 def solver_value(position: ScoredPosition, length_discount: float) -> float:
