@@ -150,3 +150,22 @@ def test_should_stop_ends_the_gauntlet_between_games(tmp_path: Path) -> None:
             run_gauntlet("heuristic:1", ["random"], None, fast_settings(), registry, workers=1,
                          seed=5, games_per_baseline=40, should_stop=stop_after_three)
         assert 0 < len(registry.match_games()) < 40
+
+
+def test_a_one_worker_gauntlet_plays_on_one_torch_thread(tmp_path: Path) -> None:
+    """Inline games (the orchestrator's own process) must not run on several torch threads:
+    batch-of-one network calls then spin for a core that a neighbour process holds."""
+    code = (
+        "import sys, torch\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "torch.set_num_threads(3)\n"
+        "from app.config import load_settings\n"
+        "from app.training.gauntlet import run_gauntlet\n"
+        "settings = load_settings(None, gauntlet={'opening_plies_min': 2, 'opening_plies_max': 4})\n"
+        f"run_gauntlet('heuristic:1', ['random'], None, settings, {str(tmp_path / 'reg.sqlite')!r},"
+        " workers=1, seed=1, games_per_baseline=2)\n"
+        "print('threads', torch.get_num_threads())\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "threads 1"
