@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from app.games import IllegalMoveError, ParseError, get_game
+from app.games.base import GameState as GameStateRules
 from app.games.connect4 import Connect4State, has_four
 
 # OEIS A212693: number of distinct Connect Four positions after n plies.
@@ -116,3 +117,44 @@ def test_key_identifies_position_not_move_order() -> None:
     assert GAME.parse("1234").key() == GAME.parse("3214").key()
     assert GAME.parse("1234").key() != GAME.parse("2143").key()
     assert isinstance(GAME.initial_state(), Connect4State)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(min_value=0, max_value=2**32 - 1))
+def test_bitboard_threats_are_the_rules_one_ply_deep(seed: int) -> None:
+    """Connect Four's bitboard winning/safe moves equal GameState's generic ones, which play
+    every move and look at the result: along random games, every position."""
+    rng = random.Random(seed)
+    state = GAME.initial_state()
+    while not state.is_terminal:
+        wins, safe = state.threat_outlook()
+        assert wins == GameStateRules.winning_moves(state)
+        assert safe == GameStateRules.safe_moves(state)
+        assert (wins, safe) == (state.winning_moves(), state.safe_moves())
+        state = state.play(rng.choice(state.legal_moves()))
+    assert state.threat_outlook() == ([], [])
+
+
+def test_threats_agree_with_the_solver_on_every_scored_position(pons_dir) -> None:
+    """A move that wins on the spot scores the quickest win there is; a move the threat check
+    calls unsafe scores the quickest loss; and no best move is ever unsafe. That is what lets
+    the search prove and prune by them without losing exactness."""
+    positions = [line.split() for line in (pons_dir / "move_scores.txt").read_text().splitlines()
+                 if line.strip() and not line.startswith("#")]
+    assert len(positions) == 931
+    seen_win = seen_unsafe = 0
+    for moves, *raw in positions:
+        state = GAME.parse(moves)
+        scores = {a: int(raw[a]) for a in state.legal_moves()}
+        best = max(scores.values())
+        quickest_win = 22 - (state.ply // 2 + 1)  # the mover's stones once it has played
+        quickest_loss = -(22 - ((state.ply + 1) // 2 + 1))  # the opponent's, a ply later
+        wins, safe = state.threat_outlook()
+        assert wins == sorted(a for a, s in scores.items() if s == quickest_win), moves
+        unsafe = [a for a in scores if a not in safe]
+        assert all(scores[a] == quickest_loss for a in unsafe), moves
+        if safe:
+            assert all(a in safe for a, s in scores.items() if s == best), moves
+        seen_win += bool(wins)
+        seen_unsafe += bool(unsafe)
+    assert seen_win > 0 and seen_unsafe > 100  # the file exercises both rules

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from app.ai.evaluators import NetworkEvaluator, RolloutEvaluator, UniformEvaluator
-from app.ai.mcts import SearchTree, choose_action, run_searches, search, temperature_for_ply
+from app.ai.mcts import SearchResult, SearchTree, choose_action, run_searches, search, temperature_for_ply
 from app.ai.model import Architecture, new_model
 from app.config import SearchConfig
 from app.games import get_game, result_scale
@@ -123,6 +123,49 @@ def test_with_a_length_discount_proven_values_are_the_solvers_scores() -> None:
         assert r.proven == pytest.approx(solver_value(p, cfg.length_discount)), p.moves
         assert p.is_exact(r.best_action), p.moves
     assert GAME.parse("1212121").terminal_value(0.5) == pytest.approx(-(1 - 0.5 * 7 / 42))
+
+
+def test_the_threat_check_proves_more_and_every_proof_is_the_solvers_score() -> None:
+    """Proofs one ply deep by the rules come without network calls and prune only moves that
+    lose at once, so the same budget proves more late positions, each still exact."""
+    late = [p for p in load_positions(PONS_DIR / "move_scores.txt") if p.ply >= 24]
+    proven_by = {}
+    for threat_check in (False, True):
+        cfg = SearchConfig(length_discount=0.75, threat_check=threat_check)
+        trees = [SearchTree.for_search(GAME.parse(p.moves), cfg) for p in late]
+        results = run_searches(trees, UniformEvaluator(GAME), 300, cfg, np.random.default_rng(0))
+        proven = [(p, r) for p, r in zip(late, results) if r.proven is not None]
+        for p, r in proven:
+            assert r.proven == pytest.approx(solver_value(p, cfg.length_discount)), p.moves
+            assert p.is_exact(r.best_action), p.moves
+        proven_by[threat_check] = len(proven)
+    assert proven_by[True] >= proven_by[False] + len(late) // 10, proven_by
+
+
+def test_the_threat_check_searches_only_safe_moves_and_proves_forced_losses_on_the_spot() -> None:
+    cfg = SearchConfig(threat_check=True)
+    for state, block in pons_positions()[1]:  # one safe move: the block
+        result = search(state, UniformEvaluator(GAME), 20, cfg, np.random.default_rng(0))
+        assert np.flatnonzero(result.counts).tolist() == [block], (state.to_text(), result.counts)
+        assert result.visits[block] == 1.0
+    # a double threat against the side to move: lost in two plies, known before any simulation
+    state = GAME.parse("4455661")
+    evaluator = UniformEvaluator(GAME)
+    result = search(state, evaluator, 1, cfg, np.random.default_rng(0))
+    assert result.proven == -result_scale(state.ply + 2, state.max_plies, cfg.length_discount)
+    assert evaluator.positions == 1  # the root's expansion only
+
+
+def test_a_solved_root_plays_the_move_its_proof_rests_on() -> None:
+    """Visits can favour a slower win; the proof names the quicker one."""
+    counts = np.array([0.0, 30.0, 10.0, 0.0, 0.0, 0.0, 0.0])
+    child_proven = np.array([np.nan, 0.5, 0.7, np.nan, np.nan, np.nan, np.nan])
+    result = SearchResult(visits=counts / 40, counts=counts, q=np.zeros(7), prior=np.full(7, 1 / 7),
+                          root_value=0.7, proven=0.7, child_proven=child_proven)
+    assert result.best_action == 2
+    unsolved = SearchResult(visits=counts / 40, counts=counts, q=np.zeros(7), prior=np.full(7, 1 / 7),
+                            root_value=0.6, proven=None, child_proven=child_proven)
+    assert unsolved.best_action == 1
 
 
 def test_last_move_draw_is_exact_and_needs_no_evaluation() -> None:

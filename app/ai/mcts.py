@@ -42,7 +42,9 @@ class SearchResult:
     counts: raw root visit counts; q: mean value per root move from the side to move
     (0 where unvisited); prior: the evaluator's prior at the root (no noise);
     root_value: search value of the root, side to move's view (exact when proven);
-    proven: +1 / 0 / -1 when the root is solved by terminal states, else None.
+    proven: the root's exact value when the search solved it, else None;
+    child_proven: each move's exact value from the root's view where its child is solved,
+    NaN elsewhere.
     """
 
     visits: np.ndarray
@@ -51,11 +53,19 @@ class SearchResult:
     prior: np.ndarray
     root_value: float
     proven: float | None
+    child_proven: np.ndarray | None = None
 
     @property
     def best_action(self) -> int:
-        """Most visited move; ties go to the higher prior, then the lower index."""
-        top = np.flatnonzero(self.counts == self.counts.max())
+        """Most visited move; ties go to the higher prior, then the lower index. A solved root
+        plays a move its proof rests on: visits can still favour a slower win (a proven
+        child's visits back up an exact value, others the network's guesses)."""
+        counts = self.counts
+        if self.proven is not None and self.child_proven is not None:
+            proving = np.isclose(self.child_proven, self.proven, rtol=0.0, atol=1e-9)
+            if proving.any():
+                counts = np.where(proving, counts + 1.0, -1.0)
+        top = np.flatnonzero(counts == counts.max())
         return int(top[np.argmax(self.prior[top])])
 
 
@@ -158,7 +168,7 @@ def search(
 ) -> SearchResult:
     """One search of one position (or tree): a convenience over `run_searches`."""
     tree = (state_or_tree if isinstance(state_or_tree, SearchTree)
-            else SearchTree(state_or_tree, length_discount=cfg.length_discount))
+            else SearchTree.for_search(state_or_tree, cfg))
     rng = rng if rng is not None else np.random.default_rng()
     return run_searches([tree], evaluator, simulations, cfg, rng, add_noise, leaves_per_round)[0]
 
@@ -182,4 +192,5 @@ def _result(tree: SearchTree) -> SearchResult:
     return SearchResult(
         visits=visits, counts=counts, q=tree.root_q(), prior=tree.root_prior(),
         root_value=float(tree.root_value()), proven=tree.root_proven(),
+        child_proven=tree.root_child_proven(),
     )

@@ -103,7 +103,7 @@ class _TreePlayer:
                             tree.advance(a)
                             tree.advance(b)
                             return tree
-        return SearchTree(state, length_discount=self.search_cfg.length_discount)
+        return SearchTree.for_search(state, self.search_cfg)
 
     def select_move(self, state: GameState) -> int:
         tree = self._tree_for(state)

@@ -12,7 +12,16 @@ backup negates once per ply. Terminal states and positions proven by them are ex
 most any win from that node can be worth is a proven win; a node whose children are all
 proven takes the best of them. A proven node is never expanded or evaluated again: reaching
 it backs up its exact value. With a length discount (`GameState.terminal_value`) wins are
-worth less the later they come, so only an immediate win proves a node on its own.
+worth less the later they come, so only the quickest possible win proves a node on its own.
+
+With `threat_check` (SearchConfig.threat_check) every new node is first looked at one ply
+deep by the rules (`GameState.winning_moves` / `safe_moves`): a side that can win on the spot
+is proven to (worth a win next ply), a side whose every move hands the opponent a win is
+proven lost (worth a loss in two plies), and otherwise only its safe moves are searched: the
+others lose on the next ply, the worst result there is, so dropping them never drops the best
+move. Proofs then come without network calls, a node with one safe move is played through to
+its child without one either, and a node with no win on the spot is proven by a win two moves
+ahead, the quickest it can have.
 
 The batched driver that runs many of these trees against one evaluator is app/ai/mcts.py.
 """
@@ -34,22 +43,30 @@ class SearchTree:
 
     __slots__ = (
         "num_actions", "_states", "_child", "_n", "_w", "_p", "_legal", "_proven",
-        "_value", "_root", "_root_prior", "length_discount",
+        "_value", "_root", "_root_prior", "length_discount", "threat_check", "_moves",
     )
 
-    def __init__(self, state: GameState, num_actions: int | None = None, length_discount: float = 0.0) -> None:
+    def __init__(self, state: GameState, num_actions: int | None = None, length_discount: float = 0.0,
+                 threat_check: bool = False) -> None:
         self.num_actions = int(num_actions if num_actions is not None else len(state.legal_mask()))
         self.length_discount = float(length_discount)  # SearchConfig.length_discount
+        self.threat_check = bool(threat_check)  # SearchConfig.threat_check
         self._states: list[GameState] = []
         self._child: list[int] = []
         self._n: list[float] = []
         self._w: list[float] = []
         self._p: list[float] = []
         self._legal: list[list[int] | None] = []  # None until the node is expanded
+        self._moves: list[list[int] | None] = []  # with threat_check: the moves to search, found at creation
         self._proven: list[float | None] = []  # exact value, side to move's view
         self._value: list[float] = []  # evaluator's value at expansion
         self._root_prior: list[float] | None = None  # root priors with noise mixed in
         self._root = self._new_node(state)
+
+    @classmethod
+    def for_search(cls, state: GameState, cfg, num_actions: int | None = None) -> "SearchTree":
+        """A tree with the search settings `cfg` (a SearchConfig) gives it a say in."""
+        return cls(state, num_actions, cfg.length_discount, cfg.threat_check)
 
     # -- public view ---------------------------------------------------------------------
 
@@ -66,6 +83,17 @@ class SearchTree:
 
     def root_proven(self) -> float | None:
         return self._proven[self._root]
+
+    def root_child_proven(self) -> np.ndarray:
+        """Exact value of each root move from the root's side to move where its child is
+        proven, NaN elsewhere (unvisited, unproven, or not searched)."""
+        out = np.full(self.num_actions, np.nan)
+        base = self._root * self.num_actions
+        for a in range(self.num_actions):
+            child = self._child[base + a]
+            if child >= 0 and self._proven[child] is not None:
+                out[a] = -self._proven[child]
+        return out
 
     def root_counts(self) -> np.ndarray:
         """Visit count of each root edge, float64 (A,)."""
@@ -134,9 +162,14 @@ class SearchTree:
         node = self._root
         path: list[int] = []
         while True:
-            legal = legal_[node]
-            if legal is None or (node != self._root and self._proven[node] is not None):
+            if node != self._root and self._proven[node] is not None:
                 return path, node
+            legal = legal_[node]
+            if legal is None:
+                moves = self._moves[node]
+                if moves is None or len(moves) != 1:
+                    return path, node
+                legal = self._play_through(node, moves[0])
             base = node * A
             total = 0.0
             for a in legal:
@@ -174,7 +207,7 @@ class SearchTree:
     def expand(self, node: int, priors: np.ndarray, value: float) -> None:
         """Store the evaluator's priors (A,) and value for `node`; priors renormalised over legal moves."""
         state = self._states[node]
-        legal = state.legal_moves()
+        legal = self._moves[node] or state.legal_moves()
         base = node * self.num_actions
         row = priors.tolist()
         total = sum(row[a] for a in legal)
@@ -189,6 +222,15 @@ class SearchTree:
 
     def expand_root(self, priors: np.ndarray, value: float) -> None:
         self.expand(self._root, priors, value)
+
+    def _play_through(self, node: int, move: int) -> list[int]:
+        """Expand a node whose one safe move is forced without asking the evaluator: its value
+        is its only child's, so the simulation goes on to that child. Forced lines (a block,
+        then the next block) then cost no network call and the search reads deeper along them."""
+        self._p[node * self.num_actions + move] = 1.0
+        legal = [move]
+        self._legal[node] = legal
+        return legal
 
     def add_virtual_loss(self, path: Sequence[int]) -> None:
         """Count a pending visit as a loss for every mover on the path, steering later
@@ -237,9 +279,22 @@ class SearchTree:
                 return
 
     def _quickest_win(self, node: int) -> float:
-        """The most a win can be worth to the side to move at `node`: a win on the next move."""
+        """The most a win can be worth to the side to move at `node`: a win on the next move,
+        or with `threat_check` (which proved every node that has one) two moves ahead."""
         state = self._states[node]
-        return result_scale(state.ply + 1, state.max_plies, self.length_discount)
+        plies = 3 if self.threat_check else 1
+        return result_scale(state.ply + plies, state.max_plies, self.length_discount)
+
+    def _threat_check(self, state: GameState) -> tuple[float | None, list[int] | None]:
+        """A new node's exact value one ply deep by the rules (or None) and the moves its
+        search spreads over: the winning ones if any, else the safe ones, else every move
+        (None: all alike lose, so the legal moves are searched)."""
+        wins, safe = state.threat_outlook()
+        if wins:
+            return result_scale(state.ply + 1, state.max_plies, self.length_discount), wins
+        if not safe:
+            return -result_scale(state.ply + 2, state.max_plies, self.length_discount), None
+        return None, safe
 
     # -- storage -------------------------------------------------------------------------------
 
@@ -253,11 +308,14 @@ class SearchTree:
         self._p.extend([0.0] * A)
         if state.is_terminal:
             self._legal.append([])
+            self._moves.append(None)
             value = state.terminal_value(self.length_discount)
             self._proven.append(value)
             self._value.append(value)
         else:
             self._legal.append(None)
-            self._proven.append(None)
-            self._value.append(0.0)
+            proven, moves = self._threat_check(state) if self.threat_check else (None, None)
+            self._moves.append(moves)
+            self._proven.append(proven)
+            self._value.append(0.0 if proven is None else proven)
         return node

@@ -28,6 +28,9 @@ class SearchConfig(StrictModel):
     # +0.04-0.15 raw exact-move accuracy over 0 at equal CPU; 0.75 (a win on the last ply still
     # worth 0.25, clear of a draw) a further ~+0.02 over 0.5 and the 0.80 raw exact aim.
     length_discount: float = Field(0.75, ge=0.0, lt=1.0)
+    # Each new node looked at one ply deep by the rules (app/ai/search_tree.py): a win on the
+    # spot proves it, no safe move proves it lost, and only safe moves are searched otherwise.
+    threat_check: bool = True
 
 
 class SelfplayConfig(StrictModel):

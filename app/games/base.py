@@ -92,6 +92,33 @@ class GameState(ABC):
         sign = 1.0 if self.winner == self.to_move else -1.0
         return sign * result_scale(self.ply, self.max_plies, length_discount)
 
+    def winning_moves(self) -> list[int]:
+        """Legal moves that win on the spot for the side to move.
+
+        A search asks this of every node it creates (`SearchConfig.threat_check`), so a game
+        with a cheap test (Connect Four's bitboard) overrides this generic one, which plays
+        every move.
+        """
+        mover = self.to_move
+        wins = []
+        for action in self.legal_moves():
+            after = self.play(action)
+            if after.is_terminal and after.winner == mover:
+                wins.append(action)
+        return wins
+
+    def safe_moves(self) -> list[int]:
+        """Legal moves after which the opponent has no winning move on the spot.
+
+        Any other move loses on the next ply, the quickest loss there is, so a search that
+        drops them never drops the best move (unless every move is unsafe: then all lose alike).
+        """
+        return [action for action in self.legal_moves() if not self.play(action).winning_moves()]
+
+    def threat_outlook(self) -> tuple[list[int], list[int]]:
+        """(winning_moves(), safe_moves()) in one call, for games that find both in one pass."""
+        return self.winning_moves(), self.safe_moves()
+
     @abstractmethod
     def planes(self) -> np.ndarray:
         """Network input, float32 of shape `Game.plane_shape`, from the side to move's view."""

@@ -99,6 +99,30 @@ class Connect4State(GameState):
         """Whether playing `col` (assumed legal) makes four for the side to move."""
         return has_four(self.position | self._new_stone(col))
 
+    def winning_moves(self) -> list[int]:
+        if self.is_terminal:
+            return []
+        return _columns(_winning_cells(self.position, self.mask) & _playable(self.mask))
+
+    def safe_moves(self) -> list[int]:
+        return self.threat_outlook()[1]
+
+    def threat_outlook(self) -> tuple[list[int], list[int]]:
+        """Both at once on the bitboard. The safe moves are Pons' non-losing moves (and any
+        winning move): a forced block if the opponent threatens one cell (none if two), never
+        a stone just below a cell where the opponent would make four."""
+        if self.is_terminal:
+            return [], []
+        playable = _playable(self.mask)
+        wins = _winning_cells(self.position, self.mask) & playable  # they end the game: safe
+        threats = _winning_cells(self.position ^ self.mask, self.mask)
+        forced = playable & threats
+        if forced:
+            if forced & (forced - 1):  # two cells to block at once: every other move loses
+                return _columns(wins), _columns(wins)
+            playable = forced
+        return _columns(wins), _columns(wins | (playable & ~(threats >> 1)))
+
     def _new_stone(self, col: int) -> int:
         return (self.mask + _BOTTOM[col]) & _column_mask(col)
 
@@ -133,6 +157,40 @@ class Connect4State(GameState):
 
 def _column_mask(col: int) -> int:
     return ((1 << HEIGHT) - 1) << (col * _COLUMN_BITS)
+
+
+_BOTTOM_ROW = sum(_BOTTOM)
+_BOARD = sum(_column_mask(c) for c in range(WIDTH))
+
+
+def _playable(mask: int) -> int:
+    """The cell each unfull column would take next (one bit per column)."""
+    return (mask + _BOTTOM_ROW) & _BOARD
+
+
+def _columns(cells: int) -> list[int]:
+    """The columns of `cells`, at most one cell a column, in increasing order."""
+    out = []
+    while cells:
+        low = cells & -cells
+        out.append((low.bit_length() - 1) // _COLUMN_BITS)
+        cells ^= low
+    return out
+
+
+def _winning_cells(stones: int, mask: int) -> int:
+    """Empty cells where `stones`' owner would make four (Pons' compute_winning_position):
+    three of the four in place, in every direction, the gap at either end or inside."""
+    # vertical: three stones straight below
+    cells = (stones << 1) & (stones << 2) & (stones << 3)
+    for shift in (_COLUMN_BITS, HEIGHT, _COLUMN_BITS + 1):  # horizontal and both diagonals
+        pair = (stones << shift) & (stones << 2 * shift)
+        cells |= pair & (stones << 3 * shift)
+        cells |= pair & (stones >> shift)
+        pair = (stones >> shift) & (stones >> 2 * shift)
+        cells |= pair & (stones << shift)
+        cells |= pair & (stones >> 3 * shift)
+    return cells & (_BOARD ^ mask)
 
 
 class Connect4(Game):

@@ -103,7 +103,7 @@ def play_games(
         opening, state = random_opening(game, settings.selfplay.random_opening_plies, rng)
         # recorded so the game replays; one-hot visits, never a training target (export skips them)
         moves = [MoveRecord(move, np.eye(game.num_actions, dtype=np.float32)[move].tolist(), 0.0) for move in opening]
-        return _Slot(SearchTree(state, game.num_actions, settings.search.length_discount), moves, time.time(), opening_plies=len(opening))
+        return _Slot(SearchTree.for_search(state, settings.search, game.num_actions), moves, time.time(), opening_plies=len(opening))
 
     slots = [new_slot() for _ in range(concurrent)]
     while slots:

@@ -203,7 +203,7 @@ def mcts_choices(net: PolicyValueNet, positions: Sequence[ScoredPosition], simul
     rng = np.random.default_rng(seed)
     choices: list[int] = []
     for start in range(0, len(positions), batch):
-        trees = [SearchTree(game.parse(p.moves), game.num_actions, cfg.length_discount)
+        trees = [SearchTree.for_search(game.parse(p.moves), cfg, game.num_actions)
                  for p in positions[start:start + batch]]
         results = run_searches(trees, evaluator, simulations, cfg, rng, add_noise=False)
         choices += [r.best_action for r in results]
