@@ -14,7 +14,10 @@ can drive this like an engine over a pipe:
 `policy` is the search's visit distribution, or with `--sims 0` the raw network's
 probabilities (and `value` the network's). `net_policy`, `net_value` and `net_best_move`
 are always the raw network's own view of the position, so a user sees beside the search's
-choice what the network alone would have played and why the search disagreed. A line that is not a legal, unfinished position
+choice what the network alone would have played and why the search disagreed. `proven` is
+the position's exact value when the search solved it (null otherwise), and `unsafe_moves` the
+columns after which the opponent wins on the spot (the search's threat check never searches
+them, `search.threat_check`). A line that is not a legal, unfinished position
 gets `{"moves": "...", "error": "..."}` and the run goes on. This format is a stable
 interface: add keys if needed, never rename or remove them.
 
@@ -56,12 +59,14 @@ def analyse_line(line: str, game: Game, evaluator: NetworkEvaluator, simulations
     priors, values = evaluator.evaluate([state])
     net_policy, net_value = priors[0], float(values[0])
     net_best = int(np.argmax(net_policy))
+    proven = None
     if simulations == 0:
         policy, value, best = net_policy, net_value, net_best
     else:
         result: SearchResult = search(state, evaluator, simulations, cfg, rng,
                                       leaves_per_round=min(LEAVES_PER_ROUND, simulations))
-        policy, value, best = result.visits, result.root_value, result.best_action
+        policy, value, best, proven = result.visits, result.root_value, result.best_action, result.proven
+    safe = state.safe_moves()
     return {
         "moves": moves,
         "policy": [round(float(p), 6) for p in policy],
@@ -70,6 +75,8 @@ def analyse_line(line: str, game: Game, evaluator: NetworkEvaluator, simulations
         "net_policy": [round(float(p), 6) for p in net_policy],
         "net_value": round(net_value, 6),
         "net_best_move": net_best,
+        "proven": None if proven is None else round(proven, 6),
+        "unsafe_moves": [a for a in state.legal_moves() if a not in safe],
     }
 
 

@@ -5,7 +5,8 @@
 - MCTS self-play with the default net: simulations/s, network evaluations/s and positions
   (moves played)/s over `--concurrent` games at once, and their ratio to the ceiling (the
   share of the network's throughput the search keeps; aim >= 0.6 at 64+ games);
-- the same search with the uniform evaluator (pure search overhead, no network);
+- the same search with the uniform evaluator (pure search overhead, no network), with and
+  without the threat check (`search.threat_check`: what looking one ply deep costs a node);
 - random playouts/s of the vectorised engine vs a pure-Python loop of `state.play`, and of
   open_spiel's connect_four when it is importable;
 - what a batch of small games costs with a worker spawned for it vs a worker kept in a
@@ -56,7 +57,7 @@ def ceiling(net, states, windows: int = 3, seconds: float = 1.0) -> float:
 def selfplay_speed(game, evaluator, concurrent: int, sims: int, moves: int, settings: Settings, seed: int) -> dict:
     """Play `moves` plies in each of `concurrent` games (finished games restart)."""
     rng = np.random.default_rng(seed)
-    trees = [SearchTree(game.initial_state()) for _ in range(concurrent)]
+    trees = [SearchTree.for_search(game.initial_state(), settings.search) for _ in range(concurrent)]
     plies = [0] * concurrent
     run_searches(trees, evaluator, 1, settings.search, rng)  # expand roots outside the timing
     evals_before = evaluator.positions
@@ -70,7 +71,7 @@ def selfplay_speed(game, evaluator, concurrent: int, sims: int, moves: int, sett
             plies[i] += 1
             played += 1
             if tree.root_state.is_terminal:
-                trees[i], plies[i] = SearchTree(game.initial_state()), 0
+                trees[i], plies[i] = SearchTree.for_search(game.initial_state(), settings.search), 0
     seconds = time.perf_counter() - start
     return {
         "sims_per_s": round(played * sims / seconds, 1),
@@ -185,6 +186,8 @@ def main() -> None:
     after = ceiling(net, states)  # measured on both sides of the search: the machine is shared
     ceiling_rate = max(before, after)
     uniform_play = selfplay_speed(game, UniformEvaluator(game), args.concurrent, args.sims, args.moves * 3, settings, 2)
+    plain = settings.model_copy(update={"search": settings.search.model_copy(update={"threat_check": False})})
+    uniform_plain = selfplay_speed(game, UniformEvaluator(game), args.concurrent, args.sims, args.moves * 3, plain, 2)
     playouts = playout_speed(args.playout_batch, repeats=5)
     start_up = batch_start_up(args.batches, games=8, sims=4)
     print(json.dumps({
@@ -201,6 +204,7 @@ def main() -> None:
         "mcts_uniform": uniform_play,
         # Search bookkeeping per simulation, from the network-free run: what the ratio loses.
         "search_overhead_us_per_sim": round(1e6 / uniform_play["sims_per_s"], 1),
+        "search_overhead_us_per_sim_without_threat_check": round(1e6 / uniform_plain["sims_per_s"], 1),
         "random_playouts": playouts,
         "batch_start_up": start_up,
     }))

@@ -62,10 +62,19 @@ class Engine:
             self.proc.wait(10)
 
 
-def check_answer(answer: dict, moves: str) -> None:
+def check_answer(answer: dict, moves: str, searched: bool = True) -> None:
     state = GAME.parse(moves)
     # The stable keys stay; the network's own view comes beside them.
-    assert set(answer) == {"moves", "policy", "value", "best_move", "net_policy", "net_value", "net_best_move"}
+    assert set(answer) == {"moves", "policy", "value", "best_move", "net_policy", "net_value", "net_best_move",
+                           "proven", "unsafe_moves"}
+    # the columns that hand the opponent a win on the spot; the threat check never searches them
+    unsafe = [a for a in state.legal_moves() if any(state.play(a).play(b).winner is not None
+                                                    for b in state.play(a).legal_moves())]
+    assert answer["unsafe_moves"] == unsafe
+    if searched and len(unsafe) < len(state.legal_moves()):
+        assert all(answer["policy"][a] == 0 for a in unsafe)
+    if not searched:
+        assert answer["proven"] is None
     assert answer["moves"] == moves
     for policy, best, value in (("policy", "best_move", "value"), ("net_policy", "net_best_move", "net_value")):
         assert len(answer[policy]) == 7 and abs(sum(answer[policy]) - 1.0) < 1e-4
@@ -89,7 +98,11 @@ def test_search_answers_line_by_line_and_survives_bad_lines(model_path: Path) ->
         check_answer(engine.ask(""), "")  # the starting position
         win = engine.ask("2433354242571")  # from a Pons position: column 6 wins at once
         check_answer(win, "2433354242571")
-        assert win["best_move"] == 5 and win["value"] == IMMEDIATE_WIN
+        assert win["best_move"] == 5 and win["value"] == win["proven"] == IMMEDIATE_WIN
+        block = engine.ask("4455661")  # a double threat against the side to move: every move loses
+        check_answer(block, "4455661")
+        assert block["unsafe_moves"] == [0, 1, 2, 3, 4, 5, 6] and block["proven"] == pytest.approx(
+            -result_scale(9, 42, SearchConfig().length_discount), abs=1e-6)
         check_answer(engine.ask("  4453  "), "4453")
         assert engine.close() == 0
     finally:
@@ -101,7 +114,7 @@ def test_sims_zero_is_the_raw_network(model_path: Path) -> None:
     engine = Engine("--model", str(model_path), "--sims", "0")
     try:
         first = engine.ask("444444")
-        check_answer(first, "444444")
+        check_answer(first, "444444", searched=False)
         assert first["policy"][3] == 0
         assert engine.ask("444444") == first  # no search, no randomness
         # ... and it is the network's own output: a forward pass here, softmax over legal columns
