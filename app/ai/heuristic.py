@@ -14,12 +14,11 @@ import math
 import numpy as np
 
 from app.games import GameState
+from app.games.connect4 import playable_cells, winning_cells
 
 # Connect Four bitboard constants (Pons' layout; see app/games/connect4.py).
 _W, _H = 7, 6
 _H1 = _H + 1
-_BOTTOM = sum(1 << (c * _H1) for c in range(_W))
-_BOARD = _BOTTOM * ((1 << _H) - 1)
 _COLUMN = [((1 << _H) - 1) << (c * _H1) for c in range(_W)]
 _TOP = [1 << (_H - 1 + c * _H1) for c in range(_W)]
 _BOTTOM_CELL = [1 << (c * _H1) for c in range(_W)]
@@ -30,24 +29,6 @@ THREAT_WEIGHT = 4.0
 CENTRE_WEIGHT = 1.0
 
 
-def _winning_cells(position: int, mask: int) -> int:
-    """Empty cells where `position`'s owner would complete four (Pons' compute_winning_position)."""
-    r = (position << 1) & (position << 2) & (position << 3)
-    for shift in (_H1, _H, _H + 2):
-        p = (position << shift) & (position << 2 * shift)
-        r |= p & (position << 3 * shift)
-        r |= p & (position >> shift)
-        p = (position >> shift) & (position >> 2 * shift)
-        r |= p & (position << shift)
-        r |= p & (position >> 3 * shift)
-    return r & (_BOARD ^ mask)
-
-
-def _playable(mask: int) -> int:
-    """Cells where a stone would land now."""
-    return (mask + _BOTTOM) & _BOARD
-
-
 def _centre_score(stones: int) -> int:
     return sum(w * (stones & _COLUMN[c]).bit_count() for c, w in enumerate(_CENTRE_WEIGHT) if w)
 
@@ -55,14 +36,14 @@ def _centre_score(stones: int) -> int:
 def _evaluate(position: int, mask: int) -> float:
     """Static score from the view of `position`'s owner (the side to move)."""
     opponent = position ^ mask
-    threats = _winning_cells(position, mask).bit_count() - _winning_cells(opponent, mask).bit_count()
+    threats = winning_cells(position, mask).bit_count() - winning_cells(opponent, mask).bit_count()
     return THREAT_WEIGHT * threats + CENTRE_WEIGHT * (_centre_score(position) - _centre_score(opponent))
 
 
 def _negamax_c4(position: int, mask: int, depth: int, alpha: float, beta: float, moves_left: int) -> float:
     """Alpha-beta negamax on the bitboard; `position` is the side to move's stones."""
-    playable = _playable(mask)
-    if _winning_cells(position, mask) & playable:
+    playable = playable_cells(mask)
+    if winning_cells(position, mask) & playable:
         return WIN_SCORE + moves_left  # win now; sooner is better
     if moves_left == 0:
         return 0.0
@@ -86,13 +67,13 @@ def _negamax_c4(position: int, mask: int, depth: int, alpha: float, beta: float,
 
 def connect4_move_scores(position: int, mask: int, depth: int) -> dict[int, float]:
     """Score of each legal column for the side to move: forced wins and blocks first, then negamax."""
-    playable = _playable(mask)
+    playable = playable_cells(mask)
     legal = [c for c in range(_W) if not mask & _TOP[c]]
-    mine = _winning_cells(position, mask) & playable
+    mine = winning_cells(position, mask) & playable
     wins = [c for c in legal if mine & _COLUMN[c]]
     if wins:
         return {c: (WIN_SCORE * 2 if c in wins else -WIN_SCORE * 2) for c in legal}
-    theirs = _winning_cells(position ^ mask, mask) & playable
+    theirs = winning_cells(position ^ mask, mask) & playable
     blocks = [c for c in legal if theirs & _COLUMN[c]]
     if blocks:  # two blocks needed means the game is lost anyway; block the first
         return {c: (WIN_SCORE if c == blocks[0] else -WIN_SCORE) for c in legal}

@@ -102,7 +102,7 @@ class Connect4State(GameState):
     def winning_moves(self) -> list[int]:
         if self.is_terminal:
             return []
-        return _columns(_winning_cells(self.position, self.mask) & _playable(self.mask))
+        return _columns(winning_cells(self.position, self.mask) & playable_cells(self.mask))
 
     def safe_moves(self) -> list[int]:
         return self.threat_outlook()[1]
@@ -113,9 +113,9 @@ class Connect4State(GameState):
         a stone just below a cell where the opponent would make four."""
         if self.is_terminal:
             return [], []
-        playable = _playable(self.mask)
-        wins = _winning_cells(self.position, self.mask) & playable  # they end the game: safe
-        threats = _winning_cells(self.position ^ self.mask, self.mask)
+        playable = playable_cells(self.mask)
+        wins = winning_cells(self.position, self.mask) & playable  # they end the game: safe
+        threats = winning_cells(self.position ^ self.mask, self.mask)
         forced = playable & threats
         if forced:
             if forced & (forced - 1):  # two cells to block at once: every other move loses
@@ -163,7 +163,7 @@ _BOTTOM_ROW = sum(_BOTTOM)
 _BOARD = sum(_column_mask(c) for c in range(WIDTH))
 
 
-def _playable(mask: int) -> int:
+def playable_cells(mask: int) -> int:
     """The cell each unfull column would take next (one bit per column)."""
     return (mask + _BOTTOM_ROW) & _BOARD
 
@@ -178,9 +178,10 @@ def _columns(cells: int) -> list[int]:
     return out
 
 
-def _winning_cells(stones: int, mask: int) -> int:
+def winning_cells(stones: int, mask: int) -> int:
     """Empty cells where `stones`' owner would make four (Pons' compute_winning_position):
-    three of the four in place, in every direction, the gap at either end or inside."""
+    three of the four in place, in every direction, the gap at either end or inside. The
+    heuristic baseline (app/ai/heuristic.py) scores leaves by these too."""
     # vertical: three stones straight below
     cells = (stones << 1) & (stones << 2) & (stones << 3)
     for shift in (_COLUMN_BITS, HEIGHT, _COLUMN_BITS + 1):  # horizontal and both diagonals
