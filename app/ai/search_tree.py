@@ -29,11 +29,14 @@ The batched driver that runs many of these trees against one evaluator is app/ai
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from app.games import GameState, result_scale
+
+if TYPE_CHECKING:
+    from app.config.pipeline import SearchConfig
 
 FPU_VALUE = 0.0  # value assumed for an unvisited edge ("first play urgency")
 
@@ -64,7 +67,7 @@ class SearchTree:
         self._root = self._new_node(state)
 
     @classmethod
-    def for_search(cls, state: GameState, cfg, num_actions: int | None = None) -> "SearchTree":
+    def for_search(cls, state: GameState, cfg: "SearchConfig", num_actions: int | None = None) -> "SearchTree":
         """A tree with the search settings `cfg` (a SearchConfig) gives it a say in."""
         return cls(state, num_actions, cfg.length_discount, cfg.threat_check)
 
