@@ -11,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 from app.games import IllegalMoveError, ParseError, get_game
 from app.games.base import GameState as GameStateRules
 from app.games.connect4 import Connect4State, has_four
+from app.training.solved_eval import load_positions
 
 # OEIS A212693: number of distinct Connect Four positions after n plies.
 A212693 = [1, 7, 49, 238, 1120, 4263, 16422, 54859, 184275]
@@ -139,14 +140,13 @@ def test_threats_agree_with_the_solver_on_every_scored_position(pons_dir) -> Non
     """A move that wins on the spot scores the quickest win there is; a move the threat check
     calls unsafe scores the quickest loss; and no best move is ever unsafe. That is what lets
     the search prove and prune by them without losing exactness."""
-    positions = [line.split() for line in (pons_dir / "move_scores.txt").read_text().splitlines()
-                 if line.strip() and not line.startswith("#")]
+    positions = load_positions(pons_dir / "move_scores.txt")
     assert len(positions) == 931
     seen_win = seen_unsafe = 0
-    for moves, *raw in positions:
+    for position in positions:
+        moves, best = position.moves, position.best
         state = GAME.parse(moves)
-        scores = {a: int(raw[a]) for a in state.legal_moves()}
-        best = max(scores.values())
+        scores = {a: position.scores[a] for a in state.legal_moves()}
         quickest_win = 22 - (state.ply // 2 + 1)  # the mover's stones once it has played
         quickest_loss = -(22 - ((state.ply + 1) // 2 + 1))  # the opponent's, a ply later
         wins, safe = state.threat_outlook()
