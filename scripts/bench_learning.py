@@ -111,7 +111,8 @@ def curve_point(report: dict, mcts_sims: int) -> dict:
     point = {"raw_exact": report["raw"]["exact"], "raw_outcome": report["raw"]["outcome"],
              "raw_middle_exact": report["raw"]["by_phase"].get("middle", {}).get("exact"),
              "raw_won_exact": report["raw"]["by_result"].get("won", {}).get("exact"),
-             "raw_lost_exact": report["raw"]["by_result"].get("lost", {}).get("exact")}
+             "raw_lost_exact": report["raw"]["by_result"].get("lost", {}).get("exact"),
+             "value_exact": report["value"]["exact"], "value_outcome": report["value"]["outcome"]}
     if mcts_sims and str(mcts_sims) in report.get("mcts", {}):  # not scored with MCTS: raw only
         mcts = report["mcts"][str(mcts_sims)]
         point.update(mcts_exact=mcts["exact"], mcts_outcome=mcts["outcome"], mcts_seconds=mcts["seconds"])
@@ -129,6 +130,7 @@ def plot_curves(curve: list[dict], path: Path, title: str, mcts_sims: int = 0) -
         return False
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     series = [("raw_exact", "raw net, exact", "C0", "-"), ("raw_outcome", "raw net, outcome", "C0", "--"),
+              ("value_exact", "value head one ply deep, exact", "C2", ":"),
               ("mcts_exact", f"MCTS {mcts_sims}, exact", "C1", "-"), ("mcts_outcome", f"MCTS {mcts_sims}, outcome", "C1", "--")]
     for ax, x_key, label in ((axes[0], "wall_s", "wall-clock minutes"), (axes[1], "cpu_s", "CPU minutes (whole loop)")):
         for key, name, colour, style in series:

@@ -4,8 +4,9 @@
     python scripts/solved_eval.py --model data/models/<sha>.safetensors --sims 0,400
     python scripts/solved_eval.py --model M --sims 0 --dataset data/datasets/gen_0014
 
-`--sims` lists budgets: 0 is the raw network's policy argmax, N > 0 a noise-free MCTS of N
-simulations per position. Positions default to ../shared/benchmarks/connect4/move_scores.txt
+`--sims` lists budgets: 0 is the raw network, scored by its policy argmax ("raw") and by its
+value head one ply deep ("value": the move whose position it rates best), N > 0 a noise-free
+MCTS of N simulations per position. Positions default to ../shared/benchmarks/connect4/move_scores.txt
 beside the repository. `--dataset` adds `coverage`: the raw network's accuracy on the positions
 that dataset trains on and on those it never saw. Prints one JSON object; exit 2 when the model,
 the positions or the dataset cannot be read.

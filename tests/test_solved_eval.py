@@ -21,7 +21,7 @@ from app.config.pipeline import SearchConfig
 from app.games import get_game
 from app.training.solved_eval import (
     ScoredPosition, SolvedEvalError, accuracy, coverage, default_positions_path, load_positions, mcts_choices,
-    network_choices, parse_line, random_mover_accuracy, score_model, seen_in,
+    network_choices, parse_line, random_mover_accuracy, score_model, seen_in, value_choices,
 )
 from tests.conftest import REPO
 
@@ -107,11 +107,32 @@ def test_the_raw_network_plays_its_policy_argmax_and_search_finds_a_win(tiny_net
                                         for a, legal in enumerate(GAME.parse(WIN_NOW).legal_mask())))
     assert mcts_choices(tiny_net, [win] * 3, 64, SearchConfig(), batch=2) == [5, 5, 5]
     report = score_model(tiny_net, positions, [0, 16])
-    assert set(report) == {"positions", "raw", "mcts"} and set(report["mcts"]) == {"16"}
+    assert set(report) == {"positions", "raw", "value", "mcts"} and set(report["mcts"]) == {"16"}
+    assert report["value"]["exact"] == accuracy(positions, value_choices(tiny_net, positions))["exact"]
     assert 0 <= report["raw"]["exact"] <= 1 and 0 <= report["mcts"]["16"]["outcome"] <= 1
     assert report["raw"]["exact"] == accuracy(positions, choices)["exact"]
     with pytest.raises(ValueError, match="simulations must be >= 0"):
         score_model(tiny_net, positions, [-1])
+
+
+def test_value_choices_rank_moves_by_the_value_head_one_ply_deep(tiny_net) -> None:
+    from app.ai.model import predict
+    positions = load_positions(default_positions_path(REPO))
+    choices = value_choices(tiny_net, positions)
+    for p, c in zip(positions[:40], choices):  # the mover's value of each child, asked one at a time
+        state = GAME.parse(p.moves)
+        worth = {}
+        for move in state.legal_moves():
+            child = state.play(move)
+            if child.is_terminal:
+                worth[move] = 2.0 if child.winner is not None else 0.0
+            else:
+                worth[move] = -float(predict(tiny_net, child.planes()[None], child.legal_mask()[None])[1][0])
+        assert worth[c] == pytest.approx(max(worth.values()), abs=1e-5)
+    # a move that wins on the spot is always taken, whatever the untrained value head says
+    winning = [(p, c) for p, c in zip(positions, choices) if GAME.parse(p.moves).winning_moves()]
+    assert len(winning) > 50
+    assert all(c in GAME.parse(p.moves).winning_moves() and p.is_exact(c) for p, c in winning)
 
 
 @pytest.mark.timeout(120)
@@ -125,6 +146,7 @@ def test_cli_prints_one_json_object_and_fails_cleanly(tmp_path: Path, tiny_net) 
     report = json.loads(proc.stdout)
     assert report["generation"] == 3 and report["positions"] == 30
     assert report["raw"]["positions"] == 30 and report["mcts"]["8"]["positions"] == 30
+    assert report["value"]["positions"] == 30
     missing = subprocess.run([sys.executable, "scripts/solved_eval.py", "--model", str(model), "--positions",
                               str(tmp_path / "nowhere.txt")], cwd=REPO, capture_output=True, text=True, timeout=100)
     assert missing.returncode == 2
@@ -246,3 +268,4 @@ def test_the_bench_finds_every_model_that_was_promoted_in_order(tmp_path: Path, 
     point = bench.curve_point(report, 4)
     assert point["raw_exact"] == report["raw"]["exact"] and point["mcts_exact"] == report["mcts"]["4"]["exact"]
     assert "mcts_exact" not in bench.curve_point(report, 0)
+    assert point["value_exact"] == report["value"]["exact"]

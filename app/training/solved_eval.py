@@ -27,7 +27,7 @@ from app.ai.evaluators import NetworkEvaluator
 from app.ai.mcts import SearchTree, run_searches
 from app.ai.model import PolicyValueNet
 from app.config.pipeline import SearchConfig
-from app.games import Game, GameError, get_game
+from app.games import Game, GameError, GameState, get_game
 
 POSITIONS_NAME = "move_scores.txt"
 # Ply ranges of the per-phase breakdown (the file holds plies 4-32).
@@ -36,6 +36,11 @@ PHASES: tuple[tuple[str, int, int], ...] = (("opening", 0, 12), ("middle", 13, 2
 # not exact wins too slowly; in a lost one every move keeps the (lost) outcome, and a miss
 # loses too early. Outcome minus exact there is what the search's win-speed ranking decides.
 RESULTS: tuple[tuple[str, int], ...] = (("won", 1), ("drawn", 0), ("lost", -1))
+
+
+# A move that wins on the spot, above any value the network can give (tanh: at most 1).
+WIN_ON_THE_SPOT = 2.0
+VALUE_BATCH = 2048  # children per forward pass of `value_choices`
 
 
 class SolvedEvalError(ValueError):
@@ -194,6 +199,37 @@ def network_choices(net: PolicyValueNet, positions: Sequence[ScoredPosition], ga
     return choices
 
 
+def value_choices(net: PolicyValueNet, positions: Sequence[ScoredPosition], game: Game | None = None) -> list[int]:
+    """The move whose position the value head rates best for the mover, one ply deep, no search.
+
+    The search ranks moves of near-equal promise by the value head alone, so this is the head's
+    share of the search's accuracy, apart from the policy's: a move that wins on the spot comes
+    first (it is always the quickest win), a move that fills the board scores a draw, and every
+    other child is worth minus the network's value for the opponent, all children of all
+    positions in one batch."""
+    game = game or get_game("connect4")
+    evaluator = NetworkEvaluator(net)
+    scored: list[dict[int, float]] = []
+    children: list[GameState] = []
+    slots: list[tuple[int, int]] = []  # (position index, move) of each child still to evaluate
+    for i, position in enumerate(positions):
+        state = game.parse(position.moves)
+        values: dict[int, float] = {}
+        for move in state.legal_moves():
+            child = state.play(move)
+            if child.is_terminal:
+                values[move] = WIN_ON_THE_SPOT if child.winner is not None else 0.0
+            else:
+                children.append(child)
+                slots.append((i, move))
+        scored.append(values)
+    for start in range(0, len(children), VALUE_BATCH):
+        _, values = evaluator.evaluate(children[start:start + VALUE_BATCH])
+        for (i, move), value in zip(slots[start:start + VALUE_BATCH], values):
+            scored[i][move] = -float(value)
+    return [max(values, key=values.__getitem__) for values in scored]
+
+
 def mcts_choices(net: PolicyValueNet, positions: Sequence[ScoredPosition], simulations: int,
                  cfg: SearchConfig, game: Game | None = None, batch: int = 256, seed: int = 0) -> list[int]:
     """The most visited move of a noise-free search per position; `batch` trees advance in
@@ -212,8 +248,9 @@ def mcts_choices(net: PolicyValueNet, positions: Sequence[ScoredPosition], simul
 
 def score_model(net: PolicyValueNet, positions: Sequence[ScoredPosition], simulations: Sequence[int] = (0,),
                 cfg: SearchConfig | None = None, game: Game | None = None) -> dict:
-    """{"raw": accuracy, "mcts": {"<sims>": accuracy + seconds}} for each budget asked
-    (0 means the raw network)."""
+    """{"raw": accuracy, "value": accuracy, "mcts": {"<sims>": accuracy + seconds}} for each
+    budget asked: 0 means the raw network, scored twice, by its policy ("raw") and by its value
+    head one ply deep ("value", `value_choices`)."""
     cfg = cfg or SearchConfig()
     game = game or get_game("connect4")
     report: dict = {"positions": len(positions)}
@@ -224,6 +261,9 @@ def score_model(net: PolicyValueNet, positions: Sequence[ScoredPosition], simula
         if sims == 0:
             report["raw"] = {**accuracy(positions, network_choices(net, positions, game)),
                              "seconds": round(time.perf_counter() - started, 2)}
+            started = time.perf_counter()
+            report["value"] = {**accuracy(positions, value_choices(net, positions, game)),
+                               "seconds": round(time.perf_counter() - started, 2)}
         else:
             choices = mcts_choices(net, positions, sims, cfg, game)
             report.setdefault("mcts", {})[str(sims)] = {
