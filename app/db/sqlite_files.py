@@ -4,20 +4,42 @@ schema-version row."""
 from __future__ import annotations
 
 import sqlite3
+import time
 
 from sqlalchemy import Engine, MetaData
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session
 
 
+BUSY_TIMEOUT_S = 10.0
+
+
 def set_sqlite_pragmas(dbapi_conn: sqlite3.Connection, _record: object) -> None:
     """WAL so readers never block the writer; a busy timeout so writers queue, not fail."""
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+    _enter_wal(cur)
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA foreign_keys=ON")
-    cur.execute("PRAGMA busy_timeout=10000")
     cur.close()
+
+
+def _enter_wal(cur: sqlite3.Cursor) -> None:
+    """Switching a file into WAL answers "database is locked" at once, without waiting on the
+    busy timeout, while another connection opens the same new file (a daemon's writer and a
+    reader polling it: the self-play daemon died of it). WAL is then a property of the file, so
+    only a file's first connections ever retry here, briefly and within the busy timeout."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    delay = 0.005
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
 
 
 def create_tables(metadata: MetaData, engine: Engine) -> None:
