@@ -21,7 +21,7 @@ from app.config.pipeline import SearchConfig
 from app.games import get_game
 from app.training.solved_eval import (
     ScoredPosition, SolvedEvalError, accuracy, coverage, default_positions_path, load_positions, mcts_choices,
-    network_choices, parse_line, random_mover_accuracy, score_model, seen_in, value_choices,
+    WIN_ON_THE_SPOT, network_choices, parse_line, random_mover_accuracy, score_model, seen_in, value_choices,
 )
 from tests.conftest import REPO
 
@@ -125,7 +125,7 @@ def test_value_choices_rank_moves_by_the_value_head_one_ply_deep(tiny_net) -> No
         for move in state.legal_moves():
             child = state.play(move)
             if child.is_terminal:
-                worth[move] = 2.0 if child.winner is not None else 0.0
+                worth[move] = WIN_ON_THE_SPOT if child.winner is not None else 0.0
             else:
                 worth[move] = -float(predict(tiny_net, child.planes()[None], child.legal_mask()[None])[1][0])
         assert worth[c] == pytest.approx(max(worth.values()), abs=1e-5)
