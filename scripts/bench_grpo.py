@@ -2,6 +2,7 @@
 """GRPO throughput of the digit Llama at 1 and 2 ranks: prints ONE JSON object.
 
     python scripts/bench_grpo.py [--steps 20 --warmup 3 --prompts-per-step 8 --group-size 8] [--ranks 1,2]
+                                 [--device auto|cpu|cuda] [--backend auto|local|fsdp]
 
 Each rank count runs under torchrun (app.training.launcher): 1 rank with LocalBackend, more
 with FSDP2, every rank generating its share of each step's prompts with its own in-process
@@ -42,12 +43,13 @@ def worker(args: argparse.Namespace) -> int:
     from app.training.lm.loops import RLConfig, rl_loop
 
     configure_logging(level="WARNING")
-    env = init_distributed("auto")
+    env = init_distributed(args.device)
     tok = build_digit_tokenizer()
     model = build_model(LMModelConfig(seed=0), tok)
     engine = InProcessEngine(copy.deepcopy(model).to(env.device), tok)
     optim = OptimConfig(lr=3e-3)
-    backend = FSDPBackend(model, optim, sft_loss, env) if env.world_size > 1 else LocalBackend(model, optim, sft_loss)
+    use_fsdp = args.backend == "fsdp" or (args.backend == "auto" and env.world_size > 1)
+    backend = FSDPBackend(model, optim, sft_loss, env) if use_fsdp else LocalBackend(model, optim, sft_loss)
     task = DigitTask("copy", 3, 3, "partial")
     cfg = RLConfig(steps=args.warmup + args.steps, prompts_per_step=args.prompts_per_step, micro_batch_size=64,
                    rollout=RolloutSettings(n=args.group_size, max_new_tokens=4, length_is_parse_failure=False))
@@ -56,7 +58,8 @@ def worker(args: argparse.Namespace) -> int:
         total = {k: sum(h[k] for h in history) for k in ("rollout_s", "train_s", "sync_s", "generated_tokens",
                                                          "trained_tokens")}
         step_s = total["rollout_s"] + total["train_s"] + total["sync_s"]
-        result = {"ranks": env.world_size, "steps": len(history),
+        result = {"ranks": env.world_size, "steps": len(history), "device": str(env.device),
+                  "backend": type(backend).__name__,
                   "rollout_tokens_per_s": total["generated_tokens"] / total["rollout_s"],
                   "training_tokens_per_s": total["trained_tokens"] / total["train_s"],
                   "step_s": step_s / len(history),
@@ -75,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts-per-step", type=int, default=8)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--ranks", default="1,2")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto: NCCL on GPUs when each rank has one, else gloo on the CPU")
+    p.add_argument("--backend", choices=("auto", "local", "fsdp"), default="auto",
+                   help="auto: FSDP2 from 2 ranks on; fsdp forces it at 1 rank too (FSDP2 on one GPU)")
     p.add_argument("--result", help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -93,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
             result = Path(tmp) / f"r{nproc}.json"
             launch(LaunchSpec(target=[str(Path(__file__).resolve()), "--worker", "--steps", str(args.steps),
                                       "--warmup", str(args.warmup), "--prompts-per-step", str(args.prompts_per_step),
-                                      "--group-size", str(args.group_size), "--result", str(result)],
+                                      "--group-size", str(args.group_size), "--result", str(result),
+                                      "--device", args.device, "--backend", args.backend],
                               nproc=nproc, log_dir=Path(tmp) / f"logs{nproc}", status_every_s=0), out=io.StringIO())
             out["runs"][str(nproc)] = json.loads(result.read_text())
     print(json.dumps(out))

@@ -38,6 +38,7 @@ from app.atomic_files import atomic_write_json  # noqa: E402
 from app.config import load_settings  # noqa: E402
 from app.db.registry import ModelRegistry, ModelStatus  # noqa: E402
 from app.games import get_game  # noqa: E402
+from app.training.process_group import DEVICE_CHOICES, network_device  # noqa: E402
 from app.training.solved_eval import (  # noqa: E402
     SolvedEvalError, default_positions_path, load_positions, random_mover_accuracy, score_model,
 )
@@ -157,9 +158,11 @@ def plot_curves(curve: list[dict], path: Path, title: str, mcts_sims: int = 0) -
     return True
 
 
-def score_one(job: tuple[str | None, str | None], config: Path | None, positions: list, budgets: list[int]) -> dict:
+def score_one(job: tuple[str | None, str | None], config: Path | None, positions: list, budgets: list[int],
+              device: str = "cpu") -> dict:
     """One model's report: the file at `path` (checked against its sha256), or the untrained
-    start when the path is None. Module level so a scoring process can run it."""
+    start when the path is None, its network on `device` (a GPU node scores a large net there).
+    Module level so a scoring process can run it."""
     torch.set_num_threads(1)
     path, sha256 = job
     settings = load_settings(config)
@@ -169,23 +172,25 @@ def score_one(job: tuple[str | None, str | None], config: Path | None, positions
         net = new_model(arch, seed=settings.train.seed)
     else:
         net, _ = load_model(path, expect_sha256=sha256)
-    report = score_model(net, positions, budgets, settings.search)
+    report = score_model(net.to(network_device(device)), positions, budgets, settings.search)
     exact = {budget: result["exact"] for budget, result in report.get("mcts", {}).items()}
     print(json.dumps({"scored": path or "untrained", "raw_exact": report["raw"]["exact"], "mcts_exact": exact}),
           file=sys.stderr, flush=True)
     return report
 
 
-def score_all(jobs: list, config: Path | None, positions: list, budgets: list[list[int]], scorers: int) -> list[dict]:
+def score_all(jobs: list, config: Path | None, positions: list, budgets: list[list[int]], scorers: int,
+              device: str = "cpu") -> list[dict]:
     """Every model's report (each with its own budgets), in order, on `scorers` processes: the
     loop has stopped by now, so the scoring may use every core (MCTS-400 over 931 positions is minutes per model)."""
     if scorers <= 1 or len(jobs) <= 1:
-        return [score_one(job, config, positions, b) for job, b in zip(jobs, budgets)]
+        return [score_one(job, config, positions, b, device) for job, b in zip(jobs, budgets)]
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(min(scorers, len(jobs)), mp_context=mp.get_context("spawn")) as pool:
-        return list(pool.map(score_one, jobs, [config] * len(jobs), [positions] * len(jobs), budgets))
+        return list(pool.map(score_one, jobs, [config] * len(jobs), [positions] * len(jobs), budgets,
+                             [device] * len(jobs)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="games of the last model vs random and the heuristic at the gauntlet's budget; 0 skips")
     p.add_argument("--scorers", type=int, default=os.cpu_count() or 1,
                    help="processes that score the models after the loop (default: one per core)")
+    p.add_argument("--score-device", choices=DEVICE_CHOICES, default="cpu",
+                   help="where the scoring networks run (default: %(default)s; cuda on a GPU node)")
     args = p.parse_args(argv)
     if args.minutes <= 0 or args.mcts_sims < 0 or args.scorers < 1 or args.final_games < 0:
         p.error("--minutes must be > 0, --mcts-sims >= 0, --scorers >= 1 and --final-games >= 0")
@@ -231,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(None, None)] + [(str(m.path), m.sha256) for m in promoted]
     # MCTS for every model, or (a shorter session) for the last only: minutes of CPU a model
     job_budgets = [budgets if args.mcts_models == "all" or i == len(jobs) - 1 else [0] for i in range(len(jobs))]
-    reports = score_all(jobs, args.config, positions, job_budgets, args.scorers)
+    reports = score_all(jobs, args.config, positions, job_budgets, args.scorers, args.score_device)
     curve = [{"generation": 0, "wall_s": 0.0, "cpu_s": 0.0, **curve_point(reports[0], args.mcts_sims)}]
     for model, report in zip(promoted, reports[1:]):
         curve.append({"generation": model.generation, "wall_s": round(model.promoted_at - started, 1),

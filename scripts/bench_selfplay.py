@@ -12,7 +12,7 @@
 - what a batch of small games costs with a worker spawned for it vs a worker kept in a
   `selfplay_pool.WorkerPool` (the self-play daemon's way): wall and CPU seconds per batch.
 
-    python scripts/bench_selfplay.py [--concurrent 64] [--sims 64] [--moves 6]
+    python scripts/bench_selfplay.py [--concurrent 64] [--sims 64] [--moves 6] [--device cuda]
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from app.ai.model import Architecture, new_model, predict  # noqa: E402
 from app.config import Settings  # noqa: E402
 from app.games import get_game  # noqa: E402
 from app.games.connect4_playouts import random_playouts  # noqa: E402
+from app.training.process_group import DEVICE_CHOICES, network_device  # noqa: E402
 
 
 def ceiling(net, states, windows: int = 3, seconds: float = 1.0) -> float:
@@ -162,13 +163,16 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=None)
     ap.add_argument("--playout-batch", type=int, default=20000)
     ap.add_argument("--batches", type=int, default=5, help="small batches timed per worker strategy")
+    ap.add_argument("--device", choices=DEVICE_CHOICES, default="cpu",
+                    help="where the network evaluates (selfplay.device); the worker start-up part stays on CPU")
     args = ap.parse_args()
     torch.set_num_threads(1)
     settings = Settings()
     game = get_game(settings.node.game)
     arch = Architecture(args.channels or settings.model.channels, args.blocks or settings.model.blocks,
                         game.plane_shape, game.num_actions)
-    net = new_model(arch, seed=0).eval()
+    device = network_device(args.device)
+    net = new_model(arch, seed=0).to(device).eval()
 
     # Positions a few plies in, like the leaves the search actually evaluates.
     rng = random.Random(0)
@@ -193,7 +197,7 @@ def main() -> None:
     print(json.dumps({
         "machine": {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
                     "torch_threads": torch.get_num_threads()},
-        "net": {"channels": arch.channels, "blocks": arch.blocks},
+        "net": {"channels": arch.channels, "blocks": arch.blocks, "device": str(device)},
         "concurrent_games": args.concurrent,
         "simulations": args.sims,
         "ceiling_net_evals_per_s": round(ceiling_rate, 1),

@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
 """Training speed: the trainer's step loop against a bare PyTorch loop, and torchrun overheads.
 
-    python scripts/bench_train.py [--channels 64 --blocks 5 --batch 256 --steps 20 --rounds 3]
+    python scripts/bench_train.py [--channels 64 --blocks 5 --batch 256 --steps 20 --rounds 3] [--device cuda]
 
 Prints ONE JSON object:
-- `step_loop`: samples/s of `app.training.trainer.Trainer.train_step` (1 rank, DDP over gloo)
+- `step_loop`: samples/s of `app.training.trainer.Trainer.train_step` (1 rank, DDP over gloo,
+  or NCCL with `--device cuda`)
   and of a bare loop (same model weights, batches, AdamW, loss) run alternately in this
   process, and their ratio (target >= 0.9);
 - `layout`: samples/s of the bare loop with the network's channels-last weights and input (what
   `PolicyValueNet` does) and with the default NCHW layout, alternately, and their ratio;
 - `torchrun`: wall seconds of a no-op job under the launcher (start-up), and for 1 and 2 CPU
-  ranks of the real trainer: time to the first step and steady samples/s from metrics.jsonl.
+  ranks (with `--device cuda`: 1 and one per GPU) of the real trainer: time to the first step and steady samples/s from metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import copy
 import io
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -40,6 +40,7 @@ from app.training.dataset import Arrays, load_dataset  # noqa: E402
 from app.training.export import export_dataset  # noqa: E402
 from app.training.launcher import LaunchSpec, launch  # noqa: E402
 from app.training.train_task import PolicyValueTask  # noqa: E402
+from app.training.process_group import DEVICE_CHOICES, join_process_group, network_device  # noqa: E402
 from app.training.trainer import DistContext, Trainer  # noqa: E402
 
 
@@ -61,13 +62,15 @@ def random_games_dataset(directory: Path, games: int, seed: int = 0) -> Path:
     return directory / "ds"
 
 
-def init_single_rank() -> DistContext:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    return DistContext(0, 1, 0, torch.device("cpu"))
+def init_single_rank(device: str) -> DistContext:
+    """A one-rank group as the trainer joins it: gloo on CPU, NCCL on a GPU."""
+    return DistContext(*join_process_group(device))
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so a wall-clock time covers it (nothing to wait for on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def bare_loop(model: torch.nn.Module, data: dict[str, torch.Tensor], batches: list[torch.Tensor], lr: float, wd: float,
@@ -77,7 +80,10 @@ def bare_loop(model: torch.nn.Module, data: dict[str, torch.Tensor], batches: li
     forward = forward or model
     model.train()
 
+    device = next(model.parameters()).device
+
     def run(step_batches: list[torch.Tensor]) -> float:
+        synchronize(device)
         start = time.perf_counter()
         for idx in step_batches:
             planes, policy, value = (data[k].index_select(0, idx) for k in ("planes", "policy", "value"))
@@ -86,17 +92,18 @@ def bare_loop(model: torch.nn.Module, data: dict[str, torch.Tensor], batches: li
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+        synchronize(device)
         return time.perf_counter() - start
 
     return run
 
 
 def bench_step_loop(train: Arrays, args: argparse.Namespace) -> dict:
-    ctx = init_single_rank()
+    ctx = init_single_rank(args.device)
     game = get_game("connect4")
     arch = Architecture(args.channels, args.blocks, game.plane_shape, game.num_actions)
     model = new_model(arch, seed=0)
-    reference = copy.deepcopy(model)
+    reference = copy.deepcopy(model).to(ctx.device)
     trainer = Trainer(ctx, model, PolicyValueTask(), train, Arrays.empty(game.plane_shape, game.num_actions),
                       batch_size=args.batch, micro_batches=1, lr=1e-3, weight_decay=1e-4, seed=0)
     data = trainer.train_data
@@ -108,10 +115,12 @@ def bench_step_loop(train: Arrays, args: argparse.Namespace) -> dict:
     for _ in range(args.rounds):
         batches = []
         start_step = trainer.step
+        synchronize(ctx.device)
         t0 = time.perf_counter()
         for _ in range(n):
             batches.append(trainer.global_batch())
             trainer.train_step()
+        synchronize(ctx.device)
         ours.append(n * trainer.batch_size / (time.perf_counter() - t0))
         assert trainer.step == start_step + n
         bare.append(n * trainer.batch_size / ref_run(batches))
@@ -121,7 +130,7 @@ def bench_step_loop(train: Arrays, args: argparse.Namespace) -> dict:
             "bare_samples_per_s": round(statistics.median(bare), 1),
             "ratio": round(statistics.median(ratios), 3), "ratios": [round(r, 3) for r in ratios],
             "batch": trainer.batch_size, "steps_per_round": n, "rounds": args.rounds,
-            "model": f"{args.channels}x{args.blocks}"}
+            "model": f"{args.channels}x{args.blocks}", "device": str(ctx.device)}
 
 
 def default_layout_forward(net: PolicyValueNet):
@@ -136,26 +145,27 @@ def default_layout_forward(net: PolicyValueNet):
 def bench_layout(train: Arrays, args: argparse.Namespace) -> dict:
     game = get_game("connect4")
     arch = Architecture(args.channels, args.blocks, game.plane_shape, game.num_actions)
-    data = {"planes": torch.from_numpy(train.planes), "policy": torch.from_numpy(train.policy),
-            "value": torch.from_numpy(train.value)}
-    nhwc_net = new_model(arch, seed=0)
-    nchw_net = new_model(arch, seed=0).to(memory_format=torch.contiguous_format)
+    device = network_device(args.device)
+    data = {"planes": torch.from_numpy(train.planes).to(device), "policy": torch.from_numpy(train.policy).to(device),
+            "value": torch.from_numpy(train.value).to(device)}
+    nhwc_net = new_model(arch, seed=0).to(device)
+    nchw_net = new_model(arch, seed=0).to(device, memory_format=torch.contiguous_format)
     nhwc = bare_loop(nhwc_net, data, [], 1e-3, 1e-4)
     nchw = bare_loop(nchw_net, data, [], 1e-3, 1e-4, forward=default_layout_forward(nchw_net))
     gen = torch.Generator().manual_seed(0)
     batch = min(args.batch, len(train))
-    warm = [torch.randperm(len(train), generator=gen)[:batch]]
+    warm = [torch.randperm(len(train), generator=gen)[:batch].to(device)]
     nhwc(warm), nchw(warm)
     fast, slow = [], []
     for _ in range(args.rounds):
-        batches = [torch.randperm(len(train), generator=gen)[:batch] for _ in range(args.steps)]
+        batches = [torch.randperm(len(train), generator=gen)[:batch].to(device) for _ in range(args.steps)]
         slow.append(args.steps * batch / nchw(batches))
         fast.append(args.steps * batch / nhwc(batches))
     ratios = [a / b for a, b in zip(fast, slow)]
     return {"channels_last_samples_per_s": round(statistics.median(fast), 1),
             "nchw_samples_per_s": round(statistics.median(slow), 1),
             "ratio": round(statistics.median(ratios), 3), "ratios": [round(r, 3) for r in ratios],
-            "batch": batch, "model": f"{args.channels}x{args.blocks}"}
+            "batch": batch, "model": f"{args.channels}x{args.blocks}", "device": str(device)}
 
 
 def bench_torchrun(dataset: Path, work: Path, args: argparse.Namespace) -> dict:
@@ -168,21 +178,26 @@ def bench_torchrun(dataset: Path, work: Path, args: argparse.Namespace) -> dict:
                                    status_every_s=0), out=io.StringIO())
         out[f"noop_wall_s_{nproc}rank"] = round(time.monotonic() - t0, 2)
         out[f"noop_all_ranks_started_s_{nproc}rank"] = round(result.startup_s or -1, 2)
-    for nproc in (1, 2):
+    gpus = torch.cuda.device_count() if args.device != "cpu" and torch.cuda.is_available() else 0
+    rank_counts = sorted({1, gpus}) if gpus else [1, 2]  # NCCL: one GPU per rank
+    for nproc in rank_counts:
         run_dir = work / f"run{nproc}"
         t0 = time.time()
         launch(LaunchSpec(target=["-m", "app.training.train", "--dataset", str(dataset), "--run-dir", str(run_dir),
                                   "--channels", str(args.channels), "--blocks", str(args.blocks),
                                   "--batch-size", str(args.batch), "--micro-batches", "2", "--epochs", "1000",
                                   "--max-steps", str(args.torchrun_steps), "--log-every", "5",
-                                  "--eval-every", "100000"],
+                                  "--eval-every", "100000", "--device", args.device],
                           nproc=nproc, log_dir=run_dir / "logs", status_every_s=0), out=io.StringIO())
         events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         steps = [e for e in events if e["event"] == "step"]
         out[f"train_{nproc}rank_first_step_s"] = round(steps[0]["time"] - t0, 2)
         out[f"train_{nproc}rank_samples_per_s"] = round(statistics.median(e["samples_per_s"] for e in steps[1:]), 1)
-    out["speedup_2_vs_1_rank"] = round(out["train_2rank_samples_per_s"] / out["train_1rank_samples_per_s"], 3)
+    if len(rank_counts) > 1:
+        n = rank_counts[-1]
+        out[f"speedup_{n}_vs_1_rank"] = round(out[f"train_{n}rank_samples_per_s"] / out["train_1rank_samples_per_s"], 3)
     out["cpu_cores"] = os.cpu_count()
+    out["device"] = args.device
     return out
 
 
@@ -196,6 +211,8 @@ def main() -> None:
     parser.add_argument("--games", type=int, default=400)
     parser.add_argument("--torchrun-steps", type=int, default=30)
     parser.add_argument("--skip-torchrun", action="store_true")
+    parser.add_argument("--device", choices=DEVICE_CHOICES, default="cpu",
+                        help="where the step loops and the torchrun trainer run (cuda: NCCL, one rank per GPU)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:

@@ -36,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = 40
 COMMON = ["--channels", "16", "--blocks", "1", "--batch-size", "64", "--micro-batches", "2", "--lr", "0.003",
           "--max-steps", str(STEPS), "--epochs", "100", "--log-every", "1", "--eval-every", "10",
-          "--checkpoint-every", "10", "--keep-checkpoints", "--patience", "0"]
+          "--checkpoint-every", "10", "--keep-checkpoints", "--patience", "0",
+          "--device", "cpu"]  # the bit-identity is CPU's: on a GPU node 1 rank would take the GPU, 2 the CPU
 
 
 def step_losses(run_dir: Path) -> dict[int, float]:

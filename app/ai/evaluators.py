@@ -21,7 +21,6 @@ from __future__ import annotations
 from typing import Protocol, Sequence
 
 import numpy as np
-import torch
 
 from app.ai.model import PolicyValueNet, predict
 from app.games import Game, GameState
@@ -46,8 +45,8 @@ def uniform_priors(states: Sequence[GameState]) -> np.ndarray:
 class NetworkEvaluator:
     """Evaluates a batch with one forward pass of a policy/value network.
 
-    Counts `positions` and `batches` evaluated, so callers can report throughput. A network
-    on a non-CPU device gets its input moved there; on CPU `predict` is used unchanged.
+    Counts `positions` and `batches` evaluated, so callers can report throughput. The network
+    may live on a GPU (`selfplay.device`); `predict` moves each batch there and back.
     """
 
     def __init__(self, net: PolicyValueNet) -> None:
@@ -61,16 +60,7 @@ class NetworkEvaluator:
         legal = legal_masks(states)
         self.positions += len(states)
         self.batches += 1
-        if self.device.type == "cpu":
-            return predict(self.net, planes, legal)
-        return self._predict_on_device(planes, legal)
-
-    @torch.inference_mode()
-    def _predict_on_device(self, planes: np.ndarray, legal: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        x = torch.from_numpy(planes).to(self.device, non_blocking=True)
-        logits, values = self.net(x)
-        logits = logits.masked_fill(~torch.from_numpy(legal).to(self.device), float("-inf"))
-        return torch.softmax(logits, dim=-1).float().cpu().numpy(), values.float().cpu().numpy()
+        return predict(self.net, planes, legal)
 
 
 class UniformEvaluator:

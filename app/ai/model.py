@@ -126,15 +126,17 @@ def new_model(arch: Architecture, seed: int | None = None) -> PolicyValueNet:
 def predict(net: PolicyValueNet, planes: np.ndarray, legal: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Batched inference: (N, *plane_shape) planes -> (N, A) probabilities and (N,) values.
 
-    Illegal actions get probability zero when `legal` (N, A bool) is given.
+    Illegal actions get probability zero when `legal` (N, A bool) is given. A network on a GPU
+    gets its input moved there and its answers back; on the CPU nothing is copied.
     """
     net.eval()
-    x = torch.from_numpy(np.ascontiguousarray(planes, dtype=np.float32))
+    device = next(net.parameters()).device
+    x = torch.from_numpy(np.ascontiguousarray(planes, dtype=np.float32)).to(device, non_blocking=True)
     logits, values = net(x)
     if legal is not None:
-        logits = logits.masked_fill(~torch.from_numpy(legal), float("-inf"))
+        logits = logits.masked_fill(~torch.from_numpy(legal).to(device), float("-inf"))
     probs = torch.softmax(logits, dim=-1)
-    return probs.numpy(), values.numpy()
+    return probs.float().cpu().numpy(), values.float().cpu().numpy()
 
 
 def file_sha256(path: str | Path) -> str:

@@ -1,6 +1,8 @@
 """Settings of the training pipeline: model size, search, self-play, export, training,
 gauntlet and promotion gates. Read by app/ai and app/training."""
 
+from typing import Literal
+
 from pydantic import Field
 
 from app.config.base import StrictModel
@@ -46,6 +48,9 @@ class SelfplayConfig(StrictModel):
     # played, recorded and never sampled, so every training position is one the search played on
     # from; they widen coverage beyond the lines the network already likes (docs/BENCHMARKS.md).
     random_opening_plies: int = Field(10, ge=0, le=20)
+    # Where a worker's network evaluates the search's leaves: "cpu", "cuda" (every worker shares
+    # the node's first GPU; refused where there is none) or "auto" (the GPU when there is one).
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
 
 
 class ExportConfig(StrictModel):

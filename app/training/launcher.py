@@ -184,7 +184,7 @@ def launch(spec: LaunchSpec, out: TextIO | None = None,
         teardown(proc, watch, launch_id, 0.0 if grace_used else spec.grace_s)
         reader.join(timeout=5)
         torchrun_log.close()
-        watch.poll()
+        watch.settle()
         watch.flush_partial()
     summary = parse_torchrun_failures("\n".join(watch.torchrun_lines))
     for rank, code in summary.items():

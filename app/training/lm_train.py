@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from app.atomic_files import atomic_write_json
@@ -40,6 +39,7 @@ from app.training.lm.checkpoint_dirs import (
 )
 from app.training.lm.data_buffer import DataBuffer
 from app.training.lm.dist_env import DistEnv, init_distributed, shutdown
+from app.training.process_group import DeviceChoiceError
 from app.training.lm.fsdp_backend import FSDPBackend
 from app.training.lm.grpo import GRPOConfig, sft_loss
 from app.training.lm.loops import SFTConfig, groups_step, sft_loop, sft_rows
@@ -216,8 +216,11 @@ def run(args: argparse.Namespace, env: DistEnv) -> dict[str, Any] | None:
 @record
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    torch.set_num_threads(1)
-    env = init_distributed(args.device)
+    try:
+        env = init_distributed(args.device)
+    except DeviceChoiceError as exc:
+        print(f"lm training input error: {exc}", file=sys.stderr, flush=True)
+        return 2
     try:
         run(args, env)
         env.barrier()  # leave together: no rank tears gloo down while rank 0 still writes

@@ -158,6 +158,16 @@ class RankWatch:
                     else:
                         self._ended(status, None, time.time() - POLL_S)
 
+    def settle(self, timeout_s: float = 5.0) -> None:
+        """Poll until no rank still looks running, for at most `timeout_s`: after teardown's
+        SIGKILL a rank takes a moment to die, and the last status (and the summary) should show
+        every rank ended rather than the instant before."""
+        deadline = time.monotonic() + timeout_s
+        self.poll()
+        while any(r.state == "running" for r in self.ranks.values()) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+            self.poll()
+
     def _ended(self, status: RankStatus, code: int | None, at: float) -> None:
         status.state, status.exit_code, status.ended_at = "exited", code, at
         self._tail(status.rank)

@@ -20,6 +20,7 @@ from app.ai.model import load_model
 from app.config import Settings
 from app.db.replay_db import GameRecord, MoveRecord
 from app.games import Game, GameState, get_game
+from app.training.process_group import network_device
 
 
 def search_settings(settings: Settings, simulations: int, evaluator: str) -> dict:
@@ -154,4 +155,5 @@ def make_evaluator(model_path, model_sha256: str | None, settings: Settings) -> 
     if model_path is None:
         return UniformEvaluator(game)
     net, _ = load_model(model_path, expect_game=game.name, expect_sha256=model_sha256)
-    return NetworkEvaluator(net)
+    return NetworkEvaluator(net.to(network_device(settings.selfplay.device)))
+

@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -33,6 +30,7 @@ from app.config import ConfigError, load_settings
 from app.games import get_game
 from app.training.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from app.training.dataset import DatasetError, load_dataset
+from app.training.process_group import DeviceChoiceError, join_process_group
 from app.training.train_schedule import ScheduleError, resolve_micro_batches
 from app.training.train_task import PolicyValueTask
 from app.training.trainer import DistContext, Trainer, set_global_seed
@@ -95,21 +93,7 @@ def resolve_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def init_distributed(device_pref: str) -> DistContext:
     """Join the process group torchrun describes in the environment (or make a 1-rank one)."""
-    if "RANK" not in os.environ:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    use_cuda = device_pref == "cuda" or (device_pref == "auto" and torch.cuda.is_available())
-    if use_cuda:
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    else:
-        device = torch.device("cpu")
-    torch.set_num_threads(1)
-    dist.init_process_group(backend="nccl" if use_cuda else "gloo", device_id=device if use_cuda else None)
-    return DistContext(dist.get_rank(), dist.get_world_size(), local_rank, device)
+    return DistContext(*join_process_group(device_pref))
 
 
 class RunWriter:
@@ -273,7 +257,11 @@ def run(args: argparse.Namespace, ctx: DistContext) -> dict[str, Any]:
 @record
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    ctx = init_distributed(args.device)
+    try:
+        ctx = init_distributed(args.device)
+    except DeviceChoiceError as exc:
+        print(f"training input error: {exc}", file=sys.stderr, flush=True)
+        return 2
     try:
         run(args, ctx)
         dist.barrier()  # leave together: no rank tears gloo down while rank 0 still writes the candidate

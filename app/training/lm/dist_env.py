@@ -1,22 +1,20 @@
 """Joining the process group torchrun describes, for the language-model jobs.
 
-The device comes from LOCAL_RANK (the rank on this node), never from RANK: on a second node
-RANK is 8 while the GPUs are 0..7. gloo on CPU, NCCL on GPU. The group gets a timeout so a
-rank that hangs makes its peers' collectives fail (and the run end) instead of waiting
-forever. Rank 0's small control data (an epoch order, guidance, a continue flag) travels
-with `broadcast_object`.
+How a rank picks its device and joins is `app.training.process_group`'s (gloo on CPU, NCCL
+on GPU, one GPU per rank); here the group gets a timeout so a rank that hangs makes its peers'
+collectives fail (and the run end) instead of waiting forever. Rank 0's small control data (an
+epoch order, guidance, a continue flag) travels with `broadcast_object`.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import os
-import socket
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from app.training.process_group import join_process_group
 
 
 @dataclass(frozen=True)
@@ -59,23 +57,7 @@ class DistEnv:
 
 def init_distributed(device_pref: str = "auto", timeout_s: float = 300.0) -> DistEnv:
     """Join torchrun's group (or make a one-rank group on a free port when run plainly)."""
-    if "RANK" not in os.environ:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    use_cuda = device_pref == "cuda" or (device_pref == "auto" and torch.cuda.is_available())
-    if use_cuda:
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    else:
-        device = torch.device("cpu")
-    if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo", timeout=dt.timedelta(seconds=timeout_s),
-                                device_id=device if use_cuda else None)
-    return DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, device)
+    return DistEnv(*join_process_group(device_pref, timeout_s))
 
 
 def shutdown() -> None:

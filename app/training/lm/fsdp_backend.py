@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from app.training.lm import dcp_io
@@ -23,12 +24,15 @@ from app.training.lm.backend import AccumulatingBackend, LossFn, OptimConfig
 from app.training.lm.dist_env import DistEnv
 
 
-def shard_model(model: nn.Module, reshard_after_forward: bool = True) -> nn.Module:
-    """fully_shard every decoder layer, then the root; reduce gradients by sum."""
+def shard_model(model: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool = True) -> nn.Module:
+    """fully_shard every decoder layer, then the root, over `mesh`; reduce gradients by sum.
+
+    The mesh is always given: without one FSDP builds a CUDA mesh whenever a GPU is visible,
+    even for ranks that train on the CPU (more ranks than GPUs), and fails in set_device."""
     layers = getattr(getattr(model, "model", None), "layers", None)
     for layer in layers or []:
-        fully_shard(layer, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, reshard_after_forward=reshard_after_forward)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
@@ -41,7 +45,8 @@ class FSDPBackend(AccumulatingBackend):
                  reshard_after_forward: bool = True) -> None:
         self.env = env
         self.rank, self.world_size, self.device = env.rank, env.world_size, env.device
-        super().__init__(shard_model(model.to(env.device), reshard_after_forward), optim, loss_fn)
+        mesh = init_device_mesh(env.device.type, (env.world_size,))
+        super().__init__(shard_model(model.to(env.device), mesh, reshard_after_forward), optim, loss_fn)
 
     def _reduce_stats(self, stats: dict[str, float]) -> dict[str, float]:
         """A step's stats are summed over micro-batches AND ranks."""

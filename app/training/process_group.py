@@ -1,0 +1,87 @@
+"""Joining the process group torchrun describes: which device a rank trains on, and the group.
+
+Both torchrun targets (the Connect Four trainer and the language-model jobs) join the same way.
+The device comes from LOCAL_RANK (the rank on this node), never from RANK: on a second node
+RANK is 8 while the GPUs are 0..7. NCCL needs one GPU per rank, so "auto" picks CUDA only when
+this node has a GPU for each of its ranks (LOCAL_WORLD_SIZE); more ranks than GPUs train on the
+CPU over gloo instead of failing in `cuda.set_device` with an unhelpful index error, and
+"cuda" with too few GPUs is refused with the counts named.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+
+
+class DeviceChoiceError(ValueError):
+    """The device asked for cannot serve this node's ranks."""
+
+
+def choose_device(pref: str, local_world_size: int, cuda_devices: int) -> str:
+    """"cuda" or "cpu" for every rank of a node with `local_world_size` ranks and `cuda_devices` GPUs.
+
+    Pure, so the rule is tested without a GPU. Every rank of a node decides alike, so a group
+    never mixes NCCL and gloo.
+    """
+    if pref not in DEVICE_CHOICES:
+        raise DeviceChoiceError(f"device must be one of {', '.join(DEVICE_CHOICES)}, got {pref!r}")
+    if local_world_size < 1:
+        raise DeviceChoiceError(f"a node needs at least one rank, got {local_world_size}")
+    if pref == "cpu":
+        return "cpu"
+    enough = cuda_devices >= local_world_size
+    if pref == "cuda" and not enough:
+        raise DeviceChoiceError(
+            f"--device cuda with {local_world_size} rank(s) on this node but {cuda_devices} CUDA device(s) "
+            "visible: NCCL needs one GPU per rank; use --nproc auto (one rank per GPU) or --device cpu")
+    return "cuda" if enough else "cpu"
+
+
+def network_device(pref: str) -> torch.device:
+    """Where one process's network runs outside a group (a self-play worker, a scorer): any
+    number of such processes share the node's first GPU. "cuda" without one is refused."""
+    cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if pref == "cuda" and cuda_devices == 0:
+        raise DeviceChoiceError("device 'cuda' asked for, but no CUDA device is visible (use cpu or auto)")
+    return torch.device(choose_device(pref, 1, cuda_devices))
+
+
+def ensure_torchrun_env() -> None:
+    """Make a plain process a one-rank group on a free loopback port (torchrun sets these)."""
+    if "RANK" in os.environ:
+        return
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+
+def join_process_group(device_pref: str, timeout_s: float | None = None) -> tuple[int, int, int, torch.device]:
+    """Join (or make) the group; returns (rank, world size, local rank, device).
+
+    One torch thread per rank: several ranks share the node's cores. A timeout makes a rank
+    that hangs fail its peers' collectives instead of leaving them waiting forever.
+    """
+    ensure_torchrun_env()
+    torch.set_num_threads(1)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if choose_device(device_pref, local_world, cuda_devices) == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        kwargs = {} if timeout_s is None else {"timeout": dt.timedelta(seconds=timeout_s)}
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
+                                device_id=device if device.type == "cuda" else None, **kwargs)
+    return dist.get_rank(), dist.get_world_size(), local_rank, device
