@@ -8,10 +8,13 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
+from sqlalchemy import create_engine, event
 
+from app.db import replay_db
 from app.db.replay_db import SCHEMA_VERSION, GameRecord, MoveRecord, ReplayDB, ReplayDBError
 
 
@@ -51,6 +54,57 @@ def test_insert_is_idempotent_by_uid(db_target) -> None:
 def test_record_json_round_trip() -> None:
     record = _game("x")
     assert GameRecord.from_json(record.to_json()).to_json() == record.to_json()
+
+
+def test_table_creation_outlasts_a_racer_that_makes_every_table_first(tmp_path) -> None:
+    """A writer and its readers open a new games.db together, and create_all looks, then
+    creates: a racer can make any table in between. Here a second real connection makes each
+    table just before this one's CREATE, every time, so each attempt loses once per table; three
+    attempts (the old bound) were fewer than the tables (six threads failed 2 rounds in 40)."""
+    path = tmp_path / "games.db"
+    racer = create_engine(f"sqlite:///{path}")
+    raced: list[str] = []
+
+    def make_it_first(table, connection, **_) -> None:
+        if connection.engine is racer:
+            return
+        with racer.begin() as other:
+            table.create(other, checkfirst=True)
+        raced.append(table.name)
+
+    tables = list(replay_db.Base.metadata.sorted_tables)
+    for table in tables:
+        event.listen(table, "before_create", make_it_first)
+    try:
+        with ReplayDB(path) as db:
+            assert db.count() == 0
+    finally:
+        for table in tables:
+            event.remove(table, "before_create", make_it_first)
+        racer.dispose()
+    assert sorted(raced) == sorted(t.name for t in tables) and len(tables) >= 3
+    assert sqlite3.connect(path).execute("SELECT COUNT(*) FROM schema_info").fetchone()[0] == 1
+
+
+def test_many_threads_opening_one_new_file_all_succeed(tmp_path) -> None:
+    threads = 8
+    path = tmp_path / "games.db"
+    start, failures = threading.Barrier(threads), []
+
+    def open_it() -> None:
+        start.wait()
+        try:
+            ReplayDB(path).close()
+        except ReplayDBError as exc:
+            failures.append(str(exc))
+
+    workers = [threading.Thread(target=open_it) for _ in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in workers) and failures == []
+    assert sqlite3.connect(path).execute("SELECT COUNT(*) FROM schema_info").fetchone()[0] == 1
 
 
 def test_newer_schema_is_refused(tmp_path) -> None:

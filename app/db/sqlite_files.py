@@ -43,15 +43,21 @@ def _enter_wal(cur: sqlite3.Cursor) -> None:
 
 
 def create_tables(metadata: MetaData, engine: Engine) -> None:
-    """create_all, tolerating another process or thread creating the same tables at once
-    (SQLite: "already exists"; PostgreSQL: that, or a duplicate key in its type catalogue)."""
-    for attempt in range(3):
+    """create_all, tolerating other processes or threads creating the same tables at once
+    (SQLite: "already exists"; PostgreSQL: that, or a duplicate key in its type catalogue).
+
+    create_all looks, then creates what it did not see; a racer can make any one table or
+    index in between. Each such loss means an object now exists that did not, so one attempt
+    per table and index, plus one, always ends (three were too few for six threads opening one
+    new replay DB: its tables and indexes outnumber them)."""
+    attempts = 1 + sum(1 + len(table.indexes) for table in metadata.tables.values())
+    for attempt in range(attempts):
         try:
             metadata.create_all(engine)
             return
         except (OperationalError, ProgrammingError, IntegrityError) as exc:
             text = str(exc.orig)
-            if ("already exists" not in text and "duplicate key" not in text) or attempt == 2:
+            if ("already exists" not in text and "duplicate key" not in text) or attempt == attempts - 1:
                 raise
 
 
