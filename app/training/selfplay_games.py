@@ -156,4 +156,3 @@ def make_evaluator(model_path, model_sha256: str | None, settings: Settings) -> 
         return UniformEvaluator(game)
     net, _ = load_model(model_path, expect_game=game.name, expect_sha256=model_sha256)
     return NetworkEvaluator(net.to(network_device(settings.selfplay.device)))
-
