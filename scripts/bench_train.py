@@ -11,7 +11,8 @@ Prints ONE JSON object:
 - `layout`: samples/s of the bare loop with the network's channels-last weights and input (what
   `PolicyValueNet` does) and with the default NCHW layout, alternately, and their ratio;
 - `torchrun`: wall seconds of a no-op job under the launcher (start-up), and for 1 and 2 CPU
-  ranks (with `--device cuda`: 1 and one per GPU) of the real trainer: time to the first step and steady samples/s from metrics.jsonl.
+  ranks (with `--device cuda`: 1 and one per GPU) of the real trainer: time to the first step
+  and steady samples/s from metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ from app.games import get_game  # noqa: E402
 from app.training.dataset import Arrays, load_dataset  # noqa: E402
 from app.training.export import export_dataset  # noqa: E402
 from app.training.launcher import LaunchSpec, launch  # noqa: E402
+from app.training.process_group import DEVICE_CHOICES, join_process_group, network_device, visible_gpus  # noqa: E402
 from app.training.train_task import PolicyValueTask  # noqa: E402
-from app.training.process_group import DEVICE_CHOICES, join_process_group, network_device  # noqa: E402
 from app.training.trainer import DistContext, Trainer  # noqa: E402
 
 
@@ -178,7 +179,7 @@ def bench_torchrun(dataset: Path, work: Path, args: argparse.Namespace) -> dict:
                                    status_every_s=0), out=io.StringIO())
         out[f"noop_wall_s_{nproc}rank"] = round(time.monotonic() - t0, 2)
         out[f"noop_all_ranks_started_s_{nproc}rank"] = round(result.startup_s or -1, 2)
-    gpus = torch.cuda.device_count() if args.device != "cpu" and torch.cuda.is_available() else 0
+    gpus = visible_gpus() if args.device != "cpu" else 0
     rank_counts = sorted({1, gpus}) if gpus else [1, 2]  # NCCL: one GPU per rank
     for nproc in rank_counts:
         run_dir = work / f"run{nproc}"

@@ -51,7 +51,6 @@ class NetworkEvaluator:
 
     def __init__(self, net: PolicyValueNet) -> None:
         self.net = net.eval()
-        self.device = next(net.parameters()).device
         self.positions = 0
         self.batches = 0
 

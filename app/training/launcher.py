@@ -225,9 +225,9 @@ def resolve_nproc(value: str | int) -> int:
     launcher's usual shape), and one process on a CPU-only machine."""
     if str(value) not in ("auto", "0"):
         return int(value)
-    import torch  # only here: a launcher given a count never pays for importing torch
+    from app.training.process_group import visible_gpus  # only here: a launcher given a count never imports torch
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 1
+    return visible_gpus() or 1
 
 
 def parse_nproc(text: str) -> str | int:

@@ -39,7 +39,6 @@ from app.training.lm.checkpoint_dirs import (
 )
 from app.training.lm.data_buffer import DataBuffer
 from app.training.lm.dist_env import DistEnv, init_distributed, shutdown
-from app.training.process_group import DeviceChoiceError
 from app.training.lm.fsdp_backend import FSDPBackend
 from app.training.lm.grpo import GRPOConfig, sft_loss
 from app.training.lm.loops import SFTConfig, groups_step, sft_loop, sft_rows
@@ -69,6 +68,7 @@ from app.training.lm_setup import (
     initial_model,
     train_prompts,
 )
+from app.training.process_group import DeviceChoiceError
 
 CANDIDATE_NAME = "candidate"
 RESULT_NAME = "result.json"

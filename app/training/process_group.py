@@ -44,10 +44,15 @@ def choose_device(pref: str, local_world_size: int, cuda_devices: int) -> str:
     return "cuda" if enough else "cpu"
 
 
+def visible_gpus() -> int:
+    """CUDA devices this process can use (0 on a CPU-only build or machine)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def network_device(pref: str) -> torch.device:
     """Where one process's network runs outside a group (a self-play worker, a scorer): any
     number of such processes share the node's first GPU. "cuda" without one is refused."""
-    cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    cuda_devices = visible_gpus()
     if pref == "cuda" and cuda_devices == 0:
         raise DeviceChoiceError("device 'cuda' asked for, but no CUDA device is visible (use cpu or auto)")
     return torch.device(choose_device(pref, 1, cuda_devices))
@@ -74,8 +79,7 @@ def join_process_group(device_pref: str, timeout_s: float | None = None) -> tupl
     torch.set_num_threads(1)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if choose_device(device_pref, local_world, cuda_devices) == "cuda":
+    if choose_device(device_pref, local_world, visible_gpus()) == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:
