@@ -31,6 +31,7 @@ from app.training.lm_setup import (  # noqa: E402
     train_prompts,
 )
 from app.lm.rollout import generate_groups  # noqa: E402
+from app.log import configure_logging  # noqa: E402
 
 
 def main() -> None:
@@ -38,6 +39,7 @@ def main() -> None:
     p.add_argument("--config", type=Path, default=Path("configs/lm_copy.yaml"))
     p.add_argument("--batches", type=int, default=5)
     args = p.parse_args()
+    configure_logging()  # self-play logs each batch; stdout carries only the one JSON object
     torch.set_num_threads(1)
     lm = load_settings(args.config).lm
     tok = build_tokenizer(lm.tokenizer)

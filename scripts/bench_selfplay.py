@@ -36,6 +36,7 @@ from app.ai.model import Architecture, new_model, predict  # noqa: E402
 from app.config import Settings  # noqa: E402
 from app.games import get_game  # noqa: E402
 from app.games.connect4_playouts import random_playouts  # noqa: E402
+from app.log import configure_logging  # noqa: E402
 from app.training.process_group import DEVICE_CHOICES, network_device  # noqa: E402
 
 
@@ -166,6 +167,7 @@ def main() -> None:
     ap.add_argument("--device", choices=DEVICE_CHOICES, default="cpu",
                     help="where the network evaluates (selfplay.device); the worker start-up part stays on CPU")
     args = ap.parse_args()
+    configure_logging()  # the self-play runs below log; stdout carries only the one JSON object
     torch.set_num_threads(1)
     settings = Settings()
     game = get_game(settings.node.game)
