@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.coordination.p2p.schemas import ClaimInfo, Token
-from app.coordination.p2p.work_queue import WorkQueue
+from app.coordination.p2p.work_queue import CLAIM_PAGE, IN_CHUNK, WorkQueue
 from app.coordination.p2p.work_rules import (
     TRAINING_KIND,
     WorkSpec,
@@ -116,6 +116,53 @@ def test_requirements_must_fit(tmp_path: Path) -> None:
         assert q.claim("cpu", {"gpus": 0, "memory_gb": 64}, None, 1, 0.0) is None
         assert q.claim("small", {"gpus": 1, "memory_gb": 4}, None, 1, 0.0) is None
         assert q.claim("gpu", {"gpus": 1, "memory_gb": 16}, None, 1, 0.0) is not None
+    finally:
+        q.close()
+
+
+def test_a_claim_reads_on_past_pages_of_items_that_do_not_fit(db_target) -> None:  # type: ignore[no-untyped-def]
+    """Claims read candidates a page at a time in claim order; the one that fits may be pages down."""
+    gpu_only = [WorkSpec("demo", f"gpu{i:03d}", requirements={"needs_gpu": True}, priority=1)
+                for i in range(2 * CLAIM_PAGE + 5)]
+    q = WorkQueue(db_target, 3, 5.0)
+    try:
+        q.rebuild(1, [*gpu_only, WorkSpec("demo", "cpu", priority=0)], [], [], 0.0)
+        grant = q.claim("cpu-node", {"gpus": 0}, None, 1, 0.0)
+        assert grant is not None and grant.item.item_id == "demo:cpu"
+        assert q.claim("cpu-node", {"gpus": 0}, None, 1, 0.0) is None  # every page read, none fits
+        grant = q.claim("gpu-node", {"gpus": 1}, None, 1, 0.0)
+        assert grant is not None and grant.item.item_id == "demo:gpu000"
+    finally:
+        q.close()
+
+
+def test_reconcile_finds_finished_items_among_many_wanted(db_target) -> None:  # type: ignore[no-untyped-def]
+    """Reconcile reads only pending rows and the wanted ones (in chunks of ids): a finished item
+    in the last chunk is found, stays finished and is not queued a second time."""
+    specs = [WorkSpec("demo", f"k{i:05d}") for i in range(2 * IN_CHUNK + 10)]
+    last = WorkSpec("demo", "k99999", priority=5)  # claimed first; sorts into the last chunk
+    q = WorkQueue(db_target, 3, 5.0)
+    try:
+        q.rebuild(1, [*specs, last], [], [], 0.0)
+        grant = q.claim("w", {}, None, 1, 0.0)
+        assert grant is not None and grant.item.item_id == last.item_id
+        assert q.finish("w", grant.item.item_id, grant.token, 1, True, 1.0, ok=True) is None
+        q.reconcile([*specs, last], now=2.0)
+        assert q.item(last.item_id)["state"] == "done"
+        assert q.summary() == {"pending": len(specs), "claimed": 0, "done": 1, "failed": 0}
+    finally:
+        q.close()
+
+
+def test_seq_goes_on_from_the_file_after_a_restart_in_the_same_term(db_target) -> None:  # type: ignore[no-untyped-def]
+    q = WorkQueue(db_target, 3, 5.0)
+    q.rebuild(1, SPECS, [], [], 0.0)
+    first = q.claim("w1", {}, None, 1, 0.0)
+    q.close()
+    q = WorkQueue(db_target, 3, 5.0)  # the same leader process restarted within its term
+    try:
+        second = q.claim("w2", {}, None, 1, 0.0)
+        assert first is not None and second is not None and second.token.seq > first.token.seq
     finally:
         q.close()
 
