@@ -32,7 +32,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 
 from app.ai.model import Architecture, PolicyValueNet, new_model  # noqa: E402
 from app.db.replay_db import GameRecord, MoveRecord, ReplayDB  # noqa: E402
@@ -40,9 +39,9 @@ from app.games import get_game  # noqa: E402
 from app.training.dataset import Arrays, load_dataset  # noqa: E402
 from app.training.export import export_dataset  # noqa: E402
 from app.training.launcher import LaunchSpec, launch  # noqa: E402
-from app.training.process_group import DEVICE_CHOICES, join_process_group, network_device, visible_gpus  # noqa: E402
+from app.training.process_group import DEVICE_CHOICES, init_distributed, network_device, shutdown, visible_gpus  # noqa: E402
 from app.training.train_task import PolicyValueTask  # noqa: E402
-from app.training.trainer import DistContext, Trainer  # noqa: E402
+from app.training.trainer import Trainer  # noqa: E402
 
 
 def random_games_dataset(directory: Path, games: int, seed: int = 0) -> Path:
@@ -61,11 +60,6 @@ def random_games_dataset(directory: Path, games: int, seed: int = 0) -> Path:
         db.add_games(records)
     export_dataset([directory / "games.db"], directory / "ds", window_games=games, holdout_fraction=0.05)
     return directory / "ds"
-
-
-def init_single_rank(device: str) -> DistContext:
-    """A one-rank group as the trainer joins it: gloo on CPU, NCCL on a GPU."""
-    return DistContext(*join_process_group(device))
 
 
 def synchronize(device: torch.device) -> None:
@@ -100,7 +94,7 @@ def bare_loop(model: torch.nn.Module, data: dict[str, torch.Tensor], batches: li
 
 
 def bench_step_loop(train: Arrays, args: argparse.Namespace) -> dict:
-    ctx = init_single_rank(args.device)
+    ctx = init_distributed(args.device)  # a one-rank group as the trainer joins it
     game = get_game("connect4")
     arch = Architecture(args.channels, args.blocks, game.plane_shape, game.num_actions)
     model = new_model(arch, seed=0)
@@ -125,7 +119,7 @@ def bench_step_loop(train: Arrays, args: argparse.Namespace) -> dict:
         ours.append(n * trainer.batch_size / (time.perf_counter() - t0))
         assert trainer.step == start_step + n
         bare.append(n * trainer.batch_size / ref_run(batches))
-    dist.destroy_process_group()
+    shutdown()
     ratios = [a / b for a, b in zip(ours, bare)]
     return {"trainer_samples_per_s": round(statistics.median(ours), 1),
             "bare_samples_per_s": round(statistics.median(bare), 1),

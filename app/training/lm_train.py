@@ -38,7 +38,7 @@ from app.training.lm.checkpoint_dirs import (
     newest_complete,
 )
 from app.training.lm.data_buffer import DataBuffer
-from app.training.lm.dist_env import DistEnv, init_distributed, shutdown
+from app.training.lm.dist_env import init_distributed, shutdown
 from app.training.lm.fsdp_backend import FSDPBackend
 from app.training.lm.grpo import GRPOConfig, sft_loss
 from app.training.lm.loops import SFTConfig, groups_step, sft_loop, sft_rows
@@ -68,7 +68,7 @@ from app.training.lm_setup import (
     initial_model,
     train_prompts,
 )
-from app.training.process_group import DeviceChoiceError
+from app.training.process_group import DeviceChoiceError, DistContext
 
 CANDIDATE_NAME = "candidate"
 RESULT_NAME = "result.json"
@@ -129,20 +129,20 @@ def build_model(lm: LMConfig, tok, parent: Path | None):
     return model
 
 
-def say(env: DistEnv, text: str) -> None:
+def say(env: DistContext, text: str) -> None:
     if env.is_main:
         print(text, flush=True)
 
 
-def run(args: argparse.Namespace, env: DistEnv) -> dict[str, Any] | None:
+def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
     run_dir: Path = args.run_dir
     candidate = run_dir / CANDIDATE_NAME
-    if env.broadcast_object(finished(candidate, run_dir / RESULT_NAME) if env.is_main else None):
+    if env.broadcast(finished(candidate, run_dir / RESULT_NAME) if env.is_main else None):
         say(env, f"{candidate} is complete and verified: nothing to do")
         return None
     lm, groups, dataset_sha, parent_sha = load_inputs(args)
     identity = {"dataset_sha256": dataset_sha, "parent_sha256": parent_sha, "generation": args.generation}
-    problem = env.broadcast_object(claim_run_dir(run_dir, identity) if env.is_main else None)
+    problem = env.broadcast(claim_run_dir(run_dir, identity) if env.is_main else None)
     if problem:
         raise LMTrainInputError(problem)
     g = lm.grpo

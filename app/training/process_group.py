@@ -6,6 +6,9 @@ RANK is 8 while the GPUs are 0..7. NCCL needs one GPU per rank, so "auto" picks 
 this node has a GPU for each of its ranks (LOCAL_WORLD_SIZE); more ranks than GPUs train on the
 CPU over gloo instead of failing in `cuda.set_device` with an unhelpful index error, and
 "cuda" with too few GPUs is refused with the counts named.
+
+Once joined, a rank talks to its peers through `DistContext`: the few collectives both trainers
+use, each a no-op in a one-rank group.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 import datetime as dt
 import os
 import socket
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -89,3 +94,60 @@ def join_process_group(device_pref: str, timeout_s: float | None = None) -> tupl
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
                                 device_id=device if device.type == "cuda" else None, **kwargs)
     return dist.get_rank(), dist.get_world_size(), local_rank, device
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """This rank's place in the group and the collectives the trainers use."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every rank (pickled: small control data, checkpoints, an epoch order)."""
+        if self.world_size == 1:
+            return obj
+        box = [obj if self.is_main else None]
+        dist.broadcast_object_list(box, src=0, device=self.device if self.device.type == "cuda" else None)
+        return box[0]
+
+    def gather_objects(self, obj: Any) -> list[Any] | None:
+        """Every rank's `obj` at rank 0 (None elsewhere); every rank must call it."""
+        if self.world_size == 1:
+            return [obj]
+        out: list[Any] = [None] * self.world_size if self.is_main else None  # type: ignore[assignment]
+        dist.gather_object(obj, out, dst=0)
+        return out
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The sum over ranks, in place."""
+        if self.world_size > 1:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def all_reduce_floats(self, values: list[float]) -> list[float]:
+        """The sums over ranks of a few numbers (float64 on the rank's device)."""
+        if self.world_size == 1:
+            return list(values)
+        t = self.all_reduce_sum(torch.tensor(values, dtype=torch.float64, device=self.device))
+        return [float(x) for x in t.cpu()]
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
+
+def init_distributed(device_pref: str, timeout_s: float | None = None) -> DistContext:
+    """Join torchrun's group (or make a one-rank group on a free port when run plainly)."""
+    return DistContext(*join_process_group(device_pref, timeout_s))
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -21,7 +21,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from app.atomic_files import atomic_write_json
@@ -30,10 +29,10 @@ from app.config import ConfigError, load_settings
 from app.games import get_game
 from app.training.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from app.training.dataset import DatasetError, load_dataset
-from app.training.process_group import DeviceChoiceError, join_process_group
+from app.training.process_group import DeviceChoiceError, DistContext, init_distributed, shutdown
 from app.training.train_schedule import ScheduleError, resolve_micro_batches
 from app.training.train_task import PolicyValueTask
-from app.training.trainer import DistContext, Trainer, set_global_seed
+from app.training.trainer import Trainer, set_global_seed
 
 CHECKPOINT_NAME = "checkpoint.pt"
 METRICS_NAME = "metrics.jsonl"
@@ -89,11 +88,6 @@ def resolve_options(args: argparse.Namespace) -> dict[str, Any]:
     if opts["max_steps"] < 0:
         raise TrainInputError(f"--max-steps must be >= 0, got {opts['max_steps']}")
     return opts
-
-
-def init_distributed(device_pref: str) -> DistContext:
-    """Join the process group torchrun describes in the environment (or make a 1-rank one)."""
-    return DistContext(*join_process_group(device_pref))
 
 
 class RunWriter:
@@ -264,12 +258,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         run(args, ctx)
-        dist.barrier()  # leave together: no rank tears gloo down while rank 0 still writes the candidate
+        ctx.barrier()  # leave together: no rank tears gloo down while rank 0 still writes the candidate
     except TrainInputError as exc:
         print(f"training input error: {exc}", file=sys.stderr, flush=True)
         return 2
     finally:
-        dist.destroy_process_group()
+        shutdown()
     return 0
 
 

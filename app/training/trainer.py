@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from app.training.dataset import Arrays
+from app.training.process_group import DistContext
 from app.training.train_schedule import (
     EarlyStop, calibration_indices, early_stop_update, effective_batch, epoch_permutation,
     micro_batch_bounds, rank_slices, steps_per_epoch,
@@ -29,31 +28,6 @@ from app.training.train_task import TrainTask, recalibrate_batchnorm
 
 CALIBRATION_BATCH = 256
 EVAL_CHUNK = 1024
-
-
-@dataclass(frozen=True)
-class DistContext:
-    rank: int
-    world_size: int
-    local_rank: int
-    device: torch.device
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.world_size > 1:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        return tensor
-
-    def broadcast(self, obj: Any) -> Any:
-        """Rank 0's `obj` on every rank (pickled; for small control data and checkpoints)."""
-        if self.world_size == 1:
-            return obj
-        box = [obj if self.is_main else None]
-        dist.broadcast_object_list(box, src=0, device=self.device if self.device.type == "cuda" else None)
-        return box[0]
 
 
 def to_tensors(arrays: Arrays, device: torch.device) -> dict[str, torch.Tensor]:

@@ -21,7 +21,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from app.training.lm import dcp_io
 from app.training.lm.backend import AccumulatingBackend, LossFn, OptimConfig
-from app.training.lm.dist_env import DistEnv
+from app.training.process_group import DistContext
 
 
 def shard_model(model: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool = True) -> nn.Module:
@@ -41,7 +41,7 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool 
 
 
 class FSDPBackend(AccumulatingBackend):
-    def __init__(self, model: nn.Module, optim: OptimConfig, loss_fn: LossFn, env: DistEnv,
+    def __init__(self, model: nn.Module, optim: OptimConfig, loss_fn: LossFn, env: DistContext,
                  reshard_after_forward: bool = True) -> None:
         self.env = env
         self.rank, self.world_size, self.device = env.rank, env.world_size, env.device
@@ -51,7 +51,7 @@ class FSDPBackend(AccumulatingBackend):
     def _reduce_stats(self, stats: dict[str, float]) -> dict[str, float]:
         """A step's stats are summed over micro-batches AND ranks."""
         keys = sorted(stats)
-        return dict(zip(keys, self.env.all_reduce_sum([stats[k] for k in keys])))
+        return dict(zip(keys, self.env.all_reduce_floats([stats[k] for k in keys])))
 
     def get_weights(self) -> dict[str, torch.Tensor]:
         """Whole weights on EVERY rank (each may feed its own generation engine). Collective."""

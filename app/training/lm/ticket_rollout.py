@@ -25,7 +25,7 @@ from app.lm.tasks import Prompt, Task
 from app.lm.truncation import RolloutSettings
 from app.training.lm.batching import rank_share
 from app.training.lm.data_buffer import DataBuffer
-from app.training.lm.dist_env import DistEnv
+from app.training.process_group import DistContext
 from app.training.lm.loops import generate_for
 
 HANG_ENV = "LM_ROLLOUT_TEST_HANG_RANK"  # tests only: this rank stops answering after its first batch
@@ -54,7 +54,7 @@ def my_tickets(tickets: Sequence[int], rank: int, world: int) -> tuple[int, list
     return offset, list(tickets[offset:offset + count])
 
 
-def run_rollout(env: DistEnv, engine: Engine, task: Task, tokenizer, prompts: Sequence[Prompt], job: RolloutJob,
+def run_rollout(env: DistContext, engine: Engine, task: Task, tokenizer, prompts: Sequence[Prompt], job: RolloutJob,
                 out_dir: Path) -> dict[str, Any] | None:
     """Every rank calls this; rank 0 returns the manifest (others None)."""
     buffer = DataBuffer(list(range(len(prompts))), job.seed) if env.is_main else None
@@ -63,7 +63,7 @@ def run_rollout(env: DistEnv, engine: Engine, task: Task, tokenizer, prompts: Se
     started = time.perf_counter()
     index = 0
     while True:
-        guidance = env.broadcast_object(guidance_for(buffer, job, index) if env.is_main else None)
+        guidance = env.broadcast(guidance_for(buffer, job, index) if env.is_main else None)
         if not guidance["continue"]:
             break
         offset, mine = my_tickets(guidance["tickets"], env.rank, env.world_size)
