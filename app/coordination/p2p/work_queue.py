@@ -12,7 +12,6 @@ Every `now` here is the leader's monotonic clock (claim expiry must not move wit
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,7 +160,8 @@ class WorkQueue:
             query = query.order_by(WorkItemRow.priority.desc(), WorkItemRow.created_at, WorkItemRow.item_id)
             # Page through the candidates in claim order: nearly always the first fits, and
             # loading every pending row (each with two JSON columns) was most of a claim's CPU.
-            for offset in itertools.count(0, CLAIM_PAGE):
+            offset = 0
+            while True:
                 page = s.scalars(query.limit(CLAIM_PAGE).offset(offset)).all()
                 for row in page:
                     if not fits(row.requirements or {}, capabilities, node_id):
@@ -174,7 +174,7 @@ class WorkQueue:
                     return ClaimGrant(_out(row), Token(term=term, seq=seq), ttl)
                 if len(page) < CLAIM_PAGE:
                     return None
-        return None
+                offset += CLAIM_PAGE
 
     def _next_seq(self, s: Session, term: int) -> int:
         """One past the term's last seq. The rows are read once per term (a restarted leader,
@@ -268,12 +268,13 @@ class WorkQueue:
 
 
 def _pending_or_named(s: Session, item_ids: list[str]) -> dict[str, WorkItemRow]:
-    """The pending rows and the rows of `item_ids`, by id; the ids go in chunks that stay far
-    under the databases' bound on parameters in one statement."""
+    """The pending rows and the other rows of `item_ids`, by id, each row read once; the ids go
+    in chunks that stay far under the databases' bound on parameters in one statement."""
     rows = {row.item_id: row for row in s.scalars(select(WorkItemRow).where(WorkItemRow.state == PENDING))}
     for start in range(0, len(item_ids), IN_CHUNK):
         chunk = item_ids[start:start + IN_CHUNK]
-        rows.update((row.item_id, row) for row in s.scalars(select(WorkItemRow).where(WorkItemRow.item_id.in_(chunk))))
+        rows.update((row.item_id, row) for row in s.scalars(
+            select(WorkItemRow).where(WorkItemRow.item_id.in_(chunk), WorkItemRow.state != PENDING)))
     return rows
 
 

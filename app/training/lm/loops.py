@@ -59,7 +59,7 @@ class RLConfig:
 
 def all_reduce_sum(backend: TrainingBackend, values: list[float]) -> list[float]:
     reducer = getattr(backend, "env", None)
-    return reducer.all_reduce_floats(values) if reducer is not None and backend.world_size > 1 else list(values)
+    return reducer.all_reduce_floats(values) if reducer is not None else list(values)  # one rank: the values
 
 
 def train_on(backend: TrainingBackend, rows: Sequence[TrainSequence], pad_id: int, micro: int, loss_fn,

@@ -25,8 +25,8 @@ from app.lm.tasks import Prompt, Task
 from app.lm.truncation import RolloutSettings
 from app.training.lm.batching import rank_share
 from app.training.lm.data_buffer import DataBuffer
-from app.training.process_group import DistContext
 from app.training.lm.loops import generate_for
+from app.training.process_group import DistContext
 
 HANG_ENV = "LM_ROLLOUT_TEST_HANG_RANK"  # tests only: this rank stops answering after its first batch
 
