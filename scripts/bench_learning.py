@@ -116,7 +116,8 @@ def curve_point(report: dict, mcts_sims: int) -> dict:
              "value_exact": report["value"]["exact"], "value_outcome": report["value"]["outcome"]}
     if mcts_sims and str(mcts_sims) in report.get("mcts", {}):  # not scored with MCTS: raw only
         mcts = report["mcts"][str(mcts_sims)]
-        point.update(mcts_exact=mcts["exact"], mcts_outcome=mcts["outcome"], mcts_seconds=mcts["seconds"])
+        point.update(mcts_exact=mcts["exact"], mcts_outcome=mcts["outcome"], mcts_seconds=mcts["seconds"],
+                     mcts_opening_exact=mcts["by_phase"].get("opening", {}).get("exact"), mcts_misses=mcts["misses"])
     return point
 
 

@@ -89,6 +89,11 @@ def test_exact_and_outcome_follow_the_solver_scores() -> None:
     # the won position kept its win too slowly (column 7 scores 1, the best 3); the draw is exact
     assert report["by_result"] == {"won": {"positions": 1, "exact": 0.0, "outcome": 1.0},
                                    "drawn": {"positions": 1, "exact": 1.0, "outcome": 1.0}}
+    assert report["misses"] == {"result": 0, "one_step": 0, "further": 1}  # 1 against the best 3
+    won = ScoredPosition("4", (2, 3, 1, -1, 3, 2, 0))  # best 3
+    lost = ScoredPosition("4", (-3, -2, -4, -2, -5, -3, -6))  # best -2: lose as late as can be
+    kinds = accuracy([won, won, won, lost, lost], [0, 2, 3, 0, 1])["misses"]
+    assert kinds == {"result": 1, "one_step": 2, "further": 1}  # 2 for 3 and -3 for -2 are one step off
     assert random_mover_accuracy([p]) == {"positions": 1, "exact": round(2 / 6, 4), "outcome": round(3 / 6, 4)}
     with pytest.raises(ValueError, match="1 choices for 2 positions"):
         accuracy([p, draw], [1])
@@ -268,4 +273,6 @@ def test_the_bench_finds_every_model_that_was_promoted_in_order(tmp_path: Path, 
     point = bench.curve_point(report, 4)
     assert point["raw_exact"] == report["raw"]["exact"] and point["mcts_exact"] == report["mcts"]["4"]["exact"]
     assert "mcts_exact" not in bench.curve_point(report, 0)
+    misses = point["mcts_misses"]
+    assert sum(misses.values()) == round(20 * (1 - point["mcts_exact"]))  # every miss is of one kind
     assert point["value_exact"] == report["value"]["exact"]

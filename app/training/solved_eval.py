@@ -63,12 +63,12 @@ class ScoredPosition:
         return len(self.moves)
 
     def is_exact(self, action: int) -> bool:
-        return self._score(action) == self.best
+        return self.score_of(action) == self.best
 
     def keeps_outcome(self, action: int) -> bool:
-        return np.sign(self._score(action)) == np.sign(self.best)
+        return np.sign(self.score_of(action)) == np.sign(self.best)
 
-    def _score(self, action: int) -> int:
+    def score_of(self, action: int) -> int:
         score = self.scores[action]
         if score is None:
             raise SolvedEvalError(f"position {self.moves!r}: column {action + 1} is full, not a legal choice")
@@ -130,7 +130,10 @@ def load_positions(path: str | Path, game: Game | None = None) -> list[ScoredPos
 
 def accuracy(positions: Sequence[ScoredPosition], choices: Sequence[int]) -> dict:
     """Exact-move and outcome accuracy of one choice per position, overall, by phase and by the
-    position's true result."""
+    position's true result, and what kind each miss is (`misses`): one that gives the result
+    away, one that keeps it a single step off the best (a win one own stone later, a loss one
+    earlier) and one further off. A search that misses by one step lacks the value head's
+    ranking of near-equal results; one that gives results away lacks tactics or judgement."""
     if len(positions) != len(choices):
         raise ValueError(f"{len(choices)} choices for {len(positions)} positions")
     exact = np.array([p.is_exact(int(c)) for p, c in zip(positions, choices)], dtype=bool)
@@ -147,7 +150,24 @@ def accuracy(positions: Sequence[ScoredPosition], choices: Sequence[int]) -> dic
     phases = split([(name, (low, high)) for name, low, high in PHASES], lambda p, k: k[0] <= p.ply <= k[1])
     results = split(RESULTS, lambda p, sign: np.sign(p.best) == sign)
     return {"positions": len(positions), "exact": round(float(exact.mean()), 4),
-            "outcome": round(float(outcome.mean()), 4), "by_phase": phases, "by_result": results}
+            "outcome": round(float(outcome.mean()), 4), "by_phase": phases, "by_result": results,
+            "misses": miss_kinds(positions, choices)}
+
+
+def miss_kinds(positions: Sequence[ScoredPosition], choices: Sequence[int]) -> dict[str, int]:
+    """How many non-exact choices give the result away ("result"), keep it one score step
+    short of the best ("one_step") or more ("further")."""
+    kinds = {"result": 0, "one_step": 0, "further": 0}
+    for p, c in zip(positions, choices):
+        if p.is_exact(int(c)):
+            continue
+        if not p.keeps_outcome(int(c)):
+            kinds["result"] += 1
+        elif p.best - p.score_of(int(c)) == 1:
+            kinds["one_step"] += 1
+        else:
+            kinds["further"] += 1
+    return kinds
 
 
 def random_mover_accuracy(positions: Sequence[ScoredPosition]) -> dict:
