@@ -151,23 +151,18 @@ def accuracy(positions: Sequence[ScoredPosition], choices: Sequence[int]) -> dic
     results = split(RESULTS, lambda p, sign: np.sign(p.best) == sign)
     return {"positions": len(positions), "exact": round(float(exact.mean()), 4),
             "outcome": round(float(outcome.mean()), 4), "by_phase": phases, "by_result": results,
-            "misses": miss_kinds(positions, choices)}
+            "misses": _miss_kinds(positions, choices, exact, outcome)}
 
 
-def miss_kinds(positions: Sequence[ScoredPosition], choices: Sequence[int]) -> dict[str, int]:
+def _miss_kinds(positions: Sequence[ScoredPosition], choices: Sequence[int], exact: np.ndarray,
+                outcome: np.ndarray) -> dict[str, int]:
     """How many non-exact choices give the result away ("result"), keep it one score step
-    short of the best ("one_step") or more ("further")."""
-    kinds = {"result": 0, "one_step": 0, "further": 0}
-    for p, c in zip(positions, choices):
-        if p.is_exact(int(c)):
-            continue
-        if not p.keeps_outcome(int(c)):
-            kinds["result"] += 1
-        elif p.best - p.score_of(int(c)) == 1:
-            kinds["one_step"] += 1
-        else:
-            kinds["further"] += 1
-    return kinds
+    short of the best ("one_step") or more ("further"), from `accuracy`'s per-choice verdicts
+    (an exact choice always keeps the outcome)."""
+    result = int((~outcome).sum())
+    one_step = sum(1 for p, c, e, o in zip(positions, choices, exact, outcome)
+                   if o and not e and p.best - p.score_of(int(c)) == 1)
+    return {"result": result, "one_step": one_step, "further": int((~exact).sum()) - result - one_step}
 
 
 def random_mover_accuracy(positions: Sequence[ScoredPosition]) -> dict:
