@@ -114,6 +114,7 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
     EventJournal(pipe.paths.events_file).subscribe(router)
     registry = load_registry(args.daemons, {**INFRA_RUNNERS, **pipeline_runners(pipe)})
     manager = DaemonManager(registry.select(settings.node.role), router=router, settings=settings, metrics=metrics)
+    pipe.wait_draining = manager.wait_draining
     export_spec = registry.specs.get("export")
     node, games = build_mesh(settings, pipe, pipe.steps.export_threshold(pipe, export_spec.settings) if export_spec else 0,
                              metrics)

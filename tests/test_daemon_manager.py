@@ -230,3 +230,32 @@ async def test_drain_cancels_a_daemon_that_ignores_stop_within_the_deadline():
     assert cancelled.is_set()
     assert manager.status("stubborn").state is DaemonState.STOPPED
     assert manager.status("fine").state is DaemonState.STOPPED
+
+
+async def test_a_daemon_that_ends_while_the_node_drains_is_not_restarted():
+    """Once the drain has begun nothing is restarted: a dependency that ends on its own (here:
+    as soon as it sees the drain, while its dependent still takes its time to stop) stays down,
+    with its error kept, and the drain finishes without a restart or a stop timeout."""
+    draining = asyncio.Event()
+
+    async def ends_on_drain(ctx):
+        ctx.mark_healthy()
+        await draining.wait()
+        raise RuntimeError("gone with the drain")
+
+    async def slow_to_stop(ctx):
+        ctx.mark_healthy()
+        await ctx.stopping.wait()
+        await asyncio.sleep(0.2)
+
+    restart = {"base_s": 0.01, "cap_s": 0.02}
+    manager = manager_for({"base": {"restart": restart}, "top": {"depends_on": ["base"], "stop_timeout_s": 5}},
+                          {"base": (ends_on_drain, {}), "top": (slow_to_stop, {})})
+    await manager.start()
+    manager.begin_drain()
+    draining.set()
+    assert await wait_until(lambda: manager.status("base").state is DaemonState.STOPPED)
+    await asyncio.wait_for(manager.drain_and_stop(deadline_s=5), 5)
+    base = manager.status("base")
+    assert base.restarts == 0 and base.last_error == "RuntimeError: gone with the drain"
+    assert manager.status("top").state is DaemonState.STOPPED

@@ -291,3 +291,39 @@ def test_choose_action_and_temperature_schedule() -> None:
     assert temperature_for_ply(10, 10) == 0.0
     with pytest.raises(ValueError, match="needs at least one visited move"):
         choose_action(np.zeros(7), 1.0, rng)
+
+
+def test_forced_playouts_visit_every_noisy_move_and_the_target_gives_them_back() -> None:
+    """KataGo's forced playouts: with k > 0 and root noise, each root move with noisy prior p
+    gets at least about sqrt(k p N) of N visits; the policy target (`visits`) is the counts with
+    those visits pruned again: never more than searched, the most visited move untouched, and
+    no move left at one visit. Without noise (evaluation) k changes nothing."""
+    cfg = SearchConfig(forced_playouts=2.0)
+    state = GAME.parse("4453")
+    forced_seen = False
+    for seed in range(6):
+        tree = SearchTree.for_search(state, cfg)
+        [result] = run_searches([tree], RolloutEvaluator(GAME, 4, np.random.default_rng(seed)), 200, cfg,
+                                np.random.default_rng(seed), add_noise=True)
+        prior = np.array(tree._root_prior)
+        total = result.counts.sum()
+        assert total == 200
+        # forced: each move was chosen while below its floor, so it ends at least one short of it
+        floors = np.sqrt(2.0 * prior * total)
+        assert np.all(result.counts >= np.floor(floors) - 1), (result.counts, floors)
+        pruned = tree.pruned_counts(cfg.c_puct)
+        assert np.allclose(result.visits, pruned / pruned.sum())
+        best = int(np.argmax(result.counts))
+        assert np.all(pruned <= result.counts) and pruned[best] == result.counts[best]
+        assert not np.any((pruned > 0) & (pruned <= 1.0))
+        assert np.isclose(result.visits.sum(), 1.0) and result.best_action == best
+        forced_seen |= bool(np.any(pruned < result.counts))
+    assert forced_seen, "pruning never took a visit back in six searches"
+
+    plain = SearchTree.for_search(state, cfg)
+    [quiet] = run_searches([plain], UniformEvaluator(GAME), 64, cfg, np.random.default_rng(0))
+    [base] = run_searches([SearchTree.for_search(state, CFG)], UniformEvaluator(GAME), 64, CFG,
+                          np.random.default_rng(0))
+    assert np.array_equal(quiet.counts, base.counts) and np.allclose(quiet.visits, quiet.counts / 64)
+    with pytest.raises(ValueError):
+        SearchConfig(forced_playouts=-1.0)

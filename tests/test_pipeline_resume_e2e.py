@@ -38,13 +38,12 @@ pytestmark = pytest.mark.slow
 STAGES = ["collecting", "exported", "training", "trained", "evaluated"]
 # Ten stops and eleven starts: the smallest generation that still goes through every stage.
 CONFIG = TINY_CONFIG
-# A held daemon only leaves its hold when cancelled: a short stop timeout keeps each drain short
-# (not the train daemon's: a SIGTERM mid-training stops torchrun as in production).
+# A held daemon leaves its hold as cancelled when the node drains (PipelineContext._test_hold),
+# so each stop takes what the production drain takes, not a stop timeout.
 DAEMONS = {**SMALL_DAEMONS, "daemons": {
-    **{name: {**spec, "stop_timeout_s": 3} if name in ("export", "gauntlet", "promote") else spec
-       for name, spec in SMALL_DAEMONS["daemons"].items()},
+    **SMALL_DAEMONS["daemons"],
     "selfplay": tiny_selfplay(8),
-    "export": {"critical": True, "stop_timeout_s": 3, "settings": {"min_new_games": 24, "poll_s": 0.5}},
+    "export": {"critical": True, "settings": {"min_new_games": 24, "poll_s": 0.5}},
 }}
 
 

@@ -15,7 +15,9 @@ Public API (self-play, the gauntlet players and app.analyze use exactly this):
 
 `simulations` new simulations are run per call (reused visits come on top). Dirichlet noise
 (cfg.dirichlet_alpha, cfg.dirichlet_fraction) is mixed into the root prior only, and only
-when `add_noise` is set (self-play), never stored into the tree.
+when `add_noise` is set (self-play), never stored into the tree; with it, cfg.forced_playouts
+> 0 forces visits to every root move the noise favours and `visits` (the policy target) is
+the counts with those visits pruned out again (SearchTree.pruned_counts).
 """
 
 from __future__ import annotations
@@ -121,7 +123,8 @@ def run_searches(
     for tree, noise in zip(trees, noisy):
         if noise:
             legal = tree.root_state.legal_moves()
-            tree.set_root_noise(rng.dirichlet([cfg.dirichlet_alpha] * len(legal)), cfg.dirichlet_fraction)
+            tree.set_root_noise(rng.dirichlet([cfg.dirichlet_alpha] * len(legal)), cfg.dirichlet_fraction,
+                                cfg.forced_playouts)
 
     c_puct = cfg.c_puct
     virtual = leaves_per_round > 1
@@ -159,7 +162,7 @@ def run_searches(
                     tree.expand(leaf, priors[j], float(values[j]))
                 tree.backup(path, float(values[j]), virtual=virtual)
         active = [t for t in active if remaining[t] > 0]
-    return [_result(tree) for tree in trees]
+    return [_result(tree, c_puct) for tree in trees]
 
 
 def search(
@@ -182,11 +185,12 @@ def _expand_roots(trees: Sequence[SearchTree], evaluator: Evaluator) -> None:
         tree.expand_root(priors[j], float(values[j]))
 
 
-def _result(tree: SearchTree) -> SearchResult:
+def _result(tree: SearchTree, c_puct: float) -> SearchResult:
     counts = tree.root_counts()
-    total = counts.sum()
+    target = tree.pruned_counts(c_puct)  # the counts themselves unless forced playouts ran
+    total = target.sum()
     if total > 0:
-        visits = counts / total
+        visits = target / total
     else:  # no simulations were run: the prior is the best policy we have
         visits = tree.root_prior()
     return SearchResult(

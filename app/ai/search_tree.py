@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from app.config.pipeline import SearchConfig
 
 FPU_VALUE = 0.0  # value assumed for an unvisited edge ("first play urgency")
+FORCED_BONUS = 1e9  # added to a forced root move's PUCT score: above any unforced one
 
 
 class SearchTree:
@@ -46,7 +47,7 @@ class SearchTree:
 
     __slots__ = (
         "num_actions", "_states", "_child", "_n", "_w", "_p", "_legal", "_proven",
-        "_value", "_root", "_root_prior", "length_discount", "threat_check", "_moves",
+        "_value", "_root", "_root_prior", "length_discount", "threat_check", "_moves", "_root_forced_k",
     )
 
     def __init__(self, state: GameState, num_actions: int | None = None, length_discount: float = 0.0,
@@ -64,6 +65,7 @@ class SearchTree:
         self._proven: list[float | None] = []  # exact value, side to move's view
         self._value: list[float] = []  # evaluator's value at expansion
         self._root_prior: list[float] | None = None  # root priors with noise mixed in
+        self._root_forced_k = 0.0  # forced playouts at the root (set_root_noise); 0 = off
         self._root = self._new_node(state)
 
     @classmethod
@@ -103,6 +105,36 @@ class SearchTree:
         base = self._root * self.num_actions
         return np.array(self._n[base: base + self.num_actions], dtype=np.float64)
 
+    def pruned_counts(self, c_puct: float) -> np.ndarray:
+        """Root visit counts with the forced playouts taken back out (KataGo's policy target
+        pruning): each move but the most visited one loses up to sqrt(k * p * N) visits, as many
+        as it can while its PUCT score stays at or below the most visited move's, and a move
+        left with one visit or fewer is dropped. Without forced playouts: `root_counts()`.
+        What remains is what PUCT alone would have spent, so forcing widens what the search
+        looks at without teaching the network that those moves were good."""
+        counts = self.root_counts()
+        k = self._root_forced_k
+        total = float(counts.sum())
+        if k <= 0.0 or self._root_prior is None or total <= 0.0:
+            return counts
+        q = self.root_q()
+        prior = self._root_prior
+        scale = c_puct * math.sqrt(total + 1.0)
+        best = int(np.argmax(counts))
+        best_score = q[best] + scale * prior[best] / (1.0 + counts[best])
+        out = counts.copy()
+        for a in self._legal[self._root] or []:
+            n = counts[a]
+            if a == best or n <= 0.0:
+                continue
+            floor = max(0.0, n - math.sqrt(k * prior[a] * total))
+            gap = best_score - q[a]
+            # fewest visits at which the move's score still does not pass the best one's
+            needed = math.ceil(scale * prior[a] / gap - 1.0) if gap > 0.0 else n
+            kept = min(n, max(floor, float(needed)))
+            out[a] = kept if kept > 1.0 else 0.0
+        return out
+
     def root_q(self) -> np.ndarray:
         """Mean value of each root edge from the root's side to move (0 where unvisited)."""
         base = self._root * self.num_actions
@@ -136,12 +168,18 @@ class SearchTree:
             self._child[edge] = child
         self._root = child
         self._root_prior = None
+        self._root_forced_k = 0.0
 
-    def set_root_noise(self, noise: np.ndarray, fraction: float) -> None:
+    def set_root_noise(self, noise: np.ndarray, fraction: float, forced_k: float = 0.0) -> None:
         """Mix `noise` (over the root's legal moves, in their order) into the root prior.
 
         Kept beside the stored prior, not written into it, so reuse never compounds noise.
+        `forced_k` > 0 turns on KataGo's forced playouts for this search (SearchConfig.forced_playouts):
+        a root move with noisy prior p is chosen whenever it has fewer than sqrt(k * p * N) of the
+        root's N visits, so every move the noise favours gets looked at; `pruned_counts` takes
+        those visits back out of the policy target.
         """
+        self._root_forced_k = float(forced_k)
         legal = self._legal[self._root]
         if legal is None:
             raise RuntimeError("root must be expanded before noise is added")
@@ -179,6 +217,7 @@ class SearchTree:
                 total += n_[base + a]
             k = c_puct * math.sqrt(total + 1.0)
             prior = self._root_prior if node == self._root and self._root_prior is not None else None
+            forced = self._root_forced_k * total if prior is not None else 0.0
             best = -math.inf
             best_a = legal[0]
             for a in legal:
@@ -186,6 +225,8 @@ class SearchTree:
                 n = n_[i]
                 p = prior[a] if prior is not None else p_[i]
                 score = (w_[i] / n if n else FPU_VALUE) + k * p / (1.0 + n)
+                if forced and n * n < forced * p:  # fewer than sqrt(k * p * N) visits: forced
+                    score += FORCED_BONUS
                 if score > best:
                     best = score
                     best_a = a

@@ -33,6 +33,10 @@ class SearchConfig(StrictModel):
     # Each new node looked at one ply deep by the rules (app/ai/search_tree.py): a win on the
     # spot proves it, no safe move proves it lost, and only safe moves are searched otherwise.
     threat_check: bool = True
+    # KataGo's forced playouts with policy target pruning, in searches with root noise
+    # (self-play): a root move with noisy prior p gets at least sqrt(k * p * N) of N visits, and
+    # the policy target gives them back (SearchTree.pruned_counts). k = 2 in KataGo; 0 = off.
+    forced_playouts: float = Field(0.0, ge=0.0, le=16.0)
 
 
 class SelfplayConfig(StrictModel):

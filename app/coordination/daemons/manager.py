@@ -163,6 +163,10 @@ class DaemonManager:
             error = await self._run_once(st)
             if error is None or st.stopping.is_set():
                 break
+            if self._draining.is_set():  # the node is going down: nothing is restarted any more
+                st.last_error = error
+                log.info("daemon_ended_while_draining", daemon=spec.name, error=error)
+                break
             st.last_error, st.healthy = error, False
             self.metrics.daemon_healthy.labels(spec.name).set(0)
             if should_reset_backoff(loop.time() - began, policy.reset_after_s):
@@ -347,6 +351,10 @@ class DaemonManager:
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
+
+    async def wait_draining(self) -> None:
+        """Return once the drain has begun (a signal, /admin/drain or --max-generations)."""
+        await self._draining.wait()
 
 
 async def _sleep_or_event(seconds: float, event: asyncio.Event) -> bool:

@@ -11,7 +11,7 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,9 @@ class PipelineContext:
         # what each stage does for this node's workload: a steps.WorkloadSteps (pipeline_context
         # in steps.py builds both; the steps module reads this one, so it cannot be named here)
         self.steps = steps
+        # the node's drain has begun (the orchestrator hands in DaemonManager.wait_draining); only
+        # the test fault point `_test_hold` waits on it
+        self.wait_draining: Callable[[], Awaitable[None]] | None = None
 
     @property
     def node_id(self) -> str:
@@ -71,7 +74,9 @@ class PipelineContext:
         that stage never happens; the daemon asking for it waits (until the node is stopped or
         killed) after writing `<data_dir>/test_hold_<stage>`, so a test can stop or kill the node
         parked exactly there (tests/test_pipeline_resume_e2e.py, every stage, SIGTERM and
-        kill -9). The work of the stage is done by then; only its record is held back."""
+        kill -9). The work of the stage is done by then; only its record is held back. When the
+        node drains, the waiting daemon ends as cancelled at once (the transition still never
+        happens) instead of sitting out its stop timeout."""
         stage = os.environ.get(TEST_HOLD_ENV)
         if not stage or self._state.stage.value != stage:
             return
@@ -79,8 +84,10 @@ class PipelineContext:
             return  # stays in the stage (a resumed run): nothing to hold
         marker = self.paths.data_dir / f"test_hold_{stage}"
         await asyncio.to_thread(marker.write_text, f"{self._state.generation}\n")
-        while True:
-            await asyncio.sleep(3600)
+        if self.wait_draining is not None:
+            await self.wait_draining()
+            raise asyncio.CancelledError("held at a test hold when the node drained")
+        await asyncio.Event().wait()  # nothing tells this context of a drain: until cancelled
 
     async def wait_for_change(self, timeout_s: float) -> None:
         """Return when the state changes or after `timeout_s`, whichever comes first."""
