@@ -165,7 +165,7 @@ class DaemonManager:
                 break
             if self._draining.is_set():  # the node is going down: nothing is restarted any more
                 st.last_error = error
-                log.info("daemon_ended_while_draining", daemon=spec.name, error=error)
+                log.warning("daemon_ended_while_draining", daemon=spec.name, error=error)
                 break
             st.last_error, st.healthy = error, False
             self.metrics.daemon_healthy.labels(spec.name).set(0)
