@@ -96,6 +96,28 @@ def test_mirror_symmetry_maps_planes_and_policy() -> None:
     assert list(q1) == list(policy[::-1])
 
 
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=2**32 - 1), min_size=1, max_size=8))
+def test_a_batch_of_planes_and_its_mirror_equal_them_one_state_at_a_time(seeds: list[int]) -> None:
+    """Export makes a game's planes and images in one batch; they must be the per-state ones."""
+    states = []
+    for seed in seeds:  # random legal positions of random lengths, terminal ones too
+        rng, state = np.random.default_rng(seed), GAME.initial_state()
+        for _ in range(int(rng.integers(0, 42))):
+            if state.is_terminal:
+                break
+            state = state.play(int(rng.choice(state.legal_moves())))
+        states.append(state)
+    planes = GAME.stacked_planes(states)
+    assert planes.dtype == np.float32 and planes.shape == (len(states), *GAME.plane_shape)
+    assert all(np.array_equal(planes[i], s.planes()) for i, s in enumerate(states))
+    policy = np.random.default_rng(seeds[0]).random((len(states), GAME.num_actions), dtype=np.float32)
+    batched = GAME.symmetries(planes, policy)
+    for i, state in enumerate(states):
+        one = GAME.symmetries(state.planes(), policy[i])
+        assert all(np.array_equal(bp[i], p) and np.array_equal(bq[i], q) for (bp, bq), (p, q) in zip(batched, one))
+
 @settings(max_examples=200, deadline=None)
 @given(st.integers(min_value=0, max_value=2**32 - 1))
 def test_random_games_keep_their_invariants(seed: int) -> None:

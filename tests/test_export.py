@@ -87,7 +87,8 @@ def test_targets_are_visits_and_outcome_from_side_to_move():
     for v, a in zip(visits, actions):
         v[a] = 2.0  # unnormalised on purpose
     record = GameRecord("w", "connect4", [MoveRecord(a, v, 0.0) for a, v in zip(actions, visits)], winner=0)
-    planes, policy, value = game_samples(game, record, augment=False)
+    samples = game_samples(game, record, augment=False)
+    planes, policy, value = samples.planes, samples.policy, samples.value.tolist()
     assert value == [1.0, -1.0, 1.0, -1.0, 1.0, -1.0, 1.0]
     assert np.allclose(policy[2], np.eye(7)[0])
     np.testing.assert_array_equal(planes[2], game.parse("12").planes())
@@ -95,7 +96,7 @@ def test_targets_are_visits_and_outcome_from_side_to_move():
     with pytest.raises(GameError, match="recorded winner 1 but the moves end with winner 0"):
         game_samples(game, bad, augment=False)
     # with a length discount a seven-move win is worth 1 - 0.5 * 7 / 42 to every position of it
-    _, _, shrunk = game_samples(game, record, augment=False, length_discount=0.5)
+    shrunk = game_samples(game, record, augment=False, length_discount=0.5).value
     assert np.allclose(shrunk, np.array(value) * (1 - 0.5 * 7 / 42))
 
 

@@ -102,8 +102,8 @@ def test_selfplay_records_its_random_opening_and_export_leaves_it_out() -> None:
     for record in records:
         k = record.search["opening_plies"]
         assert all(sum(m.visits) == pytest.approx(1.0) and m.visits[m.action] == 1.0 for m in record.moves[:k])
-        planes, _, _ = game_samples(GAME, record, augment=False)
-        assert len(planes) == len(record.moves) - k  # every searched move, none of the opening
+        samples = game_samples(GAME, record, augment=False)
+        assert len(samples) == len(record.moves) - k  # every searched move, none of the opening
     off = Settings(selfplay=SelfplayConfig(random_opening_plies=0))
     assert all("opening_plies" not in r.search for r in play_games(4, UniformEvaluator(GAME), off, 8, np.random.default_rng(1)))
     bad = GameRecord(uid="b", game=GAME.name, moves=records[0].moves, winner=records[0].winner,
@@ -128,13 +128,14 @@ def a_game(uid: str = "g1", fast: list[int] | None = None, finished_at: float = 
 
 
 def test_fast_moves_are_played_but_not_sampled_and_values_mix() -> None:
-    planes, _, values = game_samples(GAME, a_game(), augment=False)
+    plain = game_samples(GAME, a_game(), augment=False)
+    planes, values = plain.planes, plain.value.tolist()
     assert len(planes) == 7 and values == [1.0, -1.0] * 3 + [1.0]  # the default: the result only
-    planes_fast, _, values_fast = game_samples(GAME, a_game(fast=[1, 2, 5]), augment=True)
+    planes_fast = game_samples(GAME, a_game(fast=[1, 2, 5]), augment=True).planes
     assert len(planes_fast) == 2 * 4  # plies 0, 3, 4, 6, mirrored
     kept = [0, 3, 4, 6]
     assert all(np.array_equal(planes_fast[2 * i], planes[p]) for i, p in enumerate(kept))  # the right positions
-    _, _, mixed = game_samples(GAME, a_game(), augment=False, value_mix=0.25)
+    mixed = game_samples(GAME, a_game(), augment=False, value_mix=0.25).value.tolist()
     assert mixed == pytest.approx([0.75 * v + 0.25 * 0.1 * i for i, v in enumerate(values)])
     assert value_target(-1.0, 0.5, 1.0) == 0.5 and value_target(-1.0, 0.5, 0.0) == -1.0
 

@@ -153,4 +153,10 @@ class Game(ABC):
     def symmetries(
         self, planes: np.ndarray, policy: np.ndarray
     ) -> Sequence[tuple[np.ndarray, np.ndarray]]:
-        """Every symmetric image of (planes, policy), the identity first."""
+        """Every symmetric image of (planes, policy), the identity first: of one sample, or
+        of a batch of them (a leading axis on both, as export passes a game's samples)."""
+
+    def stacked_planes(self, states: Sequence[GameState]) -> np.ndarray:
+        """The `planes` of many states, stacked (N, *plane_shape). A game may do it in one
+        batch: export calls this for every position of every game in its window."""
+        return np.stack([state.planes() for state in states])

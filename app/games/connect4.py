@@ -221,4 +221,14 @@ class Connect4(Game):
         self, planes: np.ndarray, policy: np.ndarray
     ) -> Sequence[tuple[np.ndarray, np.ndarray]]:
         """Identity and the left-right mirror: the only symmetry of the board."""
-        return [(planes, policy), (planes[..., ::-1].copy(), policy[::-1].copy())]
+        return [(planes, policy), (planes[..., ::-1].copy(), policy[..., ::-1].copy())]
+
+    def stacked_planes(self, states: Sequence[GameState]) -> np.ndarray:
+        """Every state's `planes` from one unpacking of all their bitboards."""
+        own = np.array([s.position for s in states], dtype="<u8")
+        other = np.array([s.position ^ s.mask for s in states], dtype="<u8")
+        bits = np.unpackbits(np.stack([own, other], axis=1).view(np.uint8).reshape(len(states), 2, 8),
+                             axis=-1, bitorder="little")  # (N, 2, 64), bit i of each board at [..., i]
+        out = np.ones((len(states), *self.plane_shape), dtype=np.float32)
+        out[:, :2] = bits[:, :, _CELL_BITS]
+        return out
