@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The GPU paths, checked and measured in one short run on a node with a GPU:
 #
-#     OUT=<dir> [PY=.venv/bin/python] bash scripts/gpu_checks.sh [seconds, default 540]
+#     OUT=<dir> [PY=.venv/bin/python] [PARTS="env learning"] bash scripts/gpu_checks.sh [seconds, default 540]
+#
+# PARTS names the parts to run (default: all of them): a lease that already has the other parts'
+# figures can give the learning loop nearly all of its time. SCORE_DEVICE=cpu tries the script
+# on a machine without a GPU.
 #
 # Parts, in order, each bounded by `timeout`:
 #   env       torch, CUDA and the GPU as torch sees them
@@ -12,7 +16,8 @@
 #             on NCCL (one rank per GPU)
 #   selfplay  bench_selfplay.py on the 96x8 net, its leaves evaluated on the GPU, then on one core
 #   learning  bench_learning.py --config configs/gpu.yaml --daemons configs/gpu_daemons.yaml for
-#             what is left of the budget, scored on the GPU (raw network, MCTS-400 for the last)
+#             what is left of the budget, every promoted model scored on the GPU (raw network and
+#             MCTS-400, one scoring process a model, all at once after the loop)
 # Each part's JSON goes to $OUT/results.jsonl as one line {"part", "rc", "seconds", "result"};
 # everything printed goes to $OUT/run.log; the learning curve and the last model beside them.
 #
@@ -34,9 +39,12 @@ positions=${POSITIONS:-}
 [ -z "$positions" ] && [ -f .devdata/move_scores.txt ] && positions=.devdata/move_scores.txt
 
 elapsed() { echo $(( $(date +%s) - start )); }
+PARTS=${PARTS:-env train grpo selfplay_cuda selfplay_cpu learning}
+wanted() { [[ " $PARTS " == *" $1 "* ]]; }
 
 part() {  # part NAME LIMIT_S COMMAND...: run it, keep its last stdout line (its JSON) in results.jsonl
   local name=$1 limit=$2; shift 2
+  if ! wanted "$name"; then echo "== $name: not in PARTS"; return; fi
   echo "== $name: limit ${limit}s, at $(elapsed)s: $*"
   local t0 rc
   t0=$(date +%s)
@@ -68,16 +76,16 @@ part selfplay_cuda 100 $PY scripts/bench_selfplay.py --device cuda --channels 96
 part selfplay_cpu 80 $PY scripts/bench_selfplay.py --device cpu --channels 96 --blocks 8 --concurrent 128 --sims 8 \
   --moves 1 --batches 1 --playout-batch 5000
 
-left=$(( budget - $(elapsed) - 150 ))  # the loop's stop and the scoring take about this after it
-if [ "$left" -ge 90 ]; then
+left=$(( budget - $(elapsed) - 100 ))  # the loop's stop and the scoring took 30-40 s after it (4.4 min run)
+if wanted learning && [ "$left" -ge 90 ]; then
   minutes=$($PY -c "print(round($left / 60, 2))")
   rm -rf /tmp/gpu_checks_learn && mkdir -p /tmp/gpu_checks_learn
   nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader,nounits -l 2 \
     > /tmp/gpu_checks_learn/gpu.csv 2>/dev/null &
   sampler=$!
   part learning $(( left + 140 )) $PY scripts/bench_learning.py --minutes "$minutes" --config configs/gpu.yaml \
-    --daemons configs/gpu_daemons.yaml --score-device cuda --mcts-sims 400 --mcts-models last --final-games 0 \
-    --scorers 4 ${positions:+--positions "$positions"} --out "$OUT/learn" --data-dir /tmp/gpu_checks_learn/data
+    --daemons configs/gpu_daemons.yaml --score-device "${SCORE_DEVICE:-cuda}" --mcts-sims 400 --mcts-models all --final-games 0 \
+    --scorers 12 ${positions:+--positions "$positions"} --out "$OUT/learn" --data-dir /tmp/gpu_checks_learn/data
   kill "$sampler" 2>/dev/null
   $PY - /tmp/gpu_checks_learn/gpu.csv >> "$OUT/results.jsonl" <<'EOF'
 import json, sys
@@ -90,10 +98,12 @@ EOF
   echo "== the loop's log, errors and last lines"
   grep -iE "error|traceback|exception" /tmp/gpu_checks_learn/data.log | head -20
   tail -n 25 /tmp/gpu_checks_learn/data.log
-  last=$(ls -t /tmp/gpu_checks_learn/data/models/*.safetensors 2>/dev/null | head -1)
-  [ -n "$last" ] && cp "$last" "${last%.safetensors}.json" "$OUT/"
+  # the last two models (at most 8 files come back: results, log, the curve's two and these four)
+  for model in $(ls -t /tmp/gpu_checks_learn/data/models/*.safetensors 2>/dev/null | head -2); do
+    cp "$model" "${model%.safetensors}.json" "$OUT/"
+  done
   ls /tmp/gpu_checks_learn/data/models 2>/dev/null | tail -5
-else
+elif wanted learning; then
   echo "== learning: skipped, only ${left}s left of the budget"
 fi
 echo "== done at $(elapsed)s"
