@@ -19,10 +19,12 @@ from app.coordination.daemons.registry import DaemonContext
 from app.coordination.pipeline.context import wait_for_wake, wake_on
 from app.coordination.pipeline.workloads import pipeline_context
 from app.coordination.pipeline.mesh_events import MeshSnapshot, mesh_changes
-from app.coordination.pipeline.runner_settings import SelfplaySettings
-from app.coordination.pipeline.runners import pipeline_runners, selfplay_daemon
+from app.coordination.pipeline.runner_settings import ExportSettings, SelfplaySettings
+from app.coordination.pipeline.runners import export_daemon, pipeline_runners, selfplay_daemon
+from app.coordination.pipeline.state import Stage
 from app.db.dead_letters import DeadLetterStore
-from app.db.replay_db import ReplayDB
+from app.db.replay_db import GameRecord, MoveRecord, ReplayDB
+from app.log import get_logger
 
 pytestmark = pytest.mark.timeout(60)
 REPO = Path(__file__).resolve().parents[1]
@@ -83,6 +85,37 @@ async def test_a_daemon_wakes_on_its_event_long_before_its_poll(tmp_path) -> Non
     await router.publish(EventType.LEADER_ELECTED, {"term": 2, "leader_id": "n2"})
     assert await asyncio.wait_for(waiter, 10) is False  # woken, not stopped
     assert not wake.is_set()  # cleared for the next round
+
+
+async def test_a_decided_generation_starts_the_next_export_without_waiting_for_games(tmp_path) -> None:
+    """Games that arrived while a generation trained are enough for the next one: the decision
+    itself wakes the export daemon, not the next self-play batch or the poll (an hour here)."""
+    pipe = pipeline_context(Settings.model_validate({"node": {"data_dir": str(tmp_path)}}))
+    router = EventRouter()
+    ctx = DaemonContext(name="export", settings=ExportSettings(min_new_games=2, poll_s=3600).model_dump(),
+                        router=router, app_settings=pipe.settings, stopping=asyncio.Event(),
+                        log=get_logger("test.export"), metrics=router.metrics)
+    beats: list[float] = []
+    ctx.on_healthy = lambda: beats.append(0.0)  # once on start, once after each look at the DB
+    exports = wake_on(ctx, EventType.TRAINING_THRESHOLD_REACHED)
+    daemon = asyncio.create_task(export_daemon(pipe, ctx))
+    try:
+        deadline = asyncio.get_running_loop().time() + 30
+        while len(beats) < 2:  # the daemon found no games and sleeps on its wake-up
+            assert asyncio.get_running_loop().time() < deadline, "the export daemon never looked at the DB"
+            await asyncio.sleep(0.01)
+        uniform = [1 / 7] * 7
+        with ReplayDB(pipe.paths.games_db) as db:  # stored with no NEW_GAMES_AVAILABLE
+            for uid in ("g1", "g2"):
+                db.add_game(GameRecord(uid=uid, game="connect4", winner=0,
+                                       moves=[MoveRecord(a, uniform, 0.0) for a in (0, 1, 0, 1, 0, 1, 0)]))
+        assert not exports.is_set()
+        await router.publish(EventType.PROMOTION_REJECTED, {"generation": 1, "candidate_sha256": SHA, "reason": "test"})
+        await asyncio.wait_for(exports.wait(), 30)
+        assert pipe.state.stage is Stage.EXPORTED and pipe.state.export_mark == 2
+    finally:
+        ctx.stopping.set()
+        await asyncio.wait_for(daemon, 30)
 
 
 def test_each_runner_setting_has_one_default(tmp_path) -> None:

@@ -63,8 +63,11 @@ async def selfplay_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
 
 async def export_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
     """Turns the newest games into a dataset when a generation is due: enough new local games
-    on a lone node; a training claim from the leader in a cluster (after pulling peers' games)."""
-    wake = wake_on(ctx, EventType.NEW_GAMES_AVAILABLE, EventType.LEADER_ELECTED, EventType.QUORUM_CHANGED)
+    on a lone node; a training claim from the leader in a cluster (after pulling peers' games).
+    A decided generation wakes it too: the games that arrived while the last one trained are
+    often enough already, and waiting for the next batch or the poll left the node idle."""
+    wake = wake_on(ctx, EventType.NEW_GAMES_AVAILABLE, EventType.LEADER_ELECTED, EventType.QUORUM_CHANGED,
+                   EventType.MODEL_PROMOTED, EventType.PROMOTION_REJECTED)
     threshold = pipe.steps.export_threshold(pipe, ctx.settings)
     if pipe.cluster is not None and pipe.state.stage is not Stage.COLLECTING and pipe.cluster.current is None:
         await pipe.update(ps.abandoned)  # a restart lost the claim: the leader reschedules it
