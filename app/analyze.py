@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sims = settings.search.simulations if args.sims is None else args.sims
     try:
-        serve(sys.stdin, sys.stdout, game, NetworkEvaluator(net), sims, settings.search,
+        serve(sys.stdin, sys.stdout, game, NetworkEvaluator(net, game), sims, settings.search,
               np.random.default_rng(args.seed))
     except (BrokenPipeError, KeyboardInterrupt):
         return 0  # the reader went away or the user stopped us: nothing left to answer

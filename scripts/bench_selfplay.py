@@ -5,6 +5,8 @@
 - MCTS self-play with the default net: simulations/s, network evaluations/s and positions
   (moves played)/s over `--concurrent` games at once, and their ratio to the ceiling (the
   share of the network's throughput the search keeps; aim >= 0.6 at 64+ games);
+- what making a leaf's network input costs, one state at a time against the game's batch
+  (`leaf_input_us`: `Game.stacked_planes` and `stacked_legal_masks`, NetworkEvaluator's way);
 - the same search with the uniform evaluator (pure search overhead, no network), with and
   without the threat check (`search.threat_check`: what looking one ply deep costs a node);
 - random playouts/s of the vectorised engine vs a pure-Python loop of `state.play`, and of
@@ -54,6 +56,27 @@ def ceiling(net, states, windows: int = 3, seconds: float = 1.0) -> float:
             n += len(states)
         best = max(best, n / (time.perf_counter() - start))
     return best
+
+
+def leaf_input_us(game, states, repeats: int = 200) -> dict:
+    """What making the network's input costs a leaf, side by side: one state at a time
+    (`planes()`, `legal_mask()`) against the game's batch (`stacked_planes`, `stacked_legal_masks`,
+    what NetworkEvaluator uses)."""
+    def per_state() -> None:
+        np.stack([s.planes() for s in states]), np.stack([s.legal_mask() for s in states])
+
+    def stacked() -> None:
+        game.stacked_planes(states), game.stacked_legal_masks(states)
+
+    times = {}
+    for name, make in (("per_state", per_state), ("stacked", stacked), ("per_state_again", per_state)):
+        make()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            make()
+        times[name] = (time.perf_counter() - start) / repeats / len(states) * 1e6
+    return {"per_state_us": round(min(times["per_state"], times["per_state_again"]), 2),
+            "stacked_us": round(times["stacked"], 2)}
 
 
 def selfplay_speed(game, evaluator, concurrent: int, sims: int, moves: int, settings: Settings, seed: int) -> dict:
@@ -188,7 +211,7 @@ def main() -> None:
         if not s.is_terminal:
             states.append(s)
     before = ceiling(net, states)
-    net_play = selfplay_speed(game, NetworkEvaluator(net), args.concurrent, args.sims, args.moves, settings, 1)
+    net_play = selfplay_speed(game, NetworkEvaluator(net, game), args.concurrent, args.sims, args.moves, settings, 1)
     after = ceiling(net, states)  # measured on both sides of the search: the machine is shared
     ceiling_rate = max(before, after)
     uniform_play = selfplay_speed(game, UniformEvaluator(game), args.concurrent, args.sims, args.moves * 3, settings, 2)
@@ -208,6 +231,7 @@ def main() -> None:
         "mcts_sims_over_ceiling": round(net_play["sims_per_s"] / ceiling_rate, 3),
         "mcts_evals_over_ceiling": round(net_play["evals_per_s"] / ceiling_rate, 3),
         "mcts_uniform": uniform_play,
+        "leaf_input_us": leaf_input_us(game, states),
         # Search bookkeeping per simulation, from the network-free run: what the ratio loses.
         "search_overhead_us_per_sim": round(1e6 / uniform_play["sims_per_s"], 1),
         "search_overhead_us_per_sim_without_threat_check": round(1e6 / uniform_plain["sims_per_s"], 1),

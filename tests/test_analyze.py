@@ -151,7 +151,7 @@ def test_search_answer_shows_the_raw_network_beside_it(model_path: Path) -> None
     assert answer["best_move"] == 5 and answer["value"] == IMMEDIATE_WIN
     # the network's own policy and value for the position, whatever the search made of it
     net, _ = load_model(model_path)
-    priors, values = NetworkEvaluator(net).evaluate([GAME.parse("2433354242571")])
+    priors, values = NetworkEvaluator(net, GAME).evaluate([GAME.parse("2433354242571")])
     assert answer["net_policy"] == pytest.approx(priors[0].tolist(), abs=1e-5)
     assert answer["net_value"] == pytest.approx(float(values[0]), abs=1e-5)
     assert answer["net_best_move"] == int(priors[0].argmax())

@@ -99,8 +99,9 @@ def test_mirror_symmetry_maps_planes_and_policy() -> None:
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(min_value=0, max_value=2**32 - 1), min_size=1, max_size=8))
-def test_a_batch_of_planes_and_its_mirror_equal_them_one_state_at_a_time(seeds: list[int]) -> None:
-    """Export makes a game's planes and images in one batch; they must be the per-state ones."""
+def test_a_batch_of_planes_masks_and_mirrors_equals_them_one_state_at_a_time(seeds: list[int]) -> None:
+    """Export and the network evaluator make planes, legal masks and images in one batch; they
+    must be the per-state ones, terminal states included."""
     states = []
     for seed in seeds:  # random legal positions of random lengths, terminal ones too
         rng, state = np.random.default_rng(seed), GAME.initial_state()
@@ -112,6 +113,8 @@ def test_a_batch_of_planes_and_its_mirror_equal_them_one_state_at_a_time(seeds: 
     planes = GAME.stacked_planes(states)
     assert planes.dtype == np.float32 and planes.shape == (len(states), *GAME.plane_shape)
     assert all(np.array_equal(planes[i], s.planes()) for i, s in enumerate(states))
+    masks = GAME.stacked_legal_masks(states)
+    assert masks.dtype == bool and np.array_equal(masks, np.stack([s.legal_mask() for s in states]))
     policy = np.random.default_rng(seeds[0]).random((len(states), GAME.num_actions), dtype=np.float32)
     batched = GAME.symmetries(planes, policy)
     for i, state in enumerate(states):

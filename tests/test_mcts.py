@@ -267,7 +267,7 @@ def test_virtual_loss_batches_one_tree_and_still_finds_the_win() -> None:
 def test_network_evaluator_masks_illegal_moves() -> None:
     torch.manual_seed(0)
     arch = Architecture(8, 1, GAME.plane_shape, GAME.num_actions)
-    evaluator = NetworkEvaluator(new_model(arch, seed=0))
+    evaluator = NetworkEvaluator(new_model(arch, seed=0), GAME)
     states = [GAME.parse("444444"), GAME.parse(""), GAME.parse("1111112")]
     priors, values = evaluator.evaluate(states)
     assert priors.shape == (3, 7) and values.shape == (3,)

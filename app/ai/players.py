@@ -132,7 +132,7 @@ class NetMCTSPlayer(_TreePlayer):
     def __init__(self, model_path: str | Path, simulations: int = 64, search_cfg: SearchConfig | None = None,
                  expect_sha256: str | None = None, rng: np.random.Generator | None = None) -> None:
         net, meta = load_model(model_path, expect_sha256=expect_sha256)
-        super().__init__(NetworkEvaluator(net), simulations, search_cfg or SearchConfig(),
+        super().__init__(NetworkEvaluator(net, get_game(meta.game)), simulations, search_cfg or SearchConfig(),
                          rng if rng is not None else np.random.default_rng())
         self.meta = meta
         self.sha256 = str(meta.sha256)

@@ -158,5 +158,10 @@ class Game(ABC):
 
     def stacked_planes(self, states: Sequence[GameState]) -> np.ndarray:
         """The `planes` of many states, stacked (N, *plane_shape). A game may do it in one
-        batch: export calls this for every position of every game in its window."""
+        batch: export calls this for every position of every game in its window, and the
+        network evaluator for every leaf the search expands."""
         return np.stack([state.planes() for state in states])
+
+    def stacked_legal_masks(self, states: Sequence[GameState]) -> np.ndarray:
+        """The `legal_mask` of many states, stacked (N, num_actions); as `stacked_planes`."""
+        return np.stack([state.legal_mask() for state in states])

@@ -19,6 +19,7 @@ HEIGHT = 6
 _COLUMN_BITS = HEIGHT + 1
 _BOTTOM = [1 << (c * _COLUMN_BITS) for c in range(WIDTH)]
 _TOP = [1 << (HEIGHT - 1 + c * _COLUMN_BITS) for c in range(WIDTH)]
+_TOP_BITS = np.array(_TOP, dtype="<u8")
 _CELL_BITS = np.array(
     [[c * _COLUMN_BITS + r for c in range(WIDTH)] for r in range(HEIGHT)], dtype=np.int64
 )  # [row, col] -> bit index, row 0 at the bottom
@@ -232,3 +233,9 @@ class Connect4(Game):
         out = np.ones((len(states), *self.plane_shape), dtype=np.float32)
         out[:, :2] = bits[:, :, _CELL_BITS]
         return out
+
+    def stacked_legal_masks(self, states: Sequence[GameState]) -> np.ndarray:
+        """Every state's `legal_mask` at once: a column is open while its top cell is empty."""
+        masks = np.array([s.mask for s in states], dtype="<u8")
+        live = np.array([not s.is_terminal for s in states], dtype=bool)
+        return ((masks[:, None] & _TOP_BITS) == 0) & live[:, None]

@@ -155,4 +155,4 @@ def make_evaluator(model_path, model_sha256: str | None, settings: Settings) -> 
     if model_path is None:
         return UniformEvaluator(game)
     net, _ = load_model(model_path, expect_game=game.name, expect_sha256=model_sha256)
-    return NetworkEvaluator(net.to(network_device(settings.selfplay.device)))
+    return NetworkEvaluator(net.to(network_device(settings.selfplay.device)), game)

@@ -205,7 +205,7 @@ def network_choices(net: PolicyValueNet, positions: Sequence[ScoredPosition], ga
                     batch: int = 512) -> list[int]:
     """The raw policy's argmax over legal moves for every position (batched forward passes)."""
     game = game or get_game("connect4")
-    evaluator = NetworkEvaluator(net)
+    evaluator = NetworkEvaluator(net, game)
     choices: list[int] = []
     for start in range(0, len(positions), batch):
         states = [game.parse(p.moves) for p in positions[start:start + batch]]
@@ -223,7 +223,7 @@ def value_choices(net: PolicyValueNet, positions: Sequence[ScoredPosition], game
     other child is worth minus the network's value for the opponent, all children of all
     positions in one batch."""
     game = game or get_game("connect4")
-    evaluator = NetworkEvaluator(net)
+    evaluator = NetworkEvaluator(net, game)
     scored: list[dict[int, float]] = []
     children: list[GameState] = []
     slots: list[tuple[int, int]] = []  # (position index, move) of each child still to evaluate
@@ -250,7 +250,7 @@ def mcts_choices(net: PolicyValueNet, positions: Sequence[ScoredPosition], simul
     """The most visited move of a noise-free search per position; `batch` trees advance in
     lock step, so each network call evaluates one leaf of each of them."""
     game = game or get_game("connect4")
-    evaluator = NetworkEvaluator(net)
+    evaluator = NetworkEvaluator(net, game)
     rng = np.random.default_rng(seed)
     choices: list[int] = []
     for start in range(0, len(positions), batch):
