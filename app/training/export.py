@@ -174,10 +174,10 @@ def _visit_targets(game: Game, record: GameRecord, plies: list[int]) -> np.ndarr
         bad = ~(np.isfinite(visits).all(axis=1) & (visits >= 0).all(axis=1))
     else:
         bad = np.ones(len(plies), dtype=bool)
-    for ply, is_bad in zip(plies, bad):
-        if is_bad:
-            shape = np.shape(np.asarray(record.moves[ply].visits, dtype=object))
-            raise GameError(f"move {ply}: visit distribution of shape {shape} is not {game.num_actions} non-negative numbers")
+    if bad.any():
+        ply = plies[int(np.argmax(bad))]
+        shape = np.shape(np.asarray(record.moves[ply].visits, dtype=object))
+        raise GameError(f"move {ply}: visit distribution of shape {shape} is not {game.num_actions} non-negative numbers")
     totals = visits.sum(axis=1, keepdims=True)
     empty = totals[:, 0] <= 0
     visits = visits / np.where(totals > 0, totals, 1.0)
@@ -194,7 +194,6 @@ def build_arrays(game: Game, records: Iterable[GameRecord], augment: bool, sourc
             parts.append(game_samples(game, record, augment, value_mix, length_discount))
         except (GameError, IndexError, TypeError) as exc:
             raise ExportError(f"{source.get(record.uid, '?')}: game {record.uid} is invalid: {exc}") from None
-    parts = [a for a in parts if len(a)]
     if not parts:
         return Arrays.empty(game.plane_shape, game.num_actions)
     return Arrays(np.concatenate([a.planes for a in parts]).astype(np.float32, copy=False),
