@@ -101,6 +101,30 @@ def test_net_player_plays_legal_moves_and_reuses_its_tree(tiny_model: Path) -> N
     assert winner is not None or len(moves) == 42  # a draw only on a full board (7 x 6)
 
 
+def test_select_moves_keeps_one_tree_a_game_and_answers_as_one_game_at_a_time(tiny_model: Path) -> None:
+    """Several games' positions in one call: each game gets its own tree, reused on its next
+    move, and each answer is the one a player searching that game alone would give."""
+    positions = [GAME.parse(m) for m in ("", "44", "4455", "1234567")]
+    together = NetMCTSPlayer(tiny_model, simulations=24, rng=np.random.default_rng(0))
+    moves = together.select_moves(positions, ["a", "b", "c", "d"])
+    for state, move in zip(positions, moves):
+        alone = NetMCTSPlayer(tiny_model, simulations=24, rng=np.random.default_rng(0))
+        assert alone.select_move(state) == move
+    assert set(together.trees) == {"a", "b", "c", "d"}
+    tree_b = together.trees["b"]
+    nodes = tree_b.node_count
+    after_b = positions[1].play(moves[1]).play(0)
+    together.select_moves([after_b], ["b"])  # game b two plies on: its tree, advanced
+    assert together.trees["b"] is tree_b and tree_b.node_count > nodes
+    assert tree_b.root_state.ply == after_b.ply + 1
+    with pytest.raises(ValueError, match="different game"):
+        together.select_moves(positions[:2], ["a", "a"])
+    raw = NetMCTSPlayer(tiny_model, simulations=0)
+    assert raw.select_moves(positions, [0, 1, 2, 3]) == [raw.select_move(s) for s in positions]
+    heuristic = HeuristicPlayer(1, np.random.default_rng(0))
+    assert heuristic.select_moves([GAME.parse("121212")], [0]) == [0]
+
+
 def test_net_player_with_zero_simulations_plays_the_policy_argmax(tiny_model: Path) -> None:
     from app.ai.model import load_model, predict
 

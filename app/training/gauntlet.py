@@ -14,10 +14,10 @@ import math
 import time
 import uuid
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -26,9 +26,15 @@ from app.config import Settings
 from app.db.registry import MatchGame, ModelRegistry
 from app.games import Game, get_game
 from app.training.elo import Rating, fit_elo
+from app.training.process_group import network_device
 from app.training.sprt import SprtDecision, SprtResult, sprt_decision
 
 ProgressCallback = Callable[[dict], None]
+
+# Most games one worker plays at once. Past ~16 positions a CPU core gains little per position
+# from a bigger batch; the cap bounds a wave's trees in memory and the games a match plays
+# past an SPRT decision.
+MAX_WAVE = 32
 
 
 class GauntletStopped(RuntimeError):
@@ -133,17 +139,35 @@ def make_openings(game: Game, count: int, min_plies: int, max_plies: int, rng: n
     return out
 
 
-def play_game(game: Game, first, second, opening: tuple[int, ...]) -> tuple[int | None, str]:
-    """Play out a game from `opening`; `first` moves for side 0. Returns (winner, moves)."""
-    state = game.initial_state()
-    for action in opening:
-        state = state.play(action)
-    players = (first, second)
-    for p in players:
-        p.reset()
-    while not state.is_terminal:
-        state = state.play(players[state.to_move].select_move(state))
-    return state.winner, state.to_text()
+def play_games(game: Game, candidate, opponent, tasks: Sequence[GameTask],
+               should_stop: Callable[[], bool] | None = None) -> list[GameOutcome]:
+    """Play a wave of games in lock step: each round, every game's side to move moves, and a
+    player moves in all of its games at once (`select_moves`), so a search player's network
+    sees one batch per simulation for the whole wave instead of one position. `should_stop`
+    is asked between rounds; when it says stop, only the games already finished come back."""
+    states = []
+    for task in tasks:
+        state = game.initial_state()
+        for action in task.opening:
+            state = state.play(action)
+        states.append(state)
+    candidate.reset()
+    opponent.reset()
+    while not (should_stop is not None and should_stop()):
+        moved = False
+        for player, is_candidate in ((candidate, True), (opponent, False)):
+            turn = [i for i, (task, state) in enumerate(zip(tasks, states))
+                    if not state.is_terminal and (state.to_move == task.candidate_side) == is_candidate]
+            if not turn:
+                continue
+            moves = player.select_moves([states[i] for i in turn], turn)
+            for i, move in zip(turn, moves):
+                states[i] = states[i].play(move)
+            moved = True
+        if not moved:
+            break
+    return [GameOutcome(task.index, task.candidate_side, state.winner, state.to_text(), len(task.opening))
+            for task, state in zip(tasks, states) if state.is_terminal]
 
 
 _PLAYER_CACHE: dict[PlayerSpec, object] = {}
@@ -157,15 +181,17 @@ def _cached_player(spec: PlayerSpec, seed: int):
     return player
 
 
-def run_task(task: GameTask) -> GameOutcome:
-    game = get_game(task.candidate.game)
-    candidate = _cached_player(task.candidate, task.seed)
-    opponent = _cached_player(task.opponent, task.seed + 1)
-    if task.candidate.name == task.opponent.name:
-        opponent = make_player(task.opponent, task.seed + 1)  # self-play needs two trees
-    first, second = (candidate, opponent) if task.candidate_side == 0 else (opponent, candidate)
-    winner, moves = play_game(game, first, second, task.opening)
-    return GameOutcome(task.index, task.candidate_side, winner, moves, len(task.opening))
+def run_wave(tasks: tuple[GameTask, ...], should_stop: Callable[[], bool] | None = None) -> list[GameOutcome]:
+    """One worker's share of a match: a wave of games between the same two players (the
+    finished ones only, when `should_stop` ended it early: inline play only, since a
+    spawned worker cannot be handed the caller's callback)."""
+    first = tasks[0]
+    game = get_game(first.candidate.game)
+    candidate = _cached_player(first.candidate, first.seed)
+    opponent = _cached_player(first.opponent, first.seed + 1)
+    if first.candidate.name == first.opponent.name:
+        opponent = make_player(first.opponent, first.seed + 1)  # self-play needs two sets of trees
+    return play_games(game, candidate, opponent, tasks, should_stop)
 
 
 def _worker_init() -> None:
@@ -203,47 +229,58 @@ def _match_tasks(candidate: PlayerSpec, opponent: PlayerSpec, games: int, settin
     return tasks
 
 
+def _waves(tasks: list[GameTask], workers: int) -> list[tuple[GameTask, ...]]:
+    """Cut a match into waves: one per worker, each of at most MAX_WAVE games (whole pairs
+    where it can), so every worker batches as many games as the match gives it while the
+    sequential test still looks at the results between waves."""
+    size = min(MAX_WAVE, max(1, math.ceil(len(tasks) / max(1, workers))))
+    size += size % 2 if size < len(tasks) else 0
+    return [tuple(tasks[i:i + size]) for i in range(0, len(tasks), size)]
+
+
 def _play_match(
     executor, tasks: list[GameTask], result: OpponentResult, settings: Settings,
     record: Callable[[GameTask, GameOutcome], None], sequential_test: bool, workers: int,
     progress: ProgressCallback | None, should_stop: Callable[[], bool] | None = None,
 ) -> None:
-    """Submit tasks a few at a time; stop early when the SPRT decides (best only)."""
+    """Submit waves of games, one per worker at a time; stop early when the SPRT decides (best
+    only). Games of a wave finished after the decision are recorded for Elo, not counted."""
     cfg = settings.gauntlet
-    pending: dict[Future, GameTask] = {}
-    queue: Iterator[GameTask] = iter(tasks)
+    pending: dict[Future, tuple[GameTask, ...]] = {}
+    queue: Iterator[tuple[GameTask, ...]] = iter(_waves(tasks, workers))
     decided = False
-    in_flight = max(1, 2 * workers)
+    in_flight = max(1, workers)
     try:
         while True:
             if should_stop is not None and should_stop():
                 raise GauntletStopped("gauntlet stopped on request; its games so far are recorded")
             while not decided and len(pending) < in_flight:
-                task = next(queue, None)
-                if task is None:
+                wave = next(queue, None)
+                if wave is None:
                     break
-                pending[executor.submit(run_task, task)] = task
+                args = (wave, should_stop) if isinstance(executor, _InlineExecutor) else (wave,)
+                pending[executor.submit(run_wave, *args)] = wave
             if not pending:
                 break
             done, _ = wait(list(pending), return_when=FIRST_COMPLETED)
             for fut in done:
-                task = pending.pop(fut)
-                outcome = fut.result()
-                record(task, outcome)
-                if decided:
-                    continue  # finished after the decision: recorded for Elo, not counted
-                score = outcome.candidate_score
-                result.wins += score == 1.0
-                result.draws += score == 0.5
-                result.losses += score == 0.0
-                if sequential_test:
-                    result.sprt = sprt_decision(result.wins, result.draws, result.losses, cfg.sprt_elo0,
-                                                cfg.sprt_elo1, cfg.sprt_alpha, cfg.sprt_beta)
-                    if result.sprt.decision is not SprtDecision.CONTINUE:
-                        decided = True
-                        result.stopped = "sprt"
-                    elif result.games >= len(tasks):
-                        result.stopped = "cap"
+                by_index = {task.index: task for task in pending.pop(fut)}
+                for outcome in fut.result():
+                    record(by_index[outcome.index], outcome)
+                    if decided:
+                        continue
+                    score = outcome.candidate_score
+                    result.wins += score == 1.0
+                    result.draws += score == 0.5
+                    result.losses += score == 0.0
+                    if sequential_test:
+                        result.sprt = sprt_decision(result.wins, result.draws, result.losses, cfg.sprt_elo0,
+                                                    cfg.sprt_elo1, cfg.sprt_alpha, cfg.sprt_beta)
+                        if result.sprt.decision is not SprtDecision.CONTINUE:
+                            decided = True
+                            result.stopped = "sprt"
+                        elif result.games >= len(tasks):
+                            result.stopped = "cap"
                 if progress is not None:
                     progress({"opponent": result.opponent, "kind": result.kind, "games": result.games,
                               "wins": result.wins, "draws": result.draws, "losses": result.losses,
@@ -251,6 +288,13 @@ def _play_match(
     finally:
         for fut in pending:
             fut.cancel()
+
+
+def _on_device(spec: PlayerSpec, settings: Settings) -> PlayerSpec:
+    """A network player's spec with the node's gauntlet device resolved ("auto" -> cpu / cuda)."""
+    if spec.kind != "net":
+        return spec
+    return replace(spec, device=network_device(settings.gauntlet.device).type)
 
 
 def _executor(workers: int):
@@ -274,6 +318,7 @@ def play_fixed_match(
     executor = _executor(workers)
     result = OpponentResult(opponent.name, opponent.kind)
     try:
+        candidate, opponent = _on_device(candidate, settings), _on_device(opponent, settings)
         tasks = _match_tasks(candidate, opponent, games, settings, np.random.default_rng(seed))
         _play_match(executor, tasks, result, settings, record, False, workers, None, should_stop)
     finally:
@@ -312,13 +357,13 @@ def run_gauntlet(
     cfg = settings.gauntlet
     workers = cfg.workers if workers is None else workers
     games_per_baseline = cfg.games_vs_baseline if games_per_baseline is None else games_per_baseline
-    candidate = parse_player_spec(str(candidate_path), cfg, settings.search)
+    candidate = _on_device(parse_player_spec(str(candidate_path), cfg, settings.search), settings)
     opponents: list[tuple[str, PlayerSpec]] = []
     for text in baselines:
         spec = parse_player_spec(text, cfg, settings.search, game=candidate.game)
         opponents.append((spec.kind, spec))
     if best_path is not None:
-        best = parse_player_spec(str(best_path), cfg, settings.search, game=candidate.game)
+        best = _on_device(parse_player_spec(str(best_path), cfg, settings.search, game=candidate.game), settings)
         if best.name != candidate.name:
             opponents.append(("best", best))
     registry = registry_db if isinstance(registry_db, ModelRegistry) else ModelRegistry(registry_db)
