@@ -15,6 +15,8 @@
 #   grpo      bench_grpo.py --device cuda --backend fsdp: the language-model GRPO loop with FSDP2
 #             on NCCL (one rank per GPU)
 #   selfplay  bench_selfplay.py on the 96x8 net, its leaves evaluated on the GPU, then on one core
+#   gauntlet  bench_gauntlet.py on the GPU: a 20-game match of two 96x8 nets at 64 simulations,
+#             one game at a time against one lock-step wave (the GPU profile's gauntlet)
 #   learning  bench_learning.py --config configs/gpu.yaml --daemons configs/gpu_daemons.yaml for
 #             what is left of the budget, every promoted model scored on the GPU (raw network and
 #             MCTS-400, one scoring process a model, all at once after the loop)
@@ -39,7 +41,7 @@ positions=${POSITIONS:-}
 [ -z "$positions" ] && [ -f .devdata/move_scores.txt ] && positions=.devdata/move_scores.txt
 
 elapsed() { echo $(( $(date +%s) - start )); }
-PARTS=${PARTS:-env train grpo selfplay_cuda selfplay_cpu learning}
+PARTS=${PARTS:-env train grpo selfplay_cuda selfplay_cpu gauntlet learning}
 wanted() { [[ " $PARTS " == *" $1 "* ]]; }
 
 part() {  # part NAME LIMIT_S COMMAND...: run it, keep its last stdout line (its JSON) in results.jsonl
@@ -75,6 +77,7 @@ part selfplay_cuda 100 $PY scripts/bench_selfplay.py --device cuda --channels 96
   --moves 3 --batches 2 --playout-batch 5000
 part selfplay_cpu 80 $PY scripts/bench_selfplay.py --device cpu --channels 96 --blocks 8 --concurrent 128 --sims 8 \
   --moves 1 --batches 1 --playout-batch 5000
+part gauntlet 120 $PY scripts/bench_gauntlet.py --device cuda --channels 96 --blocks 8 --sims 64 --games 20 --rounds 1
 
 left=$(( budget - $(elapsed) - 100 ))  # the loop's stop and the scoring took 30-40 s after it (4.4 min run)
 if wanted learning && [ "$left" -ge 90 ]; then
