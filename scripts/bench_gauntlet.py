@@ -3,7 +3,7 @@ prints ONE JSON object.
 
 With no gate configured, a generation's gauntlet is 20 games of the candidate against the best
 at the gauntlet's search budget. One game at a time, every network call is a batch of one
-position; a wave (`app/training/gauntlet.py`, `play_games`) plays all of a worker's games in
+position; a wave (`app/training/match_games.py`, `play_games`) plays all of a worker's games in
 lock step, so a call carries a leaf of every game still running. This plays the same games
 (the same openings, colours and players) both ways in one process, alternated, and checks
 that they end alike.
@@ -33,7 +33,7 @@ from app.ai.model import Architecture, ModelMeta, new_model, save_model  # noqa:
 from app.ai.players import make_player, net_spec  # noqa: E402
 from app.config import load_settings  # noqa: E402
 from app.games import get_game  # noqa: E402
-from app.training.gauntlet import _match_tasks, play_games  # noqa: E402
+from app.training.match_games import match_tasks, play_games  # noqa: E402
 
 GAME = get_game("connect4")
 
@@ -63,7 +63,7 @@ def main() -> int:
         best = args.best or untrained(Path(tmp), "best", args.channels, args.blocks, 2)
         specs = [net_spec(path, args.sims, settings.search.c_puct) for path in (candidate, best)]
         specs = [replace(spec, device=args.device) for spec in specs]
-        tasks = _match_tasks(specs[0], specs[1], args.games, settings, np.random.default_rng(0))
+        tasks = match_tasks(specs[0], specs[1], args.games, settings, np.random.default_rng(0))
         players = [make_player(spec, seed=i) for i, spec in enumerate(specs)]
         seconds: dict[str, list[float]] = {"one_at_a_time": [], "wave": []}
         results: dict[str, list] = {}

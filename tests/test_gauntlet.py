@@ -17,7 +17,8 @@ from app.ai.model import Architecture, ModelMeta, new_model, save_model
 from app.config import load_settings
 from app.db.registry import ModelRegistry
 from app.games import get_game
-from app.training.gauntlet import format_table, make_openings, run_gauntlet
+from app.training.gauntlet import format_table, run_gauntlet
+from app.training.match_games import make_openings
 
 REPO = Path(__file__).resolve().parent.parent
 GAME = get_game("connect4")
@@ -137,7 +138,8 @@ def test_cli_bad_input_is_a_clear_error(tmp_path: Path, capsys) -> None:
 
 
 def test_should_stop_ends_the_gauntlet_between_rounds_keeping_finished_games(tmp_path: Path) -> None:
-    from app.training.gauntlet import MAX_WAVE, GauntletStopped
+    from app.training.gauntlet import GauntletStopped
+    from app.training.match_games import MAX_WAVE
 
     calls = []
 
@@ -158,18 +160,18 @@ def test_should_stop_ends_the_gauntlet_between_rounds_keeping_finished_games(tmp
 def test_a_match_is_played_in_waves_whose_network_calls_are_batches(tmp_path: Path) -> None:
     """One worker plays all of a small match's games in lock step: each network call carries a
     leaf of every game still running, not one position. The SPRT still counts every game."""
-    from app.training import gauntlet as gauntlet_module
+    from app.training import match_games
 
     arch = Architecture(8, 1, GAME.plane_shape, GAME.num_actions)
     candidate, best = tmp_path / "candidate.safetensors", tmp_path / "best.safetensors"
     save_model(new_model(arch, seed=1), ModelMeta(arch, "connect4", generation=1), candidate)
     save_model(new_model(arch, seed=2), ModelMeta(arch, "connect4", generation=0), best)
-    gauntlet_module._PLAYER_CACHE.clear()
+    match_games._PLAYER_CACHE.clear()
     settings = fast_settings(max_games_vs_best=8)
     report = run_gauntlet(candidate, [], best, settings, tmp_path / "reg.sqlite", workers=1, seed=4)
     result = report.result("best")
     assert (result.games, result.stopped) == (8, "cap")
-    players = [p for p in gauntlet_module._PLAYER_CACHE.values() if hasattr(p, "evaluator")]
+    players = [p for p in match_games._PLAYER_CACHE.values() if hasattr(p, "evaluator")]
     assert len(players) == 2
     for player in players:
         evaluator = player.evaluator
@@ -180,20 +182,20 @@ def test_a_match_is_played_in_waves_whose_network_calls_are_batches(tmp_path: Pa
     for g in games:
         state = GAME.parse(g.moves)
         assert state.is_terminal and state.winner == g.winner
-    gauntlet_module._PLAYER_CACHE.clear()
+    match_games._PLAYER_CACHE.clear()
 
 
 def test_waves_keep_opening_pairs_together_and_split_over_workers() -> None:
-    from app.training.gauntlet import MAX_WAVE, GameTask, _waves
+    from app.training.match_games import MAX_WAVE, GameTask, cut_waves
     from app.ai.players import PlayerSpec
 
     spec = PlayerSpec("random")
     tasks = [GameTask(i, spec, spec, i % 2, (), i) for i in range(40)]
-    assert [len(w) for w in _waves(tasks, 1)] == [MAX_WAVE, 40 - MAX_WAVE]
-    assert [len(w) for w in _waves(tasks[:20], 1)] == [20]
-    assert [len(w) for w in _waves(tasks[:20], 3)] == [8, 8, 4]  # 7 rounded up to whole pairs
-    assert [len(w) for w in _waves(tasks[:5], 8)] == [2, 2, 1]
-    assert [t.index for w in _waves(tasks, 4) for t in w] == list(range(40))
+    assert [len(w) for w in cut_waves(tasks, 1)] == [MAX_WAVE, 40 - MAX_WAVE]
+    assert [len(w) for w in cut_waves(tasks[:20], 1)] == [20]
+    assert [len(w) for w in cut_waves(tasks[:20], 3)] == [8, 8, 4]  # 7 rounded up to whole pairs
+    assert [len(w) for w in cut_waves(tasks[:5], 8)] == [2, 2, 1]
+    assert [t.index for w in cut_waves(tasks, 4) for t in w] == list(range(40))
 
 
 def test_a_one_worker_gauntlet_plays_on_one_torch_thread(tmp_path: Path) -> None:

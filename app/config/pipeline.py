@@ -106,7 +106,7 @@ class GauntletConfig(StrictModel):
     workers: int = 1  # worker processes playing games in parallel
     # Where the network players' networks run: "cpu", "cuda" (the node's first GPU, shared by
     # every worker; refused where there is none) or "auto" (the GPU when there is one). A worker
-    # plays its games in lock step (app/training/gauntlet.py), so a GPU sees batches of games.
+    # plays its games in lock step (app/training/match_games.py), so a GPU sees batches of games.
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     # In a cluster the baseline games are cut into shards other nodes play (app/coordination/pipeline/gauntlet_spread.py).
     shard_games: int = 10  # games per shard (rounded up to even: whole opening pairs)

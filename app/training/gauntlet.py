@@ -1,68 +1,39 @@
 """Gauntlet: a candidate plays the baselines and the current best; every game is recorded.
 
-Games run in worker processes (spawned, one torch thread each; `workers <= 1` plays in this
-process). Each pair of games starts from its own random opening of a few plies and the
-candidate takes each side once, so no two games are the same game and neither colour is
-favoured. Against baselines a fixed number of games is played; against the current best a
-sequential probability ratio test stops the match as soon as it is decided, or at a cap.
-After the gauntlet, Elo is refitted over every game ever recorded in the registry.
+Games are played by `app/training/match_games.py`: waves of a match's games in lock step, in
+worker processes (spawned, one torch thread each; `workers <= 1` plays in this process), each
+pair of games from its own random opening with the candidate on each side once, so no two
+games are the same game and neither colour is favoured. Against baselines a fixed number of
+games is played; against the current best a sequential probability ratio test stops the match
+as soon as it is decided, or at a cap. After the gauntlet, Elo is refitted over every game ever recorded in the registry.
 """
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field, replace
-from multiprocessing import get_context
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator
 
 import numpy as np
 
-from app.ai.players import PlayerSpec, make_player, model_sha_of_player, parse_player_spec
+from app.ai.players import PlayerSpec, model_sha_of_player, parse_player_spec
 from app.config import Settings
 from app.db.registry import MatchGame, ModelRegistry
-from app.games import Game, get_game
 from app.training.elo import Rating, fit_elo
+from app.training.match_games import (
+    GameOutcome, GameTask, InlineExecutor, cut_waves, match_executor, match_tasks, run_wave,
+)
 from app.training.process_group import network_device
 from app.training.sprt import SprtDecision, SprtResult, sprt_decision
 
 ProgressCallback = Callable[[dict], None]
 
-# Most games one worker plays at once. One CPU core evaluates the 48x4 net at ~1,300
-# positions/s one at a time, ~2,600 in batches of 16 and ~3,600 in batches of 64; each side of
-# a wave moves in half its games, so 32 games make batches of ~16. The cap bounds a wave's
-# trees in memory and the games a match plays past an SPRT decision.
-MAX_WAVE = 32
-
 
 class GauntletStopped(RuntimeError):
     """`should_stop` asked the gauntlet to end early (a draining node); no report is made."""
-
-
-@dataclass(frozen=True)
-class GameTask:
-    index: int
-    candidate: PlayerSpec
-    opponent: PlayerSpec
-    candidate_side: int  # 0: the candidate moves first after the opening
-    opening: tuple[int, ...]
-    seed: int
-
-
-@dataclass(frozen=True)
-class GameOutcome:
-    index: int
-    candidate_side: int
-    winner: int | None
-    moves: str
-    opening_plies: int
-
-    @property
-    def candidate_score(self) -> float:
-        return 0.5 if self.winner is None else (1.0 if self.winner == self.candidate_side else 0.0)
 
 
 @dataclass
@@ -107,136 +78,7 @@ class GauntletReport:
                 "elapsed_s": self.elapsed_s}
 
 
-# --- openings and single games (run inside workers) -------------------------------------
-
-
-def make_openings(game: Game, count: int, min_plies: int, max_plies: int, rng: np.random.Generator) -> list[tuple[int, ...]]:
-    """`count` distinct random openings of min..max plies that leave the game undecided.
-
-    Distinct while the game has enough of them; after that, repeats rather than fail.
-    """
-    if not 0 <= min_plies <= max_plies:
-        raise ValueError(f"opening plies must satisfy 0 <= min <= max, got {min_plies}..{max_plies}")
-    seen: set[tuple[int, ...]] = set()
-    out: list[tuple[int, ...]] = []
-    for _ in range(count):
-        for attempt in range(200):
-            moves: list[int] = []
-            state = game.initial_state()
-            for _ in range(int(rng.integers(min_plies, max_plies + 1))):
-                legal = state.legal_moves()
-                if not legal:
-                    break
-                action = int(legal[int(rng.integers(len(legal)))])
-                moves.append(action)
-                state = state.play(action)
-            opening = tuple(moves)
-            if state.is_terminal:
-                continue
-            if opening not in seen or attempt == 199:
-                break
-        seen.add(opening)
-        out.append(opening)
-    return out
-
-
-def play_games(game: Game, candidate, opponent, tasks: Sequence[GameTask],
-               should_stop: Callable[[], bool] | None = None) -> list[GameOutcome]:
-    """Play a wave of games in lock step: each round, every game's side to move moves, and a
-    player moves in all of its games at once (`select_moves`), so a search player's network
-    sees one batch per simulation for the whole wave instead of one position. `should_stop`
-    is asked between rounds; when it says stop, only the games already finished come back."""
-    states = []
-    for task in tasks:
-        state = game.initial_state()
-        for action in task.opening:
-            state = state.play(action)
-        states.append(state)
-    candidate.reset()
-    opponent.reset()
-    while not (should_stop is not None and should_stop()):
-        moved = False
-        for player, is_candidate in ((candidate, True), (opponent, False)):
-            turn = [i for i, (task, state) in enumerate(zip(tasks, states))
-                    if not state.is_terminal and (state.to_move == task.candidate_side) == is_candidate]
-            if not turn:
-                continue
-            moves = player.select_moves([states[i] for i in turn], turn)
-            for i, move in zip(turn, moves):
-                states[i] = states[i].play(move)
-            moved = True
-        if not moved:
-            break
-    return [GameOutcome(task.index, task.candidate_side, state.winner, state.to_text(), len(task.opening))
-            for task, state in zip(tasks, states) if state.is_terminal]
-
-
-_PLAYER_CACHE: dict[PlayerSpec, object] = {}
-
-
-def _cached_player(spec: PlayerSpec, seed: int):
-    """Players live as long as their worker: a network is loaded once, not once per game."""
-    player = _PLAYER_CACHE.get(spec)
-    if player is None:
-        player = _PLAYER_CACHE[spec] = make_player(spec, seed)
-    return player
-
-
-def run_wave(tasks: tuple[GameTask, ...], should_stop: Callable[[], bool] | None = None) -> list[GameOutcome]:
-    """One worker's share of a match: a wave of games between the same two players (the
-    finished ones only, when `should_stop` ended it early: inline play only, since a
-    spawned worker cannot be handed the caller's callback)."""
-    first = tasks[0]
-    game = get_game(first.candidate.game)
-    candidate = _cached_player(first.candidate, first.seed)
-    opponent = _cached_player(first.opponent, first.seed + 1)
-    if first.candidate.name == first.opponent.name:
-        opponent = make_player(first.opponent, first.seed + 1)  # self-play needs two sets of trees
-    return play_games(game, candidate, opponent, tasks, should_stop)
-
-
-def _worker_init() -> None:
-    import torch
-
-    torch.set_num_threads(1)
-
-
 # --- the match loop (parent process) ----------------------------------------------------
-
-
-class _InlineExecutor:
-    """Runs tasks in this process when one worker is asked for: no spawn cost in tests."""
-
-    def submit(self, fn, *args) -> Future:
-        fut: Future = Future()
-        try:
-            fut.set_result(fn(*args))
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
-            fut.set_exception(exc)
-        return fut
-
-    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
-        pass
-
-
-def _match_tasks(candidate: PlayerSpec, opponent: PlayerSpec, games: int, settings: Settings,
-                 rng: np.random.Generator) -> list[GameTask]:
-    cfg = settings.gauntlet
-    pairs = math.ceil(games / 2)
-    openings = make_openings(get_game(candidate.game), pairs, cfg.opening_plies_min, cfg.opening_plies_max, rng)
-    tasks = []
-    for i in range(pairs * 2):
-        tasks.append(GameTask(i, candidate, opponent, i % 2, openings[i // 2], int(rng.integers(2**31))))
-    return tasks
-
-
-def _waves(tasks: list[GameTask], workers: int) -> list[tuple[GameTask, ...]]:
-    """Cut a match into waves: one per worker, each of at most MAX_WAVE games (whole pairs
-    where it can), so every worker batches as many games as the match gives it while the
-    sequential test still looks at the results between waves."""
-    size = min(MAX_WAVE, max(1, math.ceil(len(tasks) / max(1, workers))))
-    size += size % 2 if size < len(tasks) else 0
-    return [tuple(tasks[i:i + size]) for i in range(0, len(tasks), size)]
 
 
 def _play_match(
@@ -248,7 +90,7 @@ def _play_match(
     only). Games of a wave finished after the decision are recorded for Elo, not counted."""
     cfg = settings.gauntlet
     pending: dict[Future, tuple[GameTask, ...]] = {}
-    queue: Iterator[tuple[GameTask, ...]] = iter(_waves(tasks, workers))
+    queue: Iterator[tuple[GameTask, ...]] = iter(cut_waves(tasks, workers))
     decided = False
     in_flight = max(1, workers)
     try:
@@ -259,7 +101,7 @@ def _play_match(
                 wave = next(queue, None)
                 if wave is None:
                     break
-                args = (wave, should_stop) if isinstance(executor, _InlineExecutor) else (wave,)
+                args = (wave, should_stop) if isinstance(executor, InlineExecutor) else (wave,)
                 pending[executor.submit(run_wave, *args)] = wave
             if not pending:
                 break
@@ -298,17 +140,6 @@ def _on_device(spec: PlayerSpec, settings: Settings) -> PlayerSpec:
     return replace(spec, device=network_device(settings.gauntlet.device).type)
 
 
-def _executor(workers: int):
-    """One worker plays in this process, on one torch thread like a spawned worker: a game's
-    network calls are batches of one, which more threads only slow (on 2 cores 1271 vs 995
-    calls/s quiet, 1334 vs 312 beside one busy process: the threads spin waiting for a core).
-    The setting is process-wide; a Connect Four node's orchestrator runs no other torch work."""
-    if workers <= 1:
-        _worker_init()
-        return _InlineExecutor()
-    return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_worker_init)
-
-
 def play_fixed_match(
     candidate: PlayerSpec, opponent: PlayerSpec, games: int, settings: Settings, seed: int,
     record: Callable[[GameTask, GameOutcome], None], workers: int = 1,
@@ -316,11 +147,11 @@ def play_fixed_match(
 ) -> OpponentResult:
     """One fixed-size match without SPRT: a shard of a baseline match that another node plays.
     Openings (and so the games) follow from `seed`; the candidate takes each side once per pair."""
-    executor = _executor(workers)
+    executor = match_executor(workers)
     result = OpponentResult(opponent.name, opponent.kind)
     try:
         candidate, opponent = _on_device(candidate, settings), _on_device(opponent, settings)
-        tasks = _match_tasks(candidate, opponent, games, settings, np.random.default_rng(seed))
+        tasks = match_tasks(candidate, opponent, games, settings, np.random.default_rng(seed))
         _play_match(executor, tasks, result, settings, record, False, workers, None, should_stop)
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
@@ -382,14 +213,14 @@ def run_gauntlet(
                 opening_plies=outcome.opening_plies, created_at=time.time())])
         return record
 
-    executor = _executor(workers)
+    executor = match_executor(workers)
     try:
         for kind, spec in opponents:
             is_best = kind == "best"
             games = cfg.max_games_vs_best if is_best else games_per_baseline
             result = OpponentResult(spec.name, kind)
             report.results.append(result)
-            tasks = _match_tasks(candidate, spec, games, settings, rng)
+            tasks = match_tasks(candidate, spec, games, settings, rng)
             _play_match(executor, tasks, result, settings, record_for(spec), is_best, workers, progress,
                         should_stop)
         report.ratings = recompute_ratings(registry, cfg.net_simulations)
