@@ -6,8 +6,9 @@ reused search tree). `select_moves(states, games)` answers many games' positions
 the search players advance one tree per game in lock step, so each network call evaluates
 a leaf of every game (a batch of one costs ~2.7x more per position on a CPU core, far more
 on a GPU); `games` names each position's game, whose tree is kept for its next move. A
-`PlayerSpec` is the picklable description a worker process turns into a player, and its `name` is the player's identity in recorded games and ratings: two
-players with the same name must be the same strength (so names carry depth / simulations).
+`PlayerSpec` is the picklable description a worker process turns into a player, and its
+`name` is the player's identity in recorded games and ratings: two players with the same
+name must be the same strength (so names carry depth / simulations).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ worker processes (spawned, one torch thread each; `workers <= 1` plays in this p
 pair of games from its own random opening with the candidate on each side once, so no two
 games are the same game and neither colour is favoured. Against baselines a fixed number of
 games is played; against the current best a sequential probability ratio test stops the match
-as soon as it is decided, or at a cap. After the gauntlet, Elo is refitted over every game ever recorded in the registry.
+as soon as it is decided, or at a cap. After the gauntlet, Elo is refitted over every game
+ever recorded in the registry.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from app.games import Game, get_game
 # trees in memory and the games a match plays past an SPRT decision.
 MAX_WAVE = 32
 
+
 @dataclass(frozen=True)
 class GameTask:
     index: int
@@ -50,7 +51,6 @@ class GameOutcome:
     @property
     def candidate_score(self) -> float:
         return 0.5 if self.winner is None else (1.0 if self.winner == self.candidate_side else 0.0)
-
 
 
 # --- openings and waves of games (run inside workers) -----------------------------------
@@ -147,6 +147,8 @@ def _worker_init() -> None:
     torch.set_num_threads(1)
 
 
+# --- tasks, waves and executors (parent process) ----------------------------------------
+
 
 class InlineExecutor:
     """Runs tasks in this process when one worker is asked for: no spawn cost in tests."""
@@ -164,7 +166,9 @@ class InlineExecutor:
 
 
 def match_tasks(candidate: PlayerSpec, opponent: PlayerSpec, games: int, settings: Settings,
-                 rng: np.random.Generator) -> list[GameTask]:
+                rng: np.random.Generator) -> list[GameTask]:
+    """A match's games in opening pairs: games 2k and 2k + 1 share an opening, after which the
+    candidate moves first in game 2k and second in 2k + 1; each game's seed comes from `rng`."""
     cfg = settings.gauntlet
     pairs = math.ceil(games / 2)
     openings = make_openings(get_game(candidate.game), pairs, cfg.opening_plies_min, cfg.opening_plies_max, rng)
@@ -181,7 +185,6 @@ def cut_waves(tasks: list[GameTask], workers: int) -> list[tuple[GameTask, ...]]
     size = min(MAX_WAVE, max(1, math.ceil(len(tasks) / max(1, workers))))
     size += size % 2 if size < len(tasks) else 0
     return [tuple(tasks[i:i + size]) for i in range(0, len(tasks), size)]
-
 
 
 def match_executor(workers: int):
