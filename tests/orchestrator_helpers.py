@@ -22,7 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL_CONFIG = {
     "model": {"channels": 16, "blocks": 1},
     "search": {"simulations": 16},
-    "selfplay": {"concurrent_games": 32},
+    # collect_workers 1: two test files' nodes share the two cores, so no node takes a second
+    # core for self-play while it collects (test_event_flow.py tests that it would)
+    "selfplay": {"concurrent_games": 32, "collect_workers": 1},
     "train": {"batch_size": 128, "epochs": 2},
     "gauntlet": {"games_vs_baseline": 8, "max_games_vs_best": 16, "net_simulations": 8},
     # 0.0: these runs test the mesh and the pipeline, not strength, so every generation is
@@ -33,7 +35,7 @@ SMALL_CONFIG = {
 # The smallest generation that still goes through every stage: for tests about what happens
 # around a generation (claims, decisions, restarts), not about the network's strength.
 TINY_CONFIG = {**SMALL_CONFIG, "model": {"channels": 8, "blocks": 1}, "search": {"simulations": 4},
-               "selfplay": {"concurrent_games": 16}, "train": {"batch_size": 64, "epochs": 1},
+               "selfplay": {"concurrent_games": 16, "collect_workers": 1}, "train": {"batch_size": 64, "epochs": 1},
                "gauntlet": {**SMALL_CONFIG["gauntlet"], "games_vs_baseline": 4, "shard_games": 2,
                             "max_games_vs_best": 2, "net_simulations": 2}}
 

@@ -178,3 +178,35 @@ async def test_a_stop_ends_a_selfplay_rest_at_once(tmp_path) -> None:
     ctx.stopping.set()
     await asyncio.wait_for(daemon, 30)  # returned on the stop, not after the hour
     assert await asyncio.to_thread(pipe.newest_game_id) == 2
+
+
+@pytest.mark.timeout(120)
+async def test_a_lone_node_plays_on_its_idle_core_until_its_export_is_due(tmp_path) -> None:
+    """The export daemon tells self-play how many games start a generation; self-play plays on
+    both workers while fewer have arrived, on one for the batch that training will overlap."""
+    settings = Settings.model_validate({"node": {"data_dir": str(tmp_path)}, "model": {"channels": 8, "blocks": 1},
+                                        "selfplay": {"workers": 1, "collect_workers": 2, "concurrent_games": 4}})
+    pipe = pipeline_context(settings)
+    router = EventRouter()
+    ctx = DaemonContext(name="export", settings=ExportSettings(min_new_games=6, poll_s=0.2).model_dump(),
+                        router=router, app_settings=settings, stopping=asyncio.Event(), log=None,
+                        metrics=router.metrics)
+    export = asyncio.create_task(export_daemon(pipe, ctx))
+    batch = SelfplaySettings(batch_games=4, simulations=2).model_dump()
+    try:
+        deadline = asyncio.get_running_loop().time() + 30
+        while pipe.export_threshold != 6:
+            assert asyncio.get_running_loop().time() < deadline, "the export daemon never said its threshold"
+            await asyncio.sleep(0.05)
+        first = await asyncio.to_thread(pipe.steps.selfplay_batch, pipe, batch, lambda: False)
+        second = await asyncio.to_thread(pipe.steps.selfplay_batch, pipe, batch, lambda: False)
+        assert (first.items, first.workers) == (4, 2)  # 0 of 6 new games: nothing else to run
+        assert second.workers == 2 and pipe.steps._pool.started == 2
+        # 8 games >= 6: the export is due (or done), so the next batch leaves the trainer its core
+        third = await asyncio.to_thread(pipe.steps.selfplay_batch, pipe, batch, lambda: False)
+        assert (third.items, third.workers) == (4, 1)
+    finally:
+        ctx.stopping.set()
+        export.cancel()
+        await asyncio.gather(export, return_exceptions=True)
+        pipe.steps.close_selfplay(pipe)

@@ -71,3 +71,17 @@ def test_generations_only_move_forward(steps: list[str]) -> None:
         assert state.export_mark >= before.export_mark
         if state.generation > before.generation:
             assert step in ("promote", "reject") and state.stage is Stage.COLLECTING
+
+
+def test_the_idle_core_plays_only_while_a_lone_node_collects_with_its_export_not_due() -> None:
+    collecting = PipelineState(export_mark=100)
+    def workers(state: PipelineState, newest: int, threshold: int | None = 400, clustered: bool = False) -> int:
+        return ps.selfplay_workers(state, newest, threshold, workers=1, collect_workers=2, clustered=clustered)
+
+    assert workers(collecting, 100 + 399) == 2
+    assert workers(collecting, 100 + 400) == 1, "the export is due: the trainer needs the core next"
+    assert workers(ps.exported(collecting, "d", "sha", 500), 520) == 1
+    assert workers(ps.training_started(ps.exported(collecting, "d", "sha", 500), "r"), 520) == 1
+    assert workers(collecting, 150, threshold=None) == 1, "no export daemon here: nothing known of its pace"
+    assert workers(collecting, 150, clustered=True) == 1, "a cluster node may train or judge for others"
+    assert ps.selfplay_workers(collecting, 150, 400, workers=3, collect_workers=2, clustered=False) == 3

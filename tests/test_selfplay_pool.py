@@ -101,6 +101,26 @@ def test_a_killed_worker_fails_its_batch_and_is_replaced_for_the_next(tmp_path: 
         pool.close()
 
 
+@pytest.mark.timeout(180)
+def test_a_batch_on_part_of_the_pool_leaves_the_other_workers_unstarted(tmp_path: Path) -> None:
+    """A lone node collecting games plays on both cores, but the batch before training on one:
+    the idle worker must not be started, nor be handed games it would play beside the trainer."""
+    db = tmp_path / "games.db"
+    pool = WorkerPool(2)
+    try:
+        one = run_selfplay(games=5, simulations=4, db_path=db, workers=2, seed=1, node_id="n", settings=SETTINGS,
+                           pool=pool, active_workers=1)
+        assert one.games == 5 and pool.started == 1 and pool._procs[1] is None
+        both = run_selfplay(games=5, simulations=4, db_path=db, workers=2, seed=2, node_id="n", settings=SETTINGS,
+                            pool=pool, active_workers=2)
+        assert both.games == 5 and pool.started == 2
+        assert len(stored(db)) == 10
+        with pytest.raises(ValueError, match="active_workers must be 1..2, got 3"):
+            run_selfplay(games=1, simulations=4, db_path=db, workers=2, settings=SETTINGS, pool=pool, active_workers=3)
+    finally:
+        pool.close()
+
+
 def test_a_pool_of_another_size_is_refused(tmp_path: Path) -> None:
     pool = WorkerPool(2)
     with pytest.raises(ValueError, match="pool of 2 workers for workers=1"):

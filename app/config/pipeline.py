@@ -42,6 +42,11 @@ class SearchConfig(StrictModel):
 class SelfplayConfig(StrictModel):
     concurrent_games: int = 64
     workers: int = 1
+    # Workers while a lone node only collects: no export, training or gauntlet of its own under
+    # way, so the core the trainer uses the rest of the time plays too (the batch's games are
+    # split among them). Never fewer than `workers`; 0 = `workers`. In a cluster a collecting
+    # node may be training or judging for others, so there it is `workers` throughout.
+    collect_workers: int = Field(2, ge=0)
     # Playout-cap randomisation (KataGo): a move gets the full search (search.simulations, root
     # noise, a policy target) with this probability, else a fast one of `fast_simulations`
     # (no noise, not a training sample). 1.0 = every move a full search (off).

@@ -82,11 +82,17 @@ def run_selfplay(
     progress: Callable[[int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     pool: WorkerPool | None = None,
+    active_workers: int | None = None,
 ) -> SelfplaySummary:
     """Play `games` games into the ReplayDB at `db_path`; see the module docstring. With a
-    `pool` (of `workers` processes) the workers are reused instead of spawned for this call."""
+    `pool` (of `workers` processes) the workers are reused instead of spawned for this call.
+    `active_workers` (default: all) of them play, the rest idle: a node gives self-play its
+    spare core only while no other stage needs it (state.selfplay_workers)."""
     if games < 0 or simulations < 1 or workers < 0:
         raise ValueError(f"need games >= 0, simulations >= 1, workers >= 0; got {games}, {simulations}, {workers}")
+    active = max(1, workers) if active_workers is None else active_workers
+    if not 1 <= active <= max(1, workers):
+        raise ValueError(f"active_workers must be 1..{max(1, workers)}, got {active_workers}")
     if pool is not None and workers and pool.size != workers:
         raise ValueError(f"a pool of {pool.size} workers for workers={workers}")
     settings = settings or Settings()
@@ -96,7 +102,7 @@ def run_selfplay(
             raise ModelFormatError(f"{model_path}: model file not found")
         model_sha256 = read_meta(model_path).sha256  # fail fast, before any process starts
     seeds = np.random.SeedSequence(seed).spawn(max(1, workers))
-    shares = _split(games, max(1, workers))
+    shares = _split(games, active) + [0] * (max(1, workers) - active)
     db = ReplayDB(db_path)
     tally = _Tally()
     start = time.perf_counter()

@@ -115,6 +115,7 @@ class Metrics:
         self.positions_total = counter("selfplay_positions", "Self-play positions generated on this node.")
         self.positions_per_second = gauge("selfplay_positions_per_second",
                                           "Self-play positions per second over the latest batch.")
+        self.selfplay_workers = gauge("selfplay_workers", "Self-play worker processes that played the latest batch.")
         self.training_loss = gauge("training_loss", "Held-out loss of the latest training run on this node.")
         self.elo = gauge("model_elo", "Estimated Elo rating of a model generation.", "generation")
         self.generation = gauge("model_generation", "Generation of the model this node plays with.")

@@ -43,15 +43,19 @@ class Connect4Steps:
         self._pool: WorkerPool | None = None  # self-play workers, kept from batch to batch
 
     def selfplay_batch(self, pipe: PipelineContext, cfg: dict, should_stop: Callable[[], bool]) -> BatchSummary:
-        workers = pipe.settings.selfplay.workers
-        if workers and self._pool is None:
-            self._pool = WorkerPool(workers)
+        sp = pipe.settings.selfplay
+        workers = max(sp.workers, sp.collect_workers) if sp.workers else 0  # 0: inline, no pool
+        active = None
+        if workers:
+            self._pool = self._pool or WorkerPool(workers)
+            active = ps.selfplay_workers(pipe.state, pipe.newest_game_id(), pipe.export_threshold, sp.workers,
+                                         workers, clustered=pipe.cluster is not None)
         summary = run_selfplay(
             games=cfg["batch_games"], simulations=cfg["simulations"] or pipe.settings.search.simulations,
             db_path=pipe.paths.games_db, model_path=pipe.state.best_path, workers=workers,
             seed=random.randrange(2**31), node_id=pipe.node_id, settings=pipe.settings, should_stop=should_stop,
-            pool=self._pool)
-        return BatchSummary(summary.games, summary.positions, summary.positions_per_second)
+            pool=self._pool, active_workers=active)
+        return BatchSummary(summary.games, summary.positions, summary.positions_per_second, active or 1)
 
     def close_selfplay(self, pipe: PipelineContext) -> None:
         """The self-play daemon stopped: its worker processes exit (a restart starts new ones)."""

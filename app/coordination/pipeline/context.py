@@ -45,6 +45,9 @@ class PipelineContext:
         # the node's drain has begun (the orchestrator hands in DaemonManager.wait_draining); only
         # the test fault point `_test_hold` waits on it
         self.wait_draining: Callable[[], Awaitable[None]] | None = None
+        # new games that start a generation on a lone node: the export daemon sets it when it
+        # starts; self-play reads it to know when the trainer is about to need a core
+        self.export_threshold: int | None = None
 
     @property
     def node_id(self) -> str:

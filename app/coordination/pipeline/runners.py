@@ -52,6 +52,7 @@ async def selfplay_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
             ctx.metrics.games_total.inc(summary.items)
             ctx.metrics.positions_total.inc(summary.positions)
             ctx.metrics.positions_per_second.set(summary.positions_per_second)
+            ctx.metrics.selfplay_workers.set(summary.workers)
             if summary.items:
                 await ctx.router.publish(EventType.NEW_GAMES_AVAILABLE, {"count": summary.items, "total": total})
             ctx.mark_healthy()
@@ -69,6 +70,7 @@ async def export_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
     wake = wake_on(ctx, EventType.NEW_GAMES_AVAILABLE, EventType.LEADER_ELECTED, EventType.QUORUM_CHANGED,
                    EventType.MODEL_PROMOTED, EventType.PROMOTION_REJECTED)
     threshold = pipe.steps.export_threshold(pipe, ctx.settings)
+    pipe.export_threshold = threshold
     if pipe.cluster is not None and pipe.state.stage is not Stage.COLLECTING and pipe.cluster.current is None:
         await pipe.update(ps.abandoned)  # a restart lost the claim: the leader reschedules it
     ctx.mark_healthy()

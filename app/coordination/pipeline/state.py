@@ -66,6 +66,19 @@ def should_export(state: PipelineState, newest_game_id: int, threshold: int) -> 
     return state.stage is Stage.COLLECTING and newest_game_id - state.export_mark >= threshold
 
 
+def selfplay_workers(state: PipelineState, newest_game_id: int, threshold: int | None, workers: int,
+                     collect_workers: int, clustered: bool) -> int:
+    """How many self-play workers play the next batch. A lone node collecting games with its
+    next export not yet due has nothing else to run, so it plays on `collect_workers`; once the
+    export is due the next stages need a core, so the batch about to start stays on `workers`
+    (it would still be playing when training starts). `threshold` None: not known yet."""
+    if clustered or state.stage is not Stage.COLLECTING or threshold is None:
+        return workers
+    if newest_game_id - state.export_mark >= threshold:
+        return workers
+    return max(workers, collect_workers)
+
+
 def adopt_generation(state: PipelineState, generation: int) -> PipelineState:
     """Clustered: the leader assigned `generation` to this node (other nodes may have trained
     the ones in between), so the local counter jumps to it."""

@@ -35,6 +35,7 @@ class BatchSummary:
     items: int
     positions: int
     positions_per_second: float
+    workers: int = 1  # processes that played it (a lone node's idle core joins while it collects)
 
 
 @dataclass(frozen=True)
