@@ -49,7 +49,7 @@ class Connect4Steps:
         if workers:
             self._pool = self._pool or WorkerPool(workers)
             active = ps.selfplay_workers(pipe.state, pipe.newest_game_id(), pipe.export_threshold, sp.workers,
-                                         workers, clustered=pipe.cluster is not None)
+                                         sp.collect_workers, clustered=pipe.cluster is not None)
         summary = run_selfplay(
             games=cfg["batch_games"], simulations=cfg["simulations"] or pipe.settings.search.simulations,
             db_path=pipe.paths.games_db, model_path=pipe.state.best_path, workers=workers,

@@ -72,9 +72,9 @@ def selfplay_workers(state: PipelineState, newest_game_id: int, threshold: int |
     next export not yet due has nothing else to run, so it plays on `collect_workers`; once the
     export is due the next stages need a core, so the batch about to start stays on `workers`
     (it would still be playing when training starts). `threshold` None: not known yet."""
-    if clustered or state.stage is not Stage.COLLECTING or threshold is None:
+    if clustered or threshold is None or state.stage is not Stage.COLLECTING:
         return workers
-    if newest_game_id - state.export_mark >= threshold:
+    if should_export(state, newest_game_id, threshold):
         return workers
     return max(workers, collect_workers)
 
