@@ -18,7 +18,6 @@ import os
 import secrets
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,16 +29,9 @@ from rich.live import Live
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+from app.free_ports import free_ports  # noqa: E402  (scripts/bench_cluster.py imports it from here)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from typing import Any
 import aiohttp
 
 from app.coordination.p2p.persist import leaders_by_term, read_history
+from app.free_ports import free_ports as pick_free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "test-mesh-secret"
@@ -30,15 +30,10 @@ LIVENESS_S = 45.0
 
 
 def free_ports(n: int) -> list[int]:
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+    """Ports outside the ephemeral range (app/free_ports.py says why), each xdist worker in
+    its own stretch of it, so two workers' nodes never start on one port."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return pick_free_ports(n, slot=int(worker[2:]) if worker[2:].isdigit() else 0)
 
 
 async def wait_for(cond: Callable[[], Awaitable[Any]], timeout: float, interval: float = 0.05) -> Any:

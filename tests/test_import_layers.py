@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("app.coordination.daemons",),
     ("app.training", "app.analyze"),
     ("app.ai", "app.lm"),
-    ("app.games", "app.db", "app.config", "app.log", "app.atomic_files"),
+    ("app.games", "app.db", "app.config", "app.log", "app.atomic_files", "app.free_ports"),
 ]
 NAMESPACES = {"app", "app.coordination"}  # empty package files that only group the layers
 

@@ -19,7 +19,6 @@ import argparse
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence, TextIO
 
+from app.free_ports import free_port
 from app.training.rank_entry import LOG_DIR_ENV
 from app.training.rank_watch import (
     LAST_LINES, LAUNCH_ID_ENV, POLL_S, RankStatus, RankWatch, first_failure, parse_torchrun_failures,
@@ -94,12 +94,6 @@ class LaunchResult:
 
 
 # ---- pure parts -----------------------------------------------------------------------------
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def build_torchrun_argv(spec: LaunchSpec, port: int | None) -> list[str]:

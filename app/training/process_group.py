@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import socket
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from app.free_ports import free_port
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
@@ -67,9 +68,7 @@ def ensure_torchrun_env() -> None:
     """Make a plain process a one-rank group on a free loopback port (torchrun sets these)."""
     if "RANK" in os.environ:
         return
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 
