@@ -19,7 +19,7 @@ EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 DEFAULT_EPHEMERAL = (32768, 60999)  # Linux's default, where the file cannot be read
 PORT_FLOOR = 10000  # below: the well-known and registered services a machine is likely to run
 MIN_SPAN = 2000  # fewer free ports than this below the ephemeral range: use the ones above it
-STRIDE = 257  # a prime step between processes' starting points, so neighbours' walks stay apart
+SLOT_STRIDE = 4112  # ports between two slots' starting points: each walks thousands before meeting the next
 
 _next_index = itertools.count()
 
@@ -59,7 +59,7 @@ def free_ports(n: int, host: str = "127.0.0.1", slot: int | None = None) -> list
     process id does, so two processes picking at once start far apart.
     """
     span = candidate_span(ephemeral_range())
-    start = ((os.getpid() if slot is None else slot) * STRIDE * 16) % len(span)
+    start = ((os.getpid() if slot is None else slot) * SLOT_STRIDE) % len(span)
     held: list[socket.socket] = []
     try:
         for _ in range(len(span)):

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.db.replay_db import ReplayDB  # noqa: E402
-from scripts.local_cluster import free_ports  # noqa: E402
+from app.free_ports import free_ports  # noqa: E402
 
 CONFIG = {
     "model": {"channels": 16, "blocks": 1}, "search": {"simulations": 16},

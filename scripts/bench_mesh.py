@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from app.config.mesh import PROFILES  # noqa: E402
 from app.coordination.p2p.membership import Membership  # noqa: E402
 from app.coordination.p2p.schemas import NodeState  # noqa: E402
-from scripts.local_cluster import free_ports  # noqa: E402
+from app.free_ports import free_ports  # noqa: E402
 
 SECRET = "bench-mesh-secret"
 

@@ -35,7 +35,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.db.replay_db import GameRow, ReplayDB
-from scripts.local_cluster import free_ports
+from app.free_ports import free_ports
 
 IDS = ["n0", "n1", "n2"]
 FACTOR = 2

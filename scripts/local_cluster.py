@@ -31,7 +31,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.free_ports import free_ports  # noqa: E402  (scripts/bench_cluster.py imports it from here)
+from app.free_ports import free_ports  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

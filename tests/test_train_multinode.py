@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from app.training.export import export_dataset
-from app.training.launcher import free_port
+from app.free_ports import free_port
 from tests.train_fixtures import make_db
 
 pytestmark = pytest.mark.slow

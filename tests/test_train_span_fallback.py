@@ -83,7 +83,7 @@ async def test_a_stopped_joiner_tears_its_ranks_down(tmp_path: Path) -> None:
     import sys
 
     from app.coordination.pipeline.training_job import SpanArgs, launcher_command, run_launcher
-    from app.training.launcher import free_port
+    from app.free_ports import free_port
     from tests.train_fixtures import kill_pids, live_pids_with_marker
 
     pipe = _pipe(tmp_path)

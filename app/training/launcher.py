@@ -36,7 +36,7 @@ from app.training.rank_watch import (
 )
 
 __all__ = ["JOIN_TIMEOUT_EXIT", "LaunchError", "LaunchResult", "LaunchSpec", "RankStatus", "RendezvousTimeout",
-           "build_torchrun_argv", "first_failure", "free_port", "launch", "main", "parse_torchrun_failures",
+           "build_torchrun_argv", "first_failure", "launch", "main", "parse_torchrun_failures",
            "resolve_nproc"]
 
 JOIN_TIMEOUT_EXIT = 3  # exit code of the CLI when the other nodes never joined the rendezvous

@@ -28,7 +28,8 @@ from typing import Any
 
 from app.coordination.daemons.registry import DaemonContext
 from app.coordination.pipeline.context import PipelineContext
-from app.training.launcher import JOIN_TIMEOUT_EXIT, free_port
+from app.free_ports import free_port
+from app.training.launcher import JOIN_TIMEOUT_EXIT
 from app.coordination.pipeline.state import PipelineState
 
 _PR_SET_PDEATHSIG = 1
