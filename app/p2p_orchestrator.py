@@ -34,6 +34,7 @@ from app.coordination.pipeline.progress_display import show_progress
 from app.coordination.sync import GameSyncServer, model_routes
 from app.coordination.sync.dataset_server import dataset_routes
 from app.db.dead_letters import DeadLetterStore
+from app.db.engines import check_reachable
 from app.db.registry import ModelRegistry
 from app.log import configure_logging, get_logger
 from app.training.promotion import progress_report
@@ -107,6 +108,8 @@ def _local_progress(pipe: PipelineContext) -> dict:
 
 
 async def run_node(args: argparse.Namespace, settings: Settings) -> int:
+    if settings.node.db_url:
+        await asyncio.to_thread(check_reachable, settings.node.db_url)  # one line, not a traceback
     pipe = pipeline_context(settings, config_path=args.config.resolve() if args.config else None)
     metrics = Metrics(node=settings.node.node_id)
     dead_letters = DeadLetterStore(pipe.paths.dead_letters_db)

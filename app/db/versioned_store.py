@@ -10,7 +10,7 @@ from pathlib import Path
 from sqlalchemy import Engine, MetaData, String, inspect, text
 from sqlalchemy.exc import DatabaseError, OperationalError
 
-from app.db.engines import display_name, is_url, open_engine
+from app.db.engines import display_name, first_line, is_url, open_engine
 from app.db.sqlite_files import create_tables, stored_schema_version
 
 
@@ -45,7 +45,7 @@ def open_store(path: str | Path, schema: StoreSchema, create: bool = True,
                                         create=not readonly)
     except (DatabaseError, OperationalError) as exc:
         engine.dispose()
-        raise schema.error(f"{shown}: not a usable {schema.what}: {exc.orig}") from None
+        raise schema.error(f"{shown}: not a usable {schema.what}: {first_line(exc.orig)}") from None
     if version is None and readonly:
         engine.dispose()
         raise schema.error(f"{shown}: no schema version: not a {schema.what}")
