@@ -5,6 +5,12 @@ everything slowly; a maximum-likelihood fit over all games is order-free and giv
 confidence intervals from the curvature of the likelihood. Draws count as half a win for
 each side. The random player is the anchor at 0, so "Elo" means "stronger than random by".
 
+A run whose gauntlet never plays random (no gate configured: each candidate plays only the
+previous best) is a chain of models with no path to that anchor. `fit_elo_chains` rates each
+such chain on its own, anchored at its first player in a given order (the earliest
+generation at 0), so Elo exists whenever the gauntlet plays anything; `EloFit.anchor_of` says
+which anchor each rating is relative to.
+
 A player who won every game has an infinite MLE; like BayesElo we add `prior_draws` virtual
 draws to every pair that played, which keeps ratings finite and matters little once a pair
 has played many games. Players with no chain of games to the anchor cannot be placed on its
@@ -15,8 +21,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
-from typing import Iterable
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -42,6 +48,7 @@ class EloFit:
     unrated: list[str]  # players not connected to the anchor
     anchor: str
     iterations: int
+    anchor_of: dict[str, str] = field(default_factory=dict)  # fit_elo_chains: player -> its chain's anchor
 
 
 class EloFitError(ValueError):
@@ -121,6 +128,32 @@ def fit_elo(
         half = float(Z95 * math.sqrt(max(cov[i, i], 0.0)) * ELO_PER_NAT)
         ratings[p] = Rating(p, elo, elo - half, elo + half, games_of[p])
     return EloFit(ratings, unrated, anchor, iterations)
+
+
+def fit_elo_chains(
+    games: Iterable[tuple[str, str, float]],
+    anchor: str = "random",
+    order: Sequence[str] = (),
+    prior_draws: float = 1.0,
+) -> EloFit:
+    """`fit_elo` over the players connected to `anchor`, then each other connected group of
+    players fitted alone, anchored at 0 at its first player in `order` (players not in `order`
+    come after it, by name). Every player who played a game is rated; `unrated` stays empty."""
+    games = list(games)
+    main = fit_elo(games, anchor=anchor, prior_draws=prior_draws)
+    ratings = dict(main.ratings)
+    anchor_of = {p: anchor for p in ratings}
+    rank = {p: i for i, p in enumerate(order)}
+    left = set(main.unrated)
+    counts = pair_counts(games)
+    while left:
+        first = min(left, key=lambda p: (rank.get(p, len(rank)), p))
+        group = _component(first, counts) & left
+        fit = fit_elo([g for g in games if g[0] in group and g[1] in group], anchor=first, prior_draws=prior_draws)
+        ratings.update(fit.ratings)
+        anchor_of.update({p: first for p in fit.ratings})
+        left -= group
+    return EloFit(ratings, [], anchor, main.iterations, anchor_of)
 
 
 def _grad_hess(theta: np.ndarray, rows: list[tuple[int, int, float, float]], k: int) -> tuple[np.ndarray, np.ndarray]:
