@@ -31,6 +31,7 @@ from app.coordination.pipeline.workloads import pipeline_context
 from app.coordination.pipeline.mesh_events import watch_mesh
 from app.coordination.pipeline.dashboard_feed import DashboardFeed
 from app.coordination.pipeline.progress_display import show_progress
+from app.coordination.pipeline.strength_watch import watch_strength
 from app.coordination.sync import GameSyncServer, model_routes
 from app.coordination.sync.dataset_server import dataset_routes
 from app.db.dead_letters import DeadLetterStore
@@ -121,7 +122,12 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
     export_spec = registry.specs.get("export")
     node, games = build_mesh(settings, pipe, pipe.steps.export_threshold(pipe, export_spec.settings) if export_spec else 0,
                              metrics)
-    feed = DashboardFeed(pipe, node)
+    ready = lambda: (lambda r: (r.ready, r.reason))(manager.readiness())  # noqa: E731
+    feed = DashboardFeed(pipe, node, readiness=ready)
+    base_progress = node.progress_provider
+    node.set_progress_provider(lambda: feed.progress(base_progress() if base_progress else {}))
+    if pipe.cluster is not None:
+        pipe.cluster.readiness = ready  # gossiped: every node's dashboard shows every node's readiness
     metrics.watch_daemons(manager.daemon_states)
     metrics.watch_mesh(feed.mesh_gauges)
     health = HealthServer(manager, metrics, host=settings.node.host, port=settings.node.health_port,
@@ -133,7 +139,8 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
     metrics.generation.set(pipe.state.best_generation)
     log.info("node_starting", data_dir=str(pipe.paths.data_dir), health=health.url,
              generation=pipe.state.generation, stage=pipe.state.stage.value)
-    background = [asyncio.create_task(show_progress(pipe, metrics)), asyncio.create_task(feed.run())]
+    background = [asyncio.create_task(show_progress(pipe, metrics)), asyncio.create_task(feed.run()),
+                  asyncio.create_task(watch_strength(pipe))]
     if pipe.cluster is not None:
         background.append(asyncio.create_task(pipe.cluster.publish_loop(router)))
         background.append(asyncio.create_task(watch_mesh(node, router)))
@@ -172,10 +179,18 @@ def admin_routes(manager: DaemonManager) -> list[web.RouteDef]:
 
 
 async def _show_local_status(pipe: PipelineContext, node: MeshNode, interval_s: float = 2.0) -> None:
-    """A lone node has no gossip loop: what the workload reports about this node (an LM node's
-    engines and their weight versions) still reaches /status."""
+    """A lone node has no gossip loop: its best generation, the games it created and what the
+    workload reports about it (an LM node's engines and their weight versions) still reach
+    /status, in the keys a cluster node's inventory has them."""
     while True:
-        node.update_local_state(inventory=pipe.steps.node_status(pipe))
+        try:
+            counts = await asyncio.to_thread(pipe.steps.created_counts, pipe)
+        except Exception as exc:  # noqa: BLE001 - a busy or missing store leaves the counts out, once
+            log.warning("local_status_counts_failed", error=str(exc))
+            counts = {}
+        state = pipe.state
+        node.update_local_state(inventory={**counts, **pipe.steps.node_status(pipe),
+                                           "best_generation": state.best_generation, "best_sha256": state.best_sha256})
         await asyncio.sleep(interval_s)
 
 
