@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -145,7 +146,7 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
         background.append(asyncio.create_task(pipe.cluster.publish_loop(router)))
         background.append(asyncio.create_task(watch_mesh(node, router)))
     else:
-        background.append(asyncio.create_task(_show_local_status(pipe, node)))
+        background.append(asyncio.create_task(_show_local_status(pipe, node, ready)))
     if args.max_generations:
         background.append(asyncio.create_task(_stop_after(pipe, manager, args.max_generations)))
     try:
@@ -178,19 +179,24 @@ def admin_routes(manager: DaemonManager) -> list[web.RouteDef]:
     return [web.post("/admin/drain", drain)]
 
 
-async def _show_local_status(pipe: PipelineContext, node: MeshNode, interval_s: float = 2.0) -> None:
+async def _show_local_status(pipe: PipelineContext, node: MeshNode, ready: Callable[[], tuple[bool, str]],
+                             interval_s: float = 2.0) -> None:
     """A lone node has no gossip loop: its best generation, the games it created and what the
     workload reports about it (an LM node's engines and their weight versions) still reach
     /status, in the keys a cluster node's inventory has them."""
+    last_error = ""
     while True:
         try:
             counts = await asyncio.to_thread(pipe.steps.created_counts, pipe)
-        except Exception as exc:  # noqa: BLE001 - a busy or missing store leaves the counts out, once
-            log.warning("local_status_counts_failed", error=str(exc))
-            counts = {}
-        state = pipe.state
+            last_error = ""
+        except Exception as exc:  # noqa: BLE001 - a busy store leaves the counts out (logged once per cause)
+            if str(exc) != last_error:
+                log.warning("local_status_counts_failed", error=str(exc))
+            last_error, counts = str(exc), {}
+        state, (is_ready, why) = pipe.state, ready()
         node.update_local_state(inventory={**counts, **pipe.steps.node_status(pipe),
-                                           "best_generation": state.best_generation, "best_sha256": state.best_sha256})
+                                           "best_generation": state.best_generation, "best_sha256": state.best_sha256,
+                                           "ready": is_ready, "ready_reason": why[:200]})
         await asyncio.sleep(interval_s)
 
 
