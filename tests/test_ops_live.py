@@ -151,10 +151,10 @@ def test_prometheus_scrapes_every_node(prometheus, cluster, tmp_path):
             groups = json.loads(resp.read())["data"]["groups"]
         names = {r["name"] for g in groups for r in g["rules"]}
         assert {"MeshNoLeader", "MeshQuorumBelowMajority", "MeshCriticalDaemonGaveUp", "MeshNoPromotion",
-                "MeshSelfplayStalled"} <= names
+                "MeshSelfplayStalled", "MeshNodeDown", "MeshQuorumLost"} <= names
         firing = [r for r in _query(port, 'ALERTS{alertstate="firing"}')
                   if r["metric"]["alertname"] in ("MeshNoLeader", "MeshQuorumBelowMajority",
-                                                  "MeshCriticalDaemonGaveUp")]
+                                                  "MeshCriticalDaemonGaveUp", "MeshNodeDown", "MeshQuorumLost")]
         assert firing == []
     finally:
         proc.terminate()
