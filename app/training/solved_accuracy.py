@@ -30,10 +30,12 @@ def positions_file(configured: Path | None) -> Path:
     return Path(configured) if configured is not None else default_positions_path(REPO_ROOT)
 
 
-def score_raw_network(model_path: str | Path, positions: list[ScoredPosition], game_name: str) -> dict[str, float]:
-    """{"exact", "outcome", "positions"} of the model's policy argmax on `positions`."""
+def score_raw_network(model_path: str | Path, positions: list[ScoredPosition], game_name: str,
+                      sha256: str | None = None) -> dict[str, float]:
+    """{"exact", "outcome", "positions"} of the model's policy argmax on `positions` (with
+    `sha256`: the file must be that model, or ModelFormatError)."""
     game = get_game(game_name)
-    net, _ = load_model(model_path, expect_game=game.name)
+    net, _ = load_model(model_path, expect_game=game.name, expect_sha256=sha256)
     report = accuracy(positions, network_choices(net, positions, game))
     return {"exact": report["exact"], "outcome": report["outcome"], "positions": report["positions"]}
 

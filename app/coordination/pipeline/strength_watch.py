@@ -15,10 +15,11 @@ positions file (`gauntlet.solved_positions`, by default the shared benchmark bes
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
+from app.ai.model import ModelFormatError
 from app.coordination.pipeline.context import PipelineContext
 from app.db.registry import ModelRegistry, RegistryError
 from app.log import get_logger
@@ -30,20 +31,29 @@ from app.training.solved_eval import SolvedEvalError, load_positions
 log = get_logger(__name__)
 
 
-def promoted_models(pipe: PipelineContext) -> list[str]:
-    """sha256 of every model the cluster (or this lone node) promoted, oldest first."""
+def promoted_models(pipe: PipelineContext) -> list[tuple[str, Path | None]]:
+    """(sha256, its file if the registry knows one) of every model the cluster (or this lone
+    node) promoted, oldest first."""
     if pipe.cluster is not None:
         records = pipe.cluster.generations.records
-        return [records[g].sha256 for g in sorted(records) if records[g].promoted]
+        return [(records[g].sha256, None) for g in sorted(records) if records[g].promoted]
     try:
         with ModelRegistry(pipe.paths.registry_db) as registry:
-            return [m.sha256 for m in sorted(registry.models(), key=lambda m: m.generation) if m.promoted_at is not None]
+            return [(m.sha256, Path(m.path)) for m in sorted(registry.models(), key=lambda m: m.generation)
+                    if m.promoted_at is not None]
     except RegistryError:
         return []
 
 
-async def watch_strength(pipe: PipelineContext, interval_s: float = 10.0,
-                         promoted: Callable[[PipelineContext], list[str]] = promoted_models) -> None:
+def model_file(pipe: PipelineContext, sha: str, known: Path | None) -> Path | None:
+    """The installed copy, else the file the registry names (a lone node's candidate that
+    distribution skipped past), else None: not on this node (another node scores it)."""
+    if pipe.steps.is_installed(pipe, sha):
+        return pipe.steps.installed_path(pipe, sha)
+    return known if known is not None and known.is_file() else None
+
+
+async def watch_strength(pipe: PipelineContext, interval_s: float = 10.0) -> None:
     """Until cancelled (returns at once when there is nothing to score against)."""
     path = positions_file(pipe.settings.gauntlet.solved_positions)
     if pipe.settings.workload != "connect4" or pipe.settings.node.game not in SOLVED_GAMES or not path.is_file():
@@ -54,13 +64,20 @@ async def watch_strength(pipe: PipelineContext, interval_s: float = 10.0,
         log.warning("solved_positions_unusable", error=str(exc))
         return
     cache = AccuracyCache(pipe.paths.data_dir / ACCURACY_FILE)
+    failed: set[str] = set()  # models that would not load: logged once, not tried again this run
     while True:
         try:
             done = await asyncio.to_thread(cache.load)
-            for sha in await asyncio.to_thread(promoted, pipe):
-                if sha in done or not await asyncio.to_thread(pipe.steps.is_installed, pipe, sha):
+            for sha, known in await asyncio.to_thread(promoted_models, pipe):
+                path = None if sha in done or sha in failed else await asyncio.to_thread(model_file, pipe, sha, known)
+                if path is None:
                     continue
-                result = await asyncio.to_thread(_score, pipe, sha, positions)
+                try:
+                    result = await asyncio.to_thread(_score, pipe, sha, path, positions)
+                except ModelFormatError as exc:
+                    failed.add(sha)
+                    log.warning("solved_accuracy_model_unusable", sha256=sha[:12], error=str(exc))
+                    continue
                 await asyncio.to_thread(cache.add, sha, result)
                 done[sha] = result
                 log.info("solved_accuracy_scored", sha256=sha[:12], **result)
@@ -69,6 +86,6 @@ async def watch_strength(pipe: PipelineContext, interval_s: float = 10.0,
         await pipe.wait_for_change(interval_s)
 
 
-def _score(pipe: PipelineContext, sha: str, positions: list) -> dict[str, float]:
+def _score(pipe: PipelineContext, sha: str, path: Path, positions: list) -> dict[str, float]:
     torch.set_num_threads(1)  # the node process's torch work runs on one thread (match_games.py)
-    return score_raw_network(pipe.steps.installed_path(pipe, sha), positions, pipe.settings.node.game)
+    return score_raw_network(path, positions, pipe.settings.node.game, sha256=sha)
