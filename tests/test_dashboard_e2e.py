@@ -15,7 +15,7 @@ from tests.orchestrator_helpers import (
     SMALL_DAEMONS, TINY_CONFIG, get_json, start_node, stop_nodes, tail, tiny_selfplay, wait_until, write_node_files,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = pytest.mark.slow
 
 PROMOTIONS = 3
 CONFIG = {k: v for k, v in TINY_CONFIG.items() if k != "promotion"}  # the default gates: none
@@ -26,6 +26,7 @@ DAEMONS = {**SMALL_DAEMONS, "daemons": {
 }}
 
 
+@pytest.mark.timeout(600)
 async def test_a_default_node_charts_elo_and_solved_accuracy_after_three_promotions(tmp_path) -> None:
     require_tool("chromium")
     files = write_node_files(tmp_path / "solo", "solo", CONFIG, DAEMONS)

@@ -32,7 +32,7 @@ from tests.orchestrator_helpers import (
     write_node_files,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.slow
 
 IDS = ["n0", "n1", "n2"]
 GENERATIONS = 3
@@ -59,6 +59,7 @@ def decided(files: NodeFiles) -> list[dict]:
     return progress.get("generations", [])
 
 
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_three_nodes_decide_generations_and_operators_see_them(backend, request, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("MESH_SECRET", secrets.token_hex(16))
