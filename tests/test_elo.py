@@ -122,3 +122,17 @@ def test_chains_keep_the_anchor_where_it_is_reached() -> None:
     fit = fit_elo_chains(anchored + apart, order=["y", "x"])
     assert fit.ratings["a"] == fit_elo(anchored).ratings["a"] and fit.anchor_of["a"] == "random"
     assert fit.anchor_of["x"] == "y" and fit.ratings["y"].elo == 0.0 and fit.ratings["x"].elo < 0
+
+
+def test_a_match_summary_fits_like_its_games() -> None:
+    """(a, b, total score, games) rows: the same fit as the games one by one, so a cluster's
+    records (wins, draws, losses per match) are never expanded, however many games they count."""
+    games = [("x", "random", 1.0)] * 14 + [("x", "random", 0.5)] * 2 + [("x", "random", 0.0)] * 4 \
+        + [("y", "x", 1.0)] * 9 + [("y", "x", 0.0)] * 11
+    summary = [("x", "random", 15.0, 20.0), ("y", "x", 9.0, 20.0)]
+    by_game, by_match = fit_elo(games), fit_elo(summary)
+    for name in ("x", "y"):
+        assert by_match.ratings[name].elo == pytest.approx(by_game.ratings[name].elo)
+        assert by_match.ratings[name].low == pytest.approx(by_game.ratings[name].low)
+    with pytest.raises(ValueError):
+        fit_elo([("x", "random", 21.0, 20.0)])

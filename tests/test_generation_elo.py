@@ -37,6 +37,14 @@ def test_candidate_vs_best_chains_rate_every_generation_from_any_node() -> None:
     assert rate_generations(dict(reversed(list(records.items())))) == rated
 
 
+def test_the_largest_counts_a_record_may_carry_fit_at_once() -> None:
+    """Counts are summed, never expanded game by game: a record at its bounds costs nothing."""
+    big = 10**6
+    records = {1: record(1, [["random", big, big, big]] * 8), 2: record(2, [[player(1), big, 0, big]] * 8)}
+    rated = rate_generations(records)
+    assert abs(rated[1].elo) < 1 and abs(rated[2].elo - rated[1].elo) < 1
+
+
 def test_where_the_games_reach_random_it_stays_the_anchor() -> None:
     records = {1: record(1, [["random", 18, 0, 2]]), 2: record(2, [["random", 19, 0, 1], [player(1), 12, 0, 8]])}
     rated = rate_generations(records)

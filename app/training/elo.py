@@ -55,18 +55,25 @@ class EloFitError(ValueError):
     """The fit did not converge (should not happen with a positive prior)."""
 
 
-def pair_counts(games: Iterable[tuple[str, str, float]]) -> dict[tuple[str, str], list[float]]:
-    """{(a, b): [score of a, games]} with a < b, from (player_a, player_b, score_of_a) rows."""
+Game = tuple[str, str, float] | tuple[str, str, float, float]
+
+
+def pair_counts(games: Iterable[Game]) -> dict[tuple[str, str], list[float]]:
+    """{(a, b): [score of a, games]} with a < b, from (player_a, player_b, score_of_a) rows, one
+    per game, or (player_a, player_b, total score of a, games) rows, one per match: a match's
+    wins, draws and losses are all the fit needs, so a summary never has to be expanded."""
     out: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for a, b, score in games:
-        if a == b:
+    for row in games:
+        a, b, score = row[0], row[1], float(row[2])
+        n = float(row[3]) if len(row) > 3 else 1.0
+        if a == b or n == 0:
             continue  # a player against itself says nothing about its rating
-        if not 0.0 <= score <= 1.0:
-            raise ValueError(f"score {score} of {a} vs {b} is outside [0, 1]")
+        if not 0.0 <= score <= n:
+            raise ValueError(f"score {score} of {a} vs {b} is outside [0, {n:g}]")
         if a > b:
-            a, b, score = b, a, 1.0 - score
+            a, b, score = b, a, n - score
         out[(a, b)][0] += score
-        out[(a, b)][1] += 1.0
+        out[(a, b)][1] += n
     return dict(out)
 
 
@@ -84,13 +91,14 @@ def _component(anchor: str, pairs: Iterable[tuple[str, str]]) -> set[str]:
 
 
 def fit_elo(
-    games: Iterable[tuple[str, str, float]],
+    games: Iterable[Game],
     anchor: str = "random",
     prior_draws: float = 1.0,
     max_iter: int = 100,
     tol: float = 1e-10,
 ) -> EloFit:
-    """Fit ratings to (player_a, player_b, score_of_a) games; score 1, 0.5 or 0 per game."""
+    """Fit ratings to (player_a, player_b, score_of_a) games, score 1, 0.5 or 0 per game (or
+    match rows, see `pair_counts`)."""
     counts = pair_counts(games)
     players_all = sorted({p for pair in counts for p in pair})
     connected = _component(anchor, counts) if anchor in players_all else {anchor}
@@ -131,7 +139,7 @@ def fit_elo(
 
 
 def fit_elo_chains(
-    games: Iterable[tuple[str, str, float]],
+    games: Iterable[Game],
     anchor: str = "random",
     order: Sequence[str] = (),
     prior_draws: float = 1.0,

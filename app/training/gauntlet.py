@@ -166,7 +166,7 @@ def recompute_ratings(registry: ModelRegistry, net_simulations: int, anchor: str
     earliest generation at 0 (elo.fit_elo_chains)."""
     generation = {m.sha256: m.generation for m in registry.models()}
     games = registry.match_results()
-    players = {p for a, b, _ in games for p in (a, b)}
+    players = {p for row in games for p in row[:2]}
     order = sorted(players, key=lambda p: (generation.get(model_sha_of_player(p) or "", 1 << 30), p))
     fit = fit_elo_chains(games, anchor=anchor, order=order)
     ratings = sorted(fit.ratings.values(), key=lambda r: -r.elo)

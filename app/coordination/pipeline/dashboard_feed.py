@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import threading
 import time
@@ -261,7 +262,7 @@ class DashboardFeed:
             stats.update(i.get("gen_stats") or {})
         stats.update(self.cache.local_stats)
         for r in records:
-            row = list(stats.get(r["sha256"]) or [])[:STATS_FIELDS]
+            row = _stats_row(stats.get(r["sha256"]))
             elo, low, high, loss, exact, outcome = row + [None] * (STATS_FIELDS - len(row))
             fitted = self.cache.record_elo.get(r["generation"])
             if fitted is not None:
@@ -324,6 +325,16 @@ def model_elo(generations: list[dict[str, Any]], best_sha256: str | None) -> dic
     if newest is not None and newest.get("elo") is not None:
         out["candidate"] = float(newest["elo"])
     return out
+
+
+def _stats_row(value: Any) -> list[float | None]:
+    """A gossiped gen_stats row as numbers (a peer's message is checked like any other: a row
+    that is not a list of finite numbers or nulls is ignored; older nodes send four fields)."""
+    if not isinstance(value, list):
+        return []
+    row = value[:STATS_FIELDS]
+    ok = all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)) for v in row)
+    return list(row) if ok else []
 
 
 def _registry_generation(model: dict[str, Any], node_id: str) -> dict[str, Any]:

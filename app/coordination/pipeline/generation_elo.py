@@ -18,28 +18,27 @@ from app.coordination.pipeline.generation_log import GenerationRecord
 from app.training.elo import Rating, fit_elo_chains
 
 
-def match_games(records: Mapping[int, GenerationRecord]) -> list[tuple[str, str, float]]:
-    """(candidate player, opponent player, candidate's score) for every game the records carry."""
-    games: list[tuple[str, str, float]] = []
+def match_rows(records: Mapping[int, GenerationRecord]) -> list[tuple[str, str, float, float]]:
+    """(candidate player, opponent player, candidate's total score, games) per match the
+    records carry: the summary form elo.pair_counts takes, never expanded game by game."""
+    rows: list[tuple[str, str, float, float]] = []
     for generation in sorted(records):
         matches = records[generation].matches
         if not matches:
             continue
-        player = matches["player"]
         for opponent, wins, draws, losses in matches["results"]:
-            games += [(player, opponent, 1.0)] * wins + [(player, opponent, 0.5)] * draws \
-                + [(player, opponent, 0.0)] * losses
-    return games
+            rows.append((matches["player"], opponent, wins + 0.5 * draws, float(wins + draws + losses)))
+    return rows
 
 
 def rate_generations(records: Mapping[int, GenerationRecord]) -> dict[int, Rating]:
     """generation -> its model's rating (with the 95 % interval), for every generation whose
     model played or was played in a recorded gauntlet."""
-    games = match_games(records)
+    games = match_rows(records)
     if not games:
         return {}
     generation_of = {r.sha256: g for g, r in sorted(records.items(), reverse=True)}  # the earliest wins
-    players = {p for a, b, _ in games for p in (a, b)}
+    players = {p for row in games for p in row[:2]}
     order = sorted(players, key=lambda p: (generation_of.get(model_sha_of_player(p) or "", 1 << 62), p))
     fit = fit_elo_chains(games, order=order)
     by_sha: dict[str, list[Rating]] = {}
