@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import ssl
 import sys
 from pathlib import Path
 from typing import Any
@@ -114,13 +115,12 @@ def _admin(args: argparse.Namespace, settings: Settings) -> MeshAdmin:
     from app.coordination.p2p.client import MeshClient
     from app.coordination.p2p.tls import client_context
 
-    tls = settings.mesh.tls
-    ssl_context = client_context(tls) if tls is not None and args.node.scheme == "https" else None
-    client = None
-    if args.command in SIGNED:
-        client = MeshClient(_secret(settings, args.data_dir), args.timeout, ssl_context=ssl_context)
-        if args.node.scheme == "https" and ssl_context is None:
-            client.scheme = "https"  # the system's trust store: a cluster CA needs --config's mesh.tls
+    ssl_context = None
+    if args.node.scheme == "https":  # the cluster's CA and this operator's certificate, else the system's trust
+        tls = settings.mesh.tls
+        ssl_context = client_context(tls) if tls is not None else ssl.create_default_context()
+    client = MeshClient(_secret(settings, args.data_dir), args.timeout, ssl_context=ssl_context) \
+        if args.command in SIGNED else None
     return MeshAdmin(args.node, client, ssl_context, args.timeout)
 
 
