@@ -123,7 +123,10 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
     export_spec = registry.specs.get("export")
     node, games = build_mesh(settings, pipe, pipe.steps.export_threshold(pipe, export_spec.settings) if export_spec else 0,
                              metrics)
-    ready = lambda: (lambda r: (r.ready, r.reason))(manager.readiness())  # noqa: E731
+    def ready() -> tuple[bool, str]:
+        result = manager.readiness()
+        return result.ready, result.reason
+
     feed = DashboardFeed(pipe, node, readiness=ready)
     base_progress = node.progress_provider
     node.set_progress_provider(lambda: feed.progress(base_progress() if base_progress else {}))
