@@ -81,11 +81,11 @@ def test_three_nodes_decide_generations_and_operators_see_them(backend, request,
             if not all(views):
                 return None
             gens = [[g for g in v["generations"] if g["generation"] <= GENERATIONS] for v in views]
-            ok = all(len(g) == GENERATIONS and all(x["elo"] is not None and x["elo_low"] is not None for x in g)
-                     for g in gens)
-            same = all([(x["sha256"], round(x["elo"], 6)) for x in g] == [(x["sha256"], round(x["elo"], 6))
-                                                                       for x in gens[0]] for g in gens)
-            return views if ok and same else None
+            if not all(len(g) == GENERATIONS and all(x["elo"] is not None and x["elo_low"] is not None for x in g)
+                       for g in gens):
+                return None
+            ratings = [[(x["sha256"], round(x["elo"], 6)) for x in g] for g in gens]
+            return views if all(r == ratings[0] for r in ratings) else None
 
         views = wait_until(rated_everywhere, 60, interval=1.0, what="every generation rated alike on every node")
         for view in views:
