@@ -18,7 +18,8 @@ from tests.orchestrator_helpers import (
 pytestmark = pytest.mark.slow
 
 PROMOTIONS = 3
-CONFIG = {k: v for k, v in TINY_CONFIG.items() if k != "promotion"}  # the default gates: none
+CONFIG = {**{k: v for k, v in TINY_CONFIG.items() if k != "promotion"},  # the default gates: none
+          "train": {**TINY_CONFIG["train"], "max_steps": 30}, "export": {"window_games": 300, "window_base_games": 0}}
 DAEMONS = {**SMALL_DAEMONS, "daemons": {
     **SMALL_DAEMONS["daemons"],
     "selfplay": tiny_selfplay(16),

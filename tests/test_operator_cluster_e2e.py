@@ -36,10 +36,13 @@ pytestmark = pytest.mark.slow
 
 IDS = ["n0", "n1", "n2"]
 GENERATIONS = 3
-CONFIG = {**TINY_CONFIG, "mesh": {"timing": BUSY_CPU_TIMING}}
+# Training capped at a few dozen steps over a small window: a generation costs little more than
+# torchrun's start, however many games self-play adds meanwhile.
+CONFIG = {**TINY_CONFIG, "mesh": {"timing": BUSY_CPU_TIMING}, "train": {**TINY_CONFIG["train"], "max_steps": 30},
+          "export": {"window_games": 300, "window_base_games": 0}}
 DAEMONS = {**SMALL_DAEMONS, "daemons": {
     **SMALL_DAEMONS["daemons"],
-    "selfplay": tiny_selfplay(16),
+    "selfplay": {**tiny_selfplay(16), "settings": {**tiny_selfplay(16)["settings"], "rest_s": 3.0}},
     "export": {"critical": True, "settings": {"min_new_games": 32, "poll_s": 0.5, "sync_budget_s": 20}},
     "gauntlet_shards": {"settings": {"poll_s": 0.5}},
     "replication": {},

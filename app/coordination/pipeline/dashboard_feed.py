@@ -115,7 +115,6 @@ class _Cache:
     local_games: int = 0
     local_positions: int = 0
     best_installed_at: float | None = None
-    record_elo: dict[int, list[float]] = field(default_factory=dict)  # cluster: generation -> [elo, low, high]
 
 
 class DashboardFeed:
@@ -125,6 +124,7 @@ class DashboardFeed:
         self.node = node
         self.readiness = readiness  # this node's; other nodes gossip theirs (`ready` in the inventory)
         self.cache = _Cache()
+        self._record_elo: tuple[object, dict[int, list[float]]] = (None, {})  # (records it was fitted on, ratings)
         self.series: deque[dict[str, float]] = deque(maxlen=history)  # cluster games/positions over time
         self.node_games: dict[str, deque[tuple[float, int]]] = {}  # per node (t, games created)
 
@@ -151,10 +151,7 @@ class DashboardFeed:
                 cache.best_installed_at = os.stat(self.pipe.steps.installed_path(self.pipe, best)).st_mtime
             except OSError:
                 cache.best_installed_at = None
-        if self.pipe.cluster is not None:
-            rated = rate_generations(dict(self.pipe.cluster.generations.records))
-            cache.record_elo = {g: [r.elo, r.low, r.high] for g, r in rated.items()}
-        elif registry_exists(paths.registry_db):
+        if self.pipe.cluster is None and registry_exists(paths.registry_db):
             try:
                 with ModelRegistry(paths.registry_db, create=False) as registry:
                     cache.local_generations = [_registry_generation(m.to_json(), self.pipe.node_id)
@@ -261,10 +258,11 @@ class DashboardFeed:
         for i in inv.values():
             stats.update(i.get("gen_stats") or {})
         stats.update(self.cache.local_stats)
+        record_elo = self.record_elo()
         for r in records:
             row = _stats_row(stats.get(r["sha256"]))
             elo, low, high, loss, exact, outcome = row + [None] * (STATS_FIELDS - len(row))
-            fitted = self.cache.record_elo.get(r["generation"])
+            fitted = record_elo.get(r["generation"])
             if fitted is not None:
                 elo, low, high = fitted
             elif r.get("elo") is not None:
@@ -272,6 +270,23 @@ class DashboardFeed:
             accuracy = {"exact": exact, "outcome": outcome} if exact is not None and outcome is not None else None
             r.update(elo=elo, elo_low=low, elo_high=high, loss=loss, accuracy=accuracy)
         return records
+
+    def record_elo(self) -> dict[int, list[float]]:
+        """A cluster's generation -> [elo, low, high], fitted again whenever its decided records
+        change (a new decision is rated on the next read, not 5 s later: the gauges never lose a
+        series in between); a few ms for a hundred records, so the loop may do it."""
+        cluster = self.pipe.cluster
+        if cluster is None:
+            return {}
+        records = cluster.generations.records  # replaced, never changed in place, on every merge
+        if self._record_elo[0] is not records:
+            try:
+                rated = rate_generations(dict(records))
+            except ValueError as exc:  # a fit that did not converge: no cluster Elo until the next decision
+                log.warning("generation_elo_failed", error=str(exc))
+                rated = {}
+            self._record_elo = (records, {g: [r.elo, r.low, r.high] for g, r in rated.items()})
+        return self._record_elo[1]
 
     def progress(self, base: dict[str, Any]) -> dict[str, Any]:
         """GET /progress: `base` (the cluster's decided records, or a lone node's registry
