@@ -1,30 +1,7 @@
-"""One game's PUCT search tree: node storage, selection, expansion, backup, reuse.
-
-Storage is struct-of-arrays in flat Python lists indexed `node * A + action` (edge
-statistics N, W, P and the child id live on the parent's edge), plus one list of states.
-Not numpy rows: a PUCT step over 7 children costs ~9 us as numpy calls on tiny arrays and
-~1.5 us as a Python loop over flat lists (measured), and the per-simulation Python cost is
-what stands between the search and the network's throughput. No per-node objects exist.
-
-Values are always from the view of the side to move at the node that owns the edge, so
-backup negates once per ply. Terminal states and positions proven by them are exact
-("MCTS-solver" lite): a node whose child is a proven loss for the child's mover worth the
-most any win from that node can be worth is a proven win; a node whose children are all
-proven takes the best of them. A proven node is never expanded or evaluated again: reaching
-it backs up its exact value. With a length discount (`GameState.terminal_value`) wins are
-worth less the later they come, so only the quickest possible win proves a node on its own.
-
-With `threat_check` (SearchConfig.threat_check) every new node is first looked at one ply
-deep by the rules (`GameState.winning_moves` / `safe_moves`): a side that can win on the spot
-is proven to (worth a win next ply), a side whose every move hands the opponent a win is
-proven lost (worth a loss in two plies), and otherwise only its safe moves are searched: the
-others lose on the next ply, the worst result there is, so dropping them never drops the best
-move. Proofs then come without network calls, a node with one safe move is played through to
-its child without one either, and a node with no win on the spot is proven by a win two moves
-ahead, the quickest it can have.
-
-The batched driver that runs many of these trees against one evaluator is app/ai/mcts.py.
-"""
+"""FROZEN copy of the per-tree search as it was at e1e3464 (app/ai/search_tree.py and
+`run_searches` of app/ai/mcts.py), kept only while the array search is measured and checked
+side by side with it (scripts/bench_selfplay.py --legacy, tests/legacy/make_fixture.py).
+Not used by the application. Removed once the fixture of its visit counts is committed."""
 
 from __future__ import annotations
 
@@ -33,6 +10,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from app.ai.mcts import SearchResult
 from app.games import GameState, result_scale
 
 if TYPE_CHECKING:
@@ -363,3 +341,100 @@ class SearchTree:
             self._proven.append(proven)
             self._value.append(0.0 if proven is None else proven)
         return node
+
+
+def run_searches(
+    trees: Sequence[SearchTree],
+    evaluator,
+    simulations: int | Sequence[int],
+    cfg,
+    rng: np.random.Generator,
+    add_noise: bool | Sequence[bool] = False,
+    leaves_per_round: int = 1,
+) -> list[SearchResult]:
+    """Run `simulations` new simulations in every tree, batching leaf evaluations across trees.
+
+    `simulations` and `add_noise` may also be given per tree (playout-cap randomisation mixes
+    a few full, noisy searches with many fast, noise-free ones in one batch). Raises
+    ValueError for a terminal root (there is nothing to search). Roots never expanded are
+    evaluated first, in one batch, and that does not count as a simulation.
+    """
+    budgets = [simulations] * len(trees) if isinstance(simulations, (int, np.integer)) else [int(s) for s in simulations]
+    noisy = [add_noise] * len(trees) if isinstance(add_noise, (bool, np.bool_)) else [bool(n) for n in add_noise]
+    if len(budgets) != len(trees) or len(noisy) != len(trees):
+        raise ValueError(f"{len(budgets)} budgets and {len(noisy)} noise flags for {len(trees)} trees")
+    if any(b < 0 for b in budgets):
+        raise ValueError(f"simulations must be >= 0, got {min(budgets)}")
+    if leaves_per_round < 1:
+        raise ValueError(f"leaves_per_round must be >= 1, got {leaves_per_round}")
+    for tree in trees:
+        if tree.root_state.is_terminal:
+            raise ValueError(f"cannot search a finished game: {tree.root_state.to_text()!r}")
+    _expand_roots(trees, evaluator)
+    for tree, noise in zip(trees, noisy):
+        if noise:
+            legal = tree.root_state.legal_moves()
+            tree.set_root_noise(rng.dirichlet([cfg.dirichlet_alpha] * len(legal)), cfg.dirichlet_fraction,
+                                cfg.forced_playouts)
+
+    c_puct = cfg.c_puct
+    virtual = leaves_per_round > 1
+    remaining = list(budgets)
+    active = [t for t in range(len(trees)) if remaining[t] > 0]
+    while active:
+        pending: list[tuple[int, list[int], int]] = []  # (tree index, path, leaf)
+        for t in active:
+            tree = trees[t]
+            selected = 0
+            while selected < leaves_per_round and remaining[t] > 0:
+                path, leaf = tree.select(c_puct)
+                remaining[t] -= 1
+                exact = tree.leaf_exact(leaf)
+                if exact is not None:
+                    tree.backup(path, exact)
+                    tree.propagate_proof(path)
+                    continue
+                if virtual:
+                    tree.add_virtual_loss(path)
+                pending.append((t, path, leaf))
+                selected += 1
+        if pending:
+            slots: dict[tuple[int, int], int] = {}
+            states = []
+            for t, _, leaf in pending:
+                if (t, leaf) not in slots:
+                    slots[(t, leaf)] = len(states)
+                    states.append(trees[t].leaf_state(leaf))
+            priors, values = evaluator.evaluate(states)
+            for t, path, leaf in pending:
+                tree = trees[t]
+                j = slots[(t, leaf)]
+                if not tree.is_expanded(leaf):
+                    tree.expand(leaf, priors[j], float(values[j]))
+                tree.backup(path, float(values[j]), virtual=virtual)
+        active = [t for t in active if remaining[t] > 0]
+    return [_result(tree, c_puct) for tree in trees]
+
+
+def _expand_roots(trees: Sequence[SearchTree], evaluator) -> None:
+    fresh = [tree for tree in trees if not tree.root_expanded()]
+    if not fresh:
+        return
+    priors, values = evaluator.evaluate([tree.root_state for tree in fresh])
+    for j, tree in enumerate(fresh):
+        tree.expand_root(priors[j], float(values[j]))
+
+
+def _result(tree: SearchTree, c_puct: float) -> SearchResult:
+    counts = tree.root_counts()
+    target = tree.pruned_counts(c_puct)  # the counts themselves unless forced playouts ran
+    total = target.sum()
+    if total > 0:
+        visits = target / total
+    else:  # no simulations were run: the prior is the best policy we have
+        visits = tree.root_prior()
+    return SearchResult(
+        visits=visits, counts=counts, q=tree.root_q(), prior=tree.root_prior(),
+        root_value=float(tree.root_value()), proven=tree.root_proven(),
+        child_proven=tree.root_child_proven(),
+    )
