@@ -1,20 +1,25 @@
 """Self-play speed, measured side by side in one run; prints ONE JSON object.
 
 - ceiling: raw network evaluations per second at the search's batch size (no search),
-  best of short windows taken before and after the search run;
+  best of short windows taken before and after the search runs;
 - MCTS self-play with the default net: simulations/s, network evaluations/s and positions
   (moves played)/s over `--concurrent` games at once, and their ratio to the ceiling (the
-  share of the network's throughput the search keeps; aim >= 0.6 at 64+ games);
-- what making a leaf's network input costs, one state at a time against the game's batch
-  (`leaf_input_us`: `Game.stacked_planes` and `stacked_legal_masks`, NetworkEvaluator's way);
-- the same search with the uniform evaluator (pure search overhead, no network), with and
-  without the threat check (`search.threat_check`: what looking one ply deep costs a node);
+  share of the network's throughput the search keeps; aim >= 0.95 at 64 games);
+- the search's own cost: microseconds a simulation with a free evaluator (one that answers
+  from a preallocated array, so only the search is timed), with and without the threat check
+  (`search.threat_check`; aim <= 5 us with it, on one core);
+- with `--legacy` (only while tests/legacy/legacy_search.py, the frozen per-tree search of
+  e1e3464, exists): the same three figures for it, in the same run;
+- the shared network server (`--server-workers N`, app/ai/network_server.py): N search
+  processes play self-play for `--server-seconds` against one network process (the GPU's
+  stand-in on a CPU node): its evaluations/s, mean batch and each worker's share;
+- what making a leaf's network input costs, one state at a time against the game's batch form;
 - random playouts/s of the vectorised engine vs a pure-Python loop of `state.play`, and of
   open_spiel's connect_four when it is importable;
 - what a batch of small games costs with a worker spawned for it vs a worker kept in a
   `selfplay_pool.WorkerPool` (the self-play daemon's way): wall and CPU seconds per batch.
 
-    python scripts/bench_selfplay.py [--concurrent 64] [--sims 64] [--moves 6] [--device cuda]
+    python scripts/bench_selfplay.py [--concurrent 64] [--sims 64] [--moves 6] [--device cuda] [--legacy]
 """
 
 from __future__ import annotations
@@ -32,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from app.ai.evaluators import NetworkEvaluator, UniformEvaluator  # noqa: E402
-from app.ai.mcts import SearchTree, choose_action, run_searches, temperature_for_ply  # noqa: E402
+from app.ai.evaluators import NetworkEvaluator  # noqa: E402
+from app.ai.mcts import SearchForest, choose_action, temperature_for_ply  # noqa: E402
 from app.ai.model import Architecture, new_model, predict  # noqa: E402
 from app.config import Settings  # noqa: E402
 from app.games import get_game  # noqa: E402
@@ -60,13 +65,15 @@ def ceiling(net, states, windows: int = 3, seconds: float = 1.0) -> float:
 
 def leaf_input_us(game, states, repeats: int = 200) -> dict:
     """What making the network's input costs a leaf, side by side: one state at a time
-    (`planes()`, `legal_mask()`) against the game's batch (`stacked_planes`, `stacked_legal_masks`,
-    what NetworkEvaluator uses)."""
+    (`planes()`, `legal_mask()`) against the game's batch form (`words_planes`,
+    `words_legal_masks` of the words the search gathers, what NetworkEvaluator uses)."""
     def per_state() -> None:
         np.stack([s.planes() for s in states]), np.stack([s.legal_mask() for s in states])
 
+    words = game.state_words(states)  # what the search hands the evaluator
+
     def stacked() -> None:
-        game.stacked_planes(states), game.stacked_legal_masks(states)
+        game.words_planes(words), game.words_legal_masks(words)
 
     times = {}
     for name, make in (("per_state", per_state), ("stacked", stacked), ("per_state_again", per_state)):
@@ -79,24 +86,88 @@ def leaf_input_us(game, states, repeats: int = 200) -> dict:
             "stacked_us": round(times["stacked"], 2)}
 
 
-def selfplay_speed(game, evaluator, concurrent: int, sims: int, moves: int, settings: Settings, seed: int) -> dict:
-    """Play `moves` plies in each of `concurrent` games (finished games restart)."""
+class FreeEvaluator:
+    """Uniform priors over all moves (the search renormalises them over the legal ones) and
+    value 0, from a preallocated array: an evaluator that costs nothing, so a run with it times
+    the search alone."""
+
+    def __init__(self, game) -> None:
+        self.game = game
+        self.positions = 0
+        self._priors = np.full((1, game.num_actions), 1.0 / game.num_actions)
+        self._values = np.zeros(1)
+
+    def evaluate_batch(self, words):
+        return self._answer(len(words))
+
+    def evaluate(self, states):  # the frozen per-tree search's way of asking
+        return self._answer(len(states))
+
+    def _answer(self, n: int):
+        if n > len(self._values):
+            self._priors = np.full((2 * n, self._priors.shape[1]), self._priors[0, 0])
+            self._values = np.zeros(2 * n)
+        self.positions += n
+        return self._priors[:n], self._values[:n]
+
+
+class ForestGames:
+    """`concurrent` self-play games on the array search (what selfplay_games.play_games does)."""
+
+    def __init__(self, game, settings: Settings, concurrent: int) -> None:
+        self.game, self.settings = game, settings
+        self.forest = SearchForest.for_search(game, settings.search, trees=concurrent)
+        self.slots = [self.forest.add(game.initial_state()) for _ in range(concurrent)]
+
+    def search(self, evaluator, sims: int, rng, noise: bool):
+        return self.forest.search(self.slots, evaluator, sims, self.settings.search, rng, add_noise=noise)
+
+    def play(self, i: int, action: int) -> bool:
+        """Play a move in game i; True when that game ended (and a new one took its slot)."""
+        self.forest.advance(self.slots[i], action)
+        if self.forest.root_state(self.slots[i]).is_terminal:
+            self.forest.reset(self.slots[i], self.game.initial_state())
+            return True
+        return False
+
+
+class LegacyGames(ForestGames):
+    """The same on the frozen per-tree search (tests/legacy), for the side-by-side figures."""
+
+    def __init__(self, game, settings: Settings, concurrent: int) -> None:
+        from tests.legacy.legacy_search import SearchTree, run_searches
+
+        self.game, self.settings, self._run, self._tree = game, settings, run_searches, SearchTree
+        self.trees = [SearchTree.for_search(game.initial_state(), settings.search) for _ in range(concurrent)]
+
+    def search(self, evaluator, sims: int, rng, noise: bool):
+        return self._run(self.trees, evaluator, sims, self.settings.search, rng, add_noise=noise)
+
+    def play(self, i: int, action: int) -> bool:
+        self.trees[i].advance(action)
+        if self.trees[i].root_state.is_terminal:
+            self.trees[i] = self._tree.for_search(self.game.initial_state(), self.settings.search)
+            return True
+        return False
+
+
+def selfplay_speed(games_cls, game, evaluator, concurrent: int, sims: int, moves: int, settings: Settings,
+                   seed: int) -> dict:
+    """Play `moves` plies in each of `concurrent` games (finished games restart), with root
+    noise and the temperature schedule, as self-play does."""
     rng = np.random.default_rng(seed)
-    trees = [SearchTree.for_search(game.initial_state(), settings.search) for _ in range(concurrent)]
+    games = games_cls(game, settings, concurrent)
     plies = [0] * concurrent
-    run_searches(trees, evaluator, 1, settings.search, rng)  # expand roots outside the timing
+    games.search(evaluator, 1, rng, False)  # expand roots (and load the compiled kernel) outside the timing
     evals_before = evaluator.positions
     played = 0
     start = time.perf_counter()
     for _ in range(moves):
-        results = run_searches(trees, evaluator, sims, settings.search, rng, add_noise=True)
-        for i, (tree, result) in enumerate(zip(trees, results)):
+        results = games.search(evaluator, sims, rng, True)
+        for i, result in enumerate(results):
             action = choose_action(result.visits, temperature_for_ply(plies[i], settings.search.temperature_moves), rng)
-            tree.advance(action)
-            plies[i] += 1
+            plies[i] = 0 if games.play(i, action) else plies[i] + 1
             played += 1
-            if tree.root_state.is_terminal:
-                trees[i], plies[i] = SearchTree.for_search(game.initial_state(), settings.search), 0
     seconds = time.perf_counter() - start
     return {
         "sims_per_s": round(played * sims / seconds, 1),
@@ -104,6 +175,93 @@ def selfplay_speed(game, evaluator, concurrent: int, sims: int, moves: int, sett
         "positions_per_s": round(played / seconds, 2),
         "seconds": round(seconds, 2),
     }
+
+
+def search_cost(games_cls, game, concurrent: int, sims: int, moves: int, settings: Settings) -> dict:
+    """The search's own cost: microseconds a simulation with the free evaluator, with and
+    without the threat check (best of two runs each: the machine is shared)."""
+    plain = settings.model_copy(update={"search": settings.search.model_copy(update={"threat_check": False})})
+    out = {}
+    for name, cfg in (("us_per_sim", settings), ("us_per_sim_without_threat_check", plain)):
+        runs = [selfplay_speed(games_cls, game, FreeEvaluator(game), concurrent, sims, moves, cfg, 2) for _ in range(2)]
+        out[name] = round(1e6 / max(r["sims_per_s"] for r in runs), 2)
+    return out
+
+
+def shared_network(arch, workers: int, seconds: float, concurrent: int, sims: int, device: str) -> dict:
+    """`workers` self-play processes against one network server process (the stand-in for a
+    GPU on a CPU node) for `seconds`: the server's evaluations/s, mean batch, each worker's
+    share; beside it the raw network's rate at that mean batch, in the server's process kind
+    (one torch thread)."""
+    import multiprocessing as mp
+    import tempfile
+
+    from app.ai.model import ModelMeta, save_model
+    from app.ai.network_server import NetworkServer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bench.safetensors"
+        meta = save_model(new_model(arch, seed=0), ModelMeta(arch, "connect4"), path)
+        server = NetworkServer(path, meta.sha256, "connect4", device)
+        ctx = mp.get_context("spawn")
+        done = ctx.Queue()
+        procs = [ctx.Process(target=_server_worker, args=(server.address, server.authkey, f"worker-{i}", seconds,
+                                                          concurrent, sims, done)) for i in range(workers)]
+        for p in procs:
+            p.start()
+        reports = [done.get(timeout=seconds + 300) for _ in procs]
+        for p in procs:
+            p.join(30)
+        stats = server.stats()
+        server.close()
+    busy = max(r["seconds"] for r in reports)
+    mean_batch = stats["evaluations"] / max(1, stats["batches"])
+    # the raw network at the server's mean batch, on the server's device, one torch thread
+    net = new_model(arch, seed=0).to(network_device(device)).eval()
+    game, rng = get_game("connect4"), random.Random(1)
+    states = []
+    while len(states) < max(1, round(mean_batch)):
+        state = game.initial_state()
+        for _ in range(rng.randrange(4, 12)):
+            state = state.play(rng.choice(state.legal_moves()))
+            if state.is_terminal:
+                break
+        if not state.is_terminal:
+            states.append(state)
+    ceiling_rate = ceiling(net, states)
+    return {
+        "workers": workers, "concurrent_games_per_worker": concurrent, "simulations": sims,
+        "server_evals_per_s": round(stats["evaluations"] / busy, 1),
+        "server_mean_batch": round(mean_batch, 1),
+        "ceiling_at_mean_batch": round(ceiling_rate, 1),
+        "server_over_ceiling": round(stats["evaluations"] / busy / ceiling_rate, 3),
+        "worker_shares": {name: round(n / max(1, stats["evaluations"]), 3) for name, n in sorted(stats["clients"].items())},
+        "workers_sims_per_s": [r["sims_per_s"] for r in reports],
+        "workers_positions_per_s": round(sum(r["positions_per_s"] for r in reports), 2),
+    }
+
+
+def _server_worker(address, authkey, name: str, seconds: float, concurrent: int, sims: int, done) -> None:
+    torch.set_num_threads(1)
+    from app.ai.network_server import SharedNetworkClient
+
+    game = get_game("connect4")
+    client = SharedNetworkClient.connect(address, authkey, "connect4", name)
+    settings = Settings()
+    games = ForestGames(game, settings, concurrent)
+    rng = np.random.default_rng(hash(name) % 2**32)
+    plies = [0] * concurrent
+    played = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for i, result in enumerate(games.search(client, sims, rng, True)):
+            action = choose_action(result.visits, temperature_for_ply(plies[i], settings.search.temperature_moves), rng)
+            plies[i] = 0 if games.play(i, action) else plies[i] + 1
+            played += 1
+    elapsed = time.perf_counter() - start
+    client.close()
+    done.put({"name": name, "seconds": elapsed, "sims_per_s": round(played * sims / elapsed, 1),
+              "positions_per_s": round(played / elapsed, 2)})
 
 
 def playout_speed(games: int, repeats: int) -> dict:
@@ -189,6 +347,11 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=5, help="small batches timed per worker strategy")
     ap.add_argument("--device", choices=DEVICE_CHOICES, default="cpu",
                     help="where the network evaluates (selfplay.device); the worker start-up part stays on CPU")
+    ap.add_argument("--legacy", action="store_true",
+                    help="also the frozen per-tree search of e1e3464 (tests/legacy), side by side")
+    ap.add_argument("--server-workers", type=int, default=2,
+                    help="search processes sharing one network server process (0: skip that part)")
+    ap.add_argument("--server-seconds", type=float, default=20.0)
     args = ap.parse_args()
     configure_logging()  # the self-play runs below log; stdout carries only the one JSON object
     torch.set_num_threads(1)
@@ -210,15 +373,28 @@ def main() -> None:
             s = s.play(rng.choice(s.legal_moves()))
         if not s.is_terminal:
             states.append(s)
-    before = ceiling(net, states)
-    net_play = selfplay_speed(game, NetworkEvaluator(net, game), args.concurrent, args.sims, args.moves, settings, 1)
-    after = ceiling(net, states)  # measured on both sides of the search: the machine is shared
-    ceiling_rate = max(before, after)
-    uniform_play = selfplay_speed(game, UniformEvaluator(game), args.concurrent, args.sims, args.moves * 3, settings, 2)
-    plain = settings.model_copy(update={"search": settings.search.model_copy(update={"threat_check": False})})
-    uniform_plain = selfplay_speed(game, UniformEvaluator(game), args.concurrent, args.sims, args.moves * 3, plain, 2)
+    evaluator = NetworkEvaluator(net, game)
+    ceilings = [ceiling(net, states)]
+    net_play = selfplay_speed(ForestGames, game, evaluator, args.concurrent, args.sims, args.moves, settings, 1)
+    ceilings.append(ceiling(net, states))  # measured on both sides of each search run: the machine is shared
+    legacy: dict = {}
+    if args.legacy:
+        legacy["mcts_network"] = selfplay_speed(LegacyGames, game, evaluator, args.concurrent, args.sims, args.moves,
+                                                settings, 1)
+        ceilings.append(ceiling(net, states))
+    ceiling_rate = max(ceilings)
+    cost = search_cost(ForestGames, game, args.concurrent, args.sims, args.moves * 3, settings)
+    if args.legacy:
+        legacy["search"] = search_cost(LegacyGames, game, args.concurrent, args.sims, args.moves * 3, settings)
+        legacy["mcts_sims_over_ceiling"] = round(legacy["mcts_network"]["sims_per_s"] / ceiling_rate, 3)
+        legacy["mcts_evals_over_ceiling"] = round(legacy["mcts_network"]["evals_per_s"] / ceiling_rate, 3)
+        legacy["new_over_legacy"] = {
+            "positions_per_s": round(net_play["positions_per_s"] / legacy["mcts_network"]["positions_per_s"], 3),
+            "search_us_per_sim": round(cost["us_per_sim"] / legacy["search"]["us_per_sim"], 3)}
+    server = (shared_network(arch, args.server_workers, args.server_seconds, args.concurrent, args.sims, str(device))
+              if args.server_workers else None)
     playouts = playout_speed(args.playout_batch, repeats=5)
-    start_up = batch_start_up(args.batches, games=8, sims=4)
+    start_up = batch_start_up(args.batches, games=8, sims=4) if args.batches else None
     print(json.dumps({
         "machine": {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
                     "torch_threads": torch.get_num_threads()},
@@ -226,15 +402,16 @@ def main() -> None:
         "concurrent_games": args.concurrent,
         "simulations": args.sims,
         "ceiling_net_evals_per_s": round(ceiling_rate, 1),
-        "ceiling_before_after": [round(before, 1), round(after, 1)],
+        "ceiling_windows": [round(c, 1) for c in ceilings],
         "mcts_network": net_play,
         "mcts_sims_over_ceiling": round(net_play["sims_per_s"] / ceiling_rate, 3),
         "mcts_evals_over_ceiling": round(net_play["evals_per_s"] / ceiling_rate, 3),
-        "mcts_uniform": uniform_play,
+        # the search's own cost a simulation, free evaluator, one core: what the ratio loses
+        "search_us_per_sim": cost["us_per_sim"],
+        "search_us_per_sim_without_threat_check": cost["us_per_sim_without_threat_check"],
+        "legacy_per_tree_search": legacy or None,
+        "shared_network": server,
         "leaf_input_us": leaf_input_us(game, states),
-        # Search bookkeeping per simulation, from the network-free run: what the ratio loses.
-        "search_overhead_us_per_sim": round(1e6 / uniform_play["sims_per_s"], 1),
-        "search_overhead_us_per_sim_without_threat_check": round(1e6 / uniform_plain["sims_per_s"], 1),
         "random_playouts": playouts,
         "batch_start_up": start_up,
     }))

@@ -162,13 +162,14 @@ def serve(address: str, authkey: bytes, model_path: str, sha256: str | None, gam
     lock = threading.Lock()
     wake_read, wake_write = get_context("spawn").Pipe(duplex=False)
 
+    stopping = threading.Event()
+
     def accept() -> None:
-        while True:
+        while not stopping.is_set():
             try:
                 conn = listener.accept()
-            except OSError:
-                return  # the listener was closed: the server is stopping
-            except Exception:  # noqa: BLE001 - a client with the wrong key: refuse it, keep serving
+            except Exception:  # noqa: BLE001 - a wrong key or a reset handshake: refuse it, keep serving
+                time.sleep(0.01)  # (once the listener is closed, `stopping` ends the loop)
                 continue
             with lock:
                 arrivals.append(conn)
@@ -230,4 +231,5 @@ def serve(address: str, authkey: bytes, model_path: str, sha256: str | None, gam
                     live.remove(conn)
                 offset += n
     finally:
+        stopping.set()
         listener.close()
