@@ -10,6 +10,8 @@
   (`search.threat_check`; aim <= 5 us with it, on one core);
 - with `--legacy` (only while tests/legacy/legacy_search.py, the frozen per-tree search of
   e1e3464, exists): the same three figures for it, in the same run;
+- what a selection level and a threat check would cost as whole-batch numpy calls (the
+  measurement that made the search's steps compiled);
 - the shared network server (`--server-workers N`, app/ai/network_server.py): N search
   processes play self-play for `--server-seconds` against one network process (the GPU's
   stand-in on a CPU node): its evaluations/s, mean batch and each worker's share;
@@ -186,6 +188,46 @@ def selfplay_speed(games_cls, game, evaluator, concurrent: int, sims: int, moves
     }
 
 
+def paired_slices(net, states, game, evaluator, settings: Settings, concurrent: int, sims: int, slices: int,
+                  legacy: bool) -> dict:
+    """The search's share of the network, robust to a shared machine: each slice is a 1 s
+    window of the raw network, one move of every game on the array search (and one on the
+    frozen per-tree search), another window; a slice's ratios see the same load, and the
+    medians over slices are reported (the slower window of each pair is dropped: conservative)."""
+    kinds = [("new", ForestGames(game, settings, concurrent))]
+    if legacy:
+        kinds.append(("legacy", LegacyGames(game, settings, concurrent)))
+    rngs = {name: np.random.default_rng(1) for name, _ in kinds}
+    plies = {name: [0] * concurrent for name, _ in kinds}
+    for name, games in kinds:
+        games.search(evaluator, 1, rngs[name], False)  # roots expanded outside the timing
+    ratio: dict = {name: [] for name, _ in kinds}
+    positions: dict = {name: [] for name, _ in kinds}
+    for _ in range(slices):
+        before = ceiling_rates(net, states, windows=1)["wall"]
+        rates = {}
+        for name, games in kinds:
+            rng = rngs[name]
+            start = time.perf_counter()
+            results = games.search(evaluator, sims, rng, True)
+            for i, result in enumerate(results):
+                t = temperature_for_ply(plies[name][i], settings.search.temperature_moves)
+                plies[name][i] = 0 if games.play(i, choose_action(result.visits, t, rng)) else plies[name][i] + 1
+            seconds = time.perf_counter() - start
+            rates[name] = concurrent * sims / seconds
+            positions[name].append(concurrent / seconds)
+        top = max(before, ceiling_rates(net, states, windows=1)["wall"])
+        for name in rates:
+            ratio[name].append(rates[name] / top)
+    out = {name: {"sims_over_ceiling_median": round(float(np.median(ratio[name])), 3),
+                  "sims_over_ceiling_per_slice": [round(r, 3) for r in ratio[name]],
+                  "positions_per_s_median": round(float(np.median(positions[name])), 2)} for name, _ in kinds}
+    if legacy:
+        out["new_over_legacy_positions_per_s_median"] = round(float(np.median(
+            [a / b for a, b in zip(positions["new"], positions["legacy"])])), 3)
+    return out
+
+
 def search_cost(games_cls, game, concurrent: int, sims: int, moves: int, settings: Settings) -> dict:
     """The search's own cost: microseconds a simulation with the free evaluator, with and
     without the threat check (best of two runs each: the machine is shared)."""
@@ -271,6 +313,66 @@ def _server_worker(address, authkey, name: str, seconds: float, concurrent: int,
     client.close()
     done.put({"name": name, "seconds": elapsed, "sims_per_s": round(played * sims / elapsed, 1),
               "positions_per_s": round(played / elapsed, 2)})
+
+
+def numpy_step_cost(concurrent: int, repeats: int = 300) -> dict:
+    """Why the search's steps are compiled: what one level of a selection and one node's
+    threat check cost as whole-batch numpy calls over `concurrent` trees (the numpy form a
+    vectorised search would take: gather each tree's edge rows, PUCT, argmax, follow the
+    child; the bitboard tests of `connect4.winning_cells` for both sides). A simulation
+    descends several levels and creates a node, so numpy's per-call cost is paid ~10x a
+    simulation, against ~3 us for the whole compiled simulation (`search_us_per_sim`)."""
+    rng = np.random.default_rng(0)
+    t, nodes, a = concurrent, 512, 7
+    n = rng.integers(0, 20, (t, nodes, a)).astype(np.float64)
+    w = rng.standard_normal((t, nodes, a))
+    p = rng.random((t, nodes, a))
+    child = rng.integers(0, nodes, (t, nodes, a))
+    legal = rng.random((t, nodes, a)) < 0.9
+    at = rng.integers(0, nodes, t)
+    rows = np.arange(t)
+
+    def select_level() -> np.ndarray:
+        nn, ww, pp, ll = n[rows, at], w[rows, at], p[rows, at], legal[rows, at]
+        total = np.where(ll, nn, 0.0).sum(axis=1, keepdims=True)
+        q = np.divide(ww, nn, out=np.zeros_like(ww), where=nn > 0)
+        score = np.where(ll, q + 1.5 * np.sqrt(total + 1.0) * pp / (1.0 + nn), -np.inf)
+        return child[rows, at, score.argmax(axis=1)]
+
+    from app.games.connect4_arrays import _BOARD, _BOTTOM_ROW
+
+    position = rng.integers(0, 2**48, t, dtype=np.uint64) & _BOARD
+    mask = position | (rng.integers(0, 2**48, t, dtype=np.uint64) & _BOARD)
+
+    def winning_cells(stones: np.ndarray) -> np.ndarray:
+        u = np.uint64
+        cells = (stones << u(1)) & (stones << u(2)) & (stones << u(3))
+        for shift in (u(7), u(6), u(8)):
+            pair = (stones << shift) & (stones << (shift + shift))
+            cells |= pair & (stones << (shift * u(3)))
+            cells |= pair & (stones >> shift)
+            pair = (stones >> shift) & (stones >> (shift + shift))
+            cells |= pair & (stones << shift)
+            cells |= pair & (stones >> (shift * u(3)))
+        return cells & (_BOARD ^ mask)
+
+    def threat_check() -> np.ndarray:
+        playable = (mask + _BOTTOM_ROW) & _BOARD
+        wins = winning_cells(position) & playable
+        threats = winning_cells(position ^ mask)
+        forced = playable & threats
+        return np.where(forced != 0, forced, playable) & ~(threats >> np.uint64(1)) | wins
+
+    out = {}
+    for name, step in (("select_level_us", select_level), ("threat_check_us", threat_check)):
+        step()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            step()
+        out[name] = round((time.perf_counter() - start) / repeats * 1e6, 1)
+    out["trees"] = t
+    out["per_tree_per_simulation_us_at_depth_8"] = round((8 * out["select_level_us"] + out["threat_check_us"]) / t, 2)
+    return out
 
 
 def playout_speed(games: int, repeats: int) -> dict:
@@ -361,6 +463,7 @@ def main() -> None:
     ap.add_argument("--server-workers", type=int, default=2,
                     help="search processes sharing one network server process (0: skip that part)")
     ap.add_argument("--server-seconds", type=float, default=20.0)
+    ap.add_argument("--slices", type=int, default=8, help="paired slices (network window, a move of each search)")
     args = ap.parse_args()
     configure_logging()  # the self-play runs below log; stdout carries only the one JSON object
     torch.set_num_threads(1)
@@ -393,6 +496,7 @@ def main() -> None:
         ceilings.append(ceiling_rates(net, states))
     ceiling_rate = max(c["wall"] for c in ceilings)
     ceiling_cpu = max(c["cpu"] for c in ceilings)
+    paired = paired_slices(net, states, game, evaluator, settings, args.concurrent, args.sims, args.slices, args.legacy)
     cost = search_cost(ForestGames, game, args.concurrent, args.sims, args.moves * 3, settings)
     if args.legacy:
         legacy["search"] = search_cost(LegacyGames, game, args.concurrent, args.sims, args.moves * 3, settings)
@@ -405,6 +509,7 @@ def main() -> None:
     server = (shared_network(arch, args.server_workers, args.server_seconds, args.concurrent, args.sims, str(device))
               if args.server_workers else None)
     playouts = playout_speed(args.playout_batch, repeats=5)
+    numpy_steps = numpy_step_cost(args.concurrent)
     start_up = batch_start_up(args.batches, games=8, sims=4) if args.batches else None
     print(json.dumps({
         "machine": {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
@@ -425,6 +530,9 @@ def main() -> None:
         "search_us_per_sim": cost["us_per_sim"],
         "search_us_per_sim_without_threat_check": cost["us_per_sim_without_threat_check"],
         "legacy_per_tree_search": legacy or None,
+        # the ratio again, slice by slice beside the network (the figure to quote on a shared machine)
+        "paired_slices": paired,
+        "numpy_search_steps": numpy_steps,
         "shared_network": server,
         "leaf_input_us": leaf_input_us(game, states),
         "random_playouts": playouts,
