@@ -4,7 +4,9 @@
   best of short windows taken before and after the search runs;
 - MCTS self-play with the default net: simulations/s, network evaluations/s and positions
   (moves played)/s over `--concurrent` games at once, and their ratio to the ceiling (the
-  share of the network's throughput the search keeps; aim >= 0.95 at 64 games);
+  share of the network's throughput the search keeps; aim >= 0.95 at 64 games), also
+  against the network's own rate on the batches of the run (`sims_over_network_in_run`: the
+  forward passes are timed inside the run, so a shared machine's drift cancels out);
 - the search's own cost: microseconds a simulation with a free evaluator (one that answers
   from a preallocated array, so only the search is timed), with and without the threat check
   (`search.threat_check`; aim <= 5 us with it, on one core);
@@ -121,6 +123,23 @@ class FreeEvaluator:
         return self._priors[:n], self._values[:n]
 
 
+class TimedNetworkEvaluator(NetworkEvaluator):
+    """NetworkEvaluator that also sums the seconds spent in the network's forward pass
+    (`predict`), so a run knows the raw network's rate on the very batches the search made:
+    the same net, batches and thread, whatever else the machine was doing meanwhile."""
+
+    network_seconds = 0.0
+
+    def evaluate_batch(self, words):
+        planes, legal = self.game.words_planes(words), self.game.words_legal_masks(words)
+        start = time.perf_counter()
+        answer = predict(self.net, planes, legal)
+        self.network_seconds += time.perf_counter() - start
+        self.positions += len(words)
+        self.batches += 1
+        return answer
+
+
 class ForestGames:
     """`concurrent` self-play games on the array search (what selfplay_games.play_games does)."""
 
@@ -170,6 +189,7 @@ def selfplay_speed(games_cls, game, evaluator, concurrent: int, sims: int, moves
     plies = [0] * concurrent
     games.search(evaluator, 1, rng, False)  # expand roots (and load the compiled kernel) outside the timing
     evals_before = evaluator.positions
+    network_before = getattr(evaluator, "network_seconds", 0.0)
     played = 0
     start, cpu = time.perf_counter(), time.thread_time()
     for _ in range(moves):
@@ -179,7 +199,14 @@ def selfplay_speed(games_cls, game, evaluator, concurrent: int, sims: int, moves
             plies[i] = 0 if games.play(i, action) else plies[i] + 1
             played += 1
     seconds, cpu_seconds = time.perf_counter() - start, time.thread_time() - cpu
+    network = getattr(evaluator, "network_seconds", 0.0) - network_before
+    evals = evaluator.positions - evals_before
+    inrun = {}
+    if network > 0:  # simulations/s over the network's own evaluations/s on these batches
+        inrun = {"network_seconds": round(network, 3),
+                 "sims_over_network_in_run": round((played * sims / seconds) / (evals / network), 4)}
     return {
+        **inrun,
         "sims_per_s": round(played * sims / seconds, 1),
         "sims_per_cpu_s": round(played * sims / cpu_seconds, 1),
         "evals_per_s": round((evaluator.positions - evals_before) / seconds, 1),
@@ -485,7 +512,7 @@ def main() -> None:
             s = s.play(rng.choice(s.legal_moves()))
         if not s.is_terminal:
             states.append(s)
-    evaluator = NetworkEvaluator(net, game)
+    evaluator = TimedNetworkEvaluator(net, game)
     ceilings = [ceiling_rates(net, states)]
     net_play = selfplay_speed(ForestGames, game, evaluator, args.concurrent, args.sims, args.moves, settings, 1)
     ceilings.append(ceiling_rates(net, states))  # measured on both sides of each search run: the machine is shared
