@@ -10,8 +10,8 @@
 - the search's own cost: microseconds a simulation with a free evaluator (one that answers
   from a preallocated array, so only the search is timed), with and without the threat check
   (`search.threat_check`; aim <= 5 us with it, on one core);
-- with `--legacy` (only while tests/legacy/legacy_search.py, the frozen per-tree search of
-  e1e3464, exists): the same three figures for it, in the same run;
+- (the per-tree search this replaced was measured beside it by the same script with
+  `--legacy` until its removal: docs/benchmarks/search_arrays.md);
 - what a selection level and a threat check would cost as whole-batch numpy calls (the
   measurement that made the search's steps compiled);
 - the shared network server (`--server-workers N`, app/ai/network_server.py): N search
@@ -23,7 +23,7 @@
 - what a batch of small games costs with a worker spawned for it vs a worker kept in a
   `selfplay_pool.WorkerPool` (the self-play daemon's way): wall and CPU seconds per batch.
 
-    python scripts/bench_selfplay.py [--concurrent 64] [--sims 64] [--moves 6] [--device cuda] [--legacy]
+    python scripts/bench_selfplay.py [--concurrent 64] [--sims 64] [--moves 6] [--device cuda]
 """
 
 from __future__ import annotations
@@ -112,9 +112,6 @@ class FreeEvaluator:
     def evaluate_batch(self, words):
         return self._answer(len(words))
 
-    def evaluate(self, states):  # the frozen per-tree search's way of asking
-        return self._answer(len(states))
-
     def _answer(self, n: int):
         if n > len(self._values):
             self._priors = np.full((2 * n, self._priors.shape[1]), self._priors[0, 0])
@@ -160,26 +157,6 @@ class ForestGames:
         return False
 
 
-class LegacyGames(ForestGames):
-    """The same on the frozen per-tree search (tests/legacy), for the side-by-side figures."""
-
-    def __init__(self, game, settings: Settings, concurrent: int) -> None:
-        from tests.legacy.legacy_search import SearchTree, run_searches
-
-        self.game, self.settings, self._run, self._tree = game, settings, run_searches, SearchTree
-        self.trees = [SearchTree.for_search(game.initial_state(), settings.search) for _ in range(concurrent)]
-
-    def search(self, evaluator, sims: int, rng, noise: bool):
-        return self._run(self.trees, evaluator, sims, self.settings.search, rng, add_noise=noise)
-
-    def play(self, i: int, action: int) -> bool:
-        self.trees[i].advance(action)
-        if self.trees[i].root_state.is_terminal:
-            self.trees[i] = self._tree.for_search(self.game.initial_state(), self.settings.search)
-            return True
-        return False
-
-
 def selfplay_speed(games_cls, game, evaluator, concurrent: int, sims: int, moves: int, settings: Settings,
                    seed: int) -> dict:
     """Play `moves` plies in each of `concurrent` games (finished games restart), with root
@@ -215,15 +192,13 @@ def selfplay_speed(games_cls, game, evaluator, concurrent: int, sims: int, moves
     }
 
 
-def paired_slices(net, states, game, evaluator, settings: Settings, concurrent: int, sims: int, slices: int,
-                  legacy: bool) -> dict:
+def paired_slices(net, states, game, evaluator, settings: Settings, concurrent: int, sims: int,
+                  slices: int) -> dict:
     """The search's share of the network, robust to a shared machine: each slice is a 1 s
-    window of the raw network, one move of every game on the array search (and one on the
-    frozen per-tree search), another window; a slice's ratios see the same load, and the
-    medians over slices are reported (the slower window of each pair is dropped: conservative)."""
-    kinds = [("new", ForestGames(game, settings, concurrent))]
-    if legacy:
-        kinds.append(("legacy", LegacyGames(game, settings, concurrent)))
+    window of the raw network, one move of every game, another window; a slice's ratio sees
+    the same load, and the median over slices is reported (the slower window of each pair is
+    dropped: conservative)."""
+    kinds = [("search", ForestGames(game, settings, concurrent))]
     rngs = {name: np.random.default_rng(1) for name, _ in kinds}
     plies = {name: [0] * concurrent for name, _ in kinds}
     for name, games in kinds:
@@ -246,13 +221,9 @@ def paired_slices(net, states, game, evaluator, settings: Settings, concurrent: 
         top = max(before, ceiling_rates(net, states, windows=1)["wall"])
         for name in rates:
             ratio[name].append(rates[name] / top)
-    out = {name: {"sims_over_ceiling_median": round(float(np.median(ratio[name])), 3),
-                  "sims_over_ceiling_per_slice": [round(r, 3) for r in ratio[name]],
-                  "positions_per_s_median": round(float(np.median(positions[name])), 2)} for name, _ in kinds}
-    if legacy:
-        out["new_over_legacy_positions_per_s_median"] = round(float(np.median(
-            [a / b for a, b in zip(positions["new"], positions["legacy"])])), 3)
-    return out
+    return {"sims_over_ceiling_median": round(float(np.median(ratio["search"])), 3),
+            "sims_over_ceiling_per_slice": [round(r, 3) for r in ratio["search"]],
+            "positions_per_s_median": round(float(np.median(positions["search"])), 2)}
 
 
 def search_cost(games_cls, game, concurrent: int, sims: int, moves: int, settings: Settings) -> dict:
@@ -485,12 +456,10 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=5, help="small batches timed per worker strategy")
     ap.add_argument("--device", choices=DEVICE_CHOICES, default="cpu",
                     help="where the network evaluates (selfplay.device); the worker start-up part stays on CPU")
-    ap.add_argument("--legacy", action="store_true",
-                    help="also the frozen per-tree search of e1e3464 (tests/legacy), side by side")
     ap.add_argument("--server-workers", type=int, default=2,
                     help="search processes sharing one network server process (0: skip that part)")
     ap.add_argument("--server-seconds", type=float, default=20.0)
-    ap.add_argument("--slices", type=int, default=8, help="paired slices (network window, a move of each search)")
+    ap.add_argument("--slices", type=int, default=8, help="paired slices (a network window, a move of every game)")
     args = ap.parse_args()
     configure_logging()  # the self-play runs below log; stdout carries only the one JSON object
     torch.set_num_threads(1)
@@ -516,23 +485,10 @@ def main() -> None:
     ceilings = [ceiling_rates(net, states)]
     net_play = selfplay_speed(ForestGames, game, evaluator, args.concurrent, args.sims, args.moves, settings, 1)
     ceilings.append(ceiling_rates(net, states))  # measured on both sides of each search run: the machine is shared
-    legacy: dict = {}
-    if args.legacy:
-        legacy["mcts_network"] = selfplay_speed(LegacyGames, game, evaluator, args.concurrent, args.sims, args.moves,
-                                                settings, 1)
-        ceilings.append(ceiling_rates(net, states))
     ceiling_rate = max(c["wall"] for c in ceilings)
     ceiling_cpu = max(c["cpu"] for c in ceilings)
-    paired = paired_slices(net, states, game, evaluator, settings, args.concurrent, args.sims, args.slices, args.legacy)
+    paired = paired_slices(net, states, game, evaluator, settings, args.concurrent, args.sims, args.slices)
     cost = search_cost(ForestGames, game, args.concurrent, args.sims, args.moves * 3, settings)
-    if args.legacy:
-        legacy["search"] = search_cost(LegacyGames, game, args.concurrent, args.sims, args.moves * 3, settings)
-        legacy["mcts_sims_over_ceiling"] = round(legacy["mcts_network"]["sims_per_s"] / ceiling_rate, 3)
-        legacy["mcts_evals_over_ceiling"] = round(legacy["mcts_network"]["evals_per_s"] / ceiling_rate, 3)
-        legacy["mcts_sims_over_ceiling_cpu"] = round(legacy["mcts_network"]["sims_per_cpu_s"] / ceiling_cpu, 3)
-        legacy["new_over_legacy"] = {
-            "positions_per_s": round(net_play["positions_per_s"] / legacy["mcts_network"]["positions_per_s"], 3),
-            "search_us_per_sim": round(cost["us_per_sim"] / legacy["search"]["us_per_sim"], 3)}
     server = (shared_network(arch, args.server_workers, args.server_seconds, args.concurrent, args.sims, str(device))
               if args.server_workers else None)
     playouts = playout_speed(args.playout_batch, repeats=5)
@@ -556,7 +512,6 @@ def main() -> None:
         # the search's own cost a simulation, free evaluator, one core: what the ratio loses
         "search_us_per_sim": cost["us_per_sim"],
         "search_us_per_sim_without_threat_check": cost["us_per_sim_without_threat_check"],
-        "legacy_per_tree_search": legacy or None,
         # the ratio again, slice by slice beside the network (the figure to quote on a shared machine)
         "paired_slices": paired,
         "numpy_search_steps": numpy_steps,

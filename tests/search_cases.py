@@ -4,7 +4,8 @@ four search settings, and how each setting's positions are searched (one batch, 
 second search after the move, on the reused tree).
 
 tests/fixtures/search_equivalence.json holds what the per-tree search of e1e3464 answered
-(written by tests/legacy/make_fixture.py before that search was removed);
+(written by tests/legacy/make_fixture.py, which ran the frozen copy tests/legacy/legacy_search.py;
+both were removed with the per-tree search: `git show 5a8fbea:tests/legacy/make_fixture.py`);
 tests/test_search_equivalence.py asks the array search the same and compares.
 """
 
