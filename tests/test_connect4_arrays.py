@@ -5,25 +5,15 @@ threat check) and the batch's network input and legal masks, on random positions
 from __future__ import annotations
 
 import math
-import random
 
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
 from app.games import get_game, result_scale
 from app.games.connect4_arrays import legal_bits, node_facts, play
+from tests.test_playouts import random_state
 
 GAME = get_game("connect4")
-
-
-def random_state(seed: int, plies: int):
-    rng = random.Random(seed)
-    state = GAME.initial_state()
-    for _ in range(plies):
-        if state.is_terminal:
-            break
-        state = state.play(rng.choice(state.legal_moves()))
-    return state
 
 
 def bits(columns: list[int]) -> int:
