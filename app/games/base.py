@@ -172,10 +172,11 @@ class Game(ABC):
         raise NotImplementedError(f"{self.name} has no batch form")
 
     def stacked_planes(self, states: Sequence[GameState]) -> np.ndarray:
-        """The `planes` of many states (N, *plane_shape), made in one batch: export calls this
-        for every position of every game in its window."""
-        return self.words_planes(self.state_words(states))
+        """The `planes` of many states, stacked (N, *plane_shape). A game with a batch form
+        makes them in one batch: export calls this for every position of every game in its
+        window."""
+        return np.stack([state.planes() for state in states])
 
     def stacked_legal_masks(self, states: Sequence[GameState]) -> np.ndarray:
         """The `legal_mask` of many states, stacked (N, num_actions); as `stacked_planes`."""
-        return self.words_legal_masks(self.state_words(states))
+        return np.stack([state.legal_mask() for state in states])

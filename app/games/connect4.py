@@ -232,3 +232,10 @@ class Connect4(Game):
 
     def words_legal_masks(self, words: np.ndarray) -> np.ndarray:
         return connect4_arrays.legal_masks(words)
+
+    def stacked_planes(self, states: Sequence[GameState]) -> np.ndarray:
+        """Every state's `planes` from one unpacking of all their bitboards."""
+        return connect4_arrays.planes(connect4_arrays.words_of(states))
+
+    def stacked_legal_masks(self, states: Sequence[GameState]) -> np.ndarray:
+        return connect4_arrays.legal_masks(connect4_arrays.words_of(states))

@@ -56,9 +56,9 @@ def planes(words: np.ndarray) -> np.ndarray:
     """The network input of every position, (N, 3, HEIGHT, WIDTH) float32: own stones, the
     opponent's, a plane of ones (`Connect4State.planes`), from one unpacking of all words."""
     n = len(words)
-    own = np.ascontiguousarray(words[:, 0])
-    other = own ^ words[:, 1]
-    bits = np.unpackbits(np.stack([own, other], axis=1).view(np.uint8).reshape(n, 2, 8), axis=-1,
+    own = words[:, 0]
+    boards = np.stack([own, own ^ words[:, 1]], axis=1).astype("<u8")  # little-endian bytes, whatever the host
+    bits = np.unpackbits(boards.view(np.uint8).reshape(n, 2, 8), axis=-1,
                          bitorder="little")  # (N, 2, 64): bit i of each board at [..., i]
     out = np.ones((n, 3, HEIGHT, WIDTH), dtype=np.float32)
     out[:, :2] = bits[:, :, _CELL_BITS]
