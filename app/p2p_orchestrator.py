@@ -17,7 +17,7 @@ from aiohttp import web
 
 from app.config import ConfigError, Settings, load_settings
 from app.coordination.daemons.manager import DaemonManager
-from app.coordination.daemons.registry import load_registry
+from app.coordination.daemons.daemon_registry import load_registry
 from app.coordination.pipeline.cluster import ClusterPipeline
 from app.coordination.pipeline.runners import pipeline_runners
 from app.coordination.daemons.dlq_retry import INFRA_RUNNERS
@@ -27,7 +27,7 @@ from app.coordination.daemons.health_server import HealthServer
 from app.coordination.daemons.metrics import Metrics
 from app.coordination.p2p.node import MeshNode
 from app.coordination.pipeline.context import PipelineContext
-from app.coordination.pipeline.workloads import pipeline_context
+from app.workloads import pipeline_context
 from app.coordination.pipeline.mesh_events import watch_mesh
 from app.coordination.pipeline.dashboard_feed import DashboardFeed
 from app.coordination.pipeline.progress_display import show_progress

@@ -4,7 +4,7 @@
     python scripts/bench_grpo.py [--steps 20 --warmup 3 --prompts-per-step 8 --group-size 8] [--ranks 1,2]
                                  [--device auto|cpu|cuda] [--backend auto|local|fsdp]
 
-Each rank count runs under torchrun (app.training.launcher): 1 rank with LocalBackend, more
+Each rank count runs under torchrun (app.shared.launcher): 1 rank with LocalBackend, more
 with FSDP2, every rank generating its share of each step's prompts with its own in-process
 engine. Per rank count: rollout tokens/s (generated tokens of all ranks / rollout wall time),
 training tokens/s (response tokens trained / training wall time), and the share of a step in
@@ -29,18 +29,18 @@ def worker(args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(1)
-    from app.lm.engine import InProcessEngine
-    from app.lm.model import LMModelConfig, build_model
+    from app.lm.rollout.engine import InProcessEngine
+    from app.lm.causal_lm import LMModelConfig, build_model
     from app.lm.tasks import DigitTask
     from app.lm.tokenizer import build_digit_tokenizer
     from app.lm.truncation import RolloutSettings
     from app.log import configure_logging
-    from app.training.lm.backend import LocalBackend, OptimConfig
-    from app.training.lm.data_buffer import DataBuffer
-    from app.training.lm.dist_env import init_distributed, shutdown
-    from app.training.lm.fsdp_backend import FSDPBackend
-    from app.training.lm.grpo import sft_loss
-    from app.training.lm.loops import RLConfig, rl_loop
+    from app.lm.train.backend import LocalBackend, OptimConfig
+    from app.lm.data_buffer import DataBuffer
+    from app.lm.train.dist_env import init_distributed, shutdown
+    from app.lm.train.fsdp_backend import FSDPBackend
+    from app.lm.train.grpo import sft_loss
+    from app.lm.train.loops import RLConfig, rl_loop
 
     configure_logging(level="WARNING")
     env = init_distributed(args.device)
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     import io
     import os
 
-    from app.training.launcher import LaunchSpec, launch
+    from app.shared.launcher import LaunchSpec, launch
 
     out = {"benchmark": "grpo", "model": "digit llama ~75k params", "task": "copy 3 digits, partial credit",
            "prompts_per_step": args.prompts_per_step, "group_size": args.group_size,

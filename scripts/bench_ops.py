@@ -42,13 +42,13 @@ from app.coordination.daemons.event_router import EventRouter  # noqa: E402
 from app.coordination.daemons.health_server import HealthServer  # noqa: E402
 from app.coordination.daemons.manager import DaemonManager  # noqa: E402
 from app.coordination.daemons.metrics import Metrics  # noqa: E402
-from app.coordination.daemons.registry import build_registry  # noqa: E402
+from app.coordination.daemons.daemon_registry import build_registry  # noqa: E402
 from app.coordination.p2p.node import MeshNode  # noqa: E402
 from app.coordination.p2p.schemas import NodeState  # noqa: E402
 from app.coordination.p2p.work_queue import WorkQueue  # noqa: E402
 from app.coordination.p2p.work_rules import WorkSpec  # noqa: E402
 from app.coordination.pipeline.cluster import ClusterPipeline  # noqa: E402
-from app.coordination.pipeline.workloads import pipeline_context  # noqa: E402
+from app.workloads import pipeline_context  # noqa: E402
 from app.coordination.pipeline.dashboard_feed import DashboardFeed  # noqa: E402
 from app.log import configure_logging  # noqa: E402
 from tests.mesh_helpers import free_ports  # noqa: E402

@@ -32,8 +32,8 @@ from app.config import Settings  # noqa: E402
 from app.coordination.daemons.event_router import EventRouter  # noqa: E402
 from app.coordination.daemons.events import EventType  # noqa: E402
 from app.coordination.daemons.manager import DaemonManager  # noqa: E402
-from app.coordination.daemons.registry import build_registry  # noqa: E402
-from app.training.launcher import LaunchError, LaunchSpec, launch  # noqa: E402
+from app.coordination.daemons.daemon_registry import build_registry  # noqa: E402
+from app.shared.launcher import LaunchError, LaunchSpec, launch  # noqa: E402
 
 FAILING_WORKER = """
 import signal, time

@@ -5,7 +5,7 @@
         [--sft-steps 60 --rl-steps 150] [--nproc N] [--export DIR]
 
 One process (LocalBackend) by default; `--nproc N` re-runs itself under torchrun through
-`app.training.launcher` with the FSDP2 backend. Re-running the same command resumes each
+`app.shared.launcher` with the FSDP2 backend. Re-running the same command resumes each
 phase from its newest complete checkpoint. Prints one JSON object: what ran and the greedy
 exact match on held-out prompts.
 """
@@ -46,20 +46,20 @@ def worker(args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(1)
-    from app.lm.engine import InProcessEngine
-    from app.lm.model import LMModelConfig, build_model
+    from app.lm.rollout.engine import InProcessEngine
+    from app.lm.causal_lm import LMModelConfig, build_model
     from app.lm.tasks import DigitTask
     from app.lm.tokenizer import build_digit_tokenizer
     from app.lm.truncation import RolloutSettings
     from app.log import configure_logging
-    from app.training.lm.backend import LocalBackend, OptimConfig
-    from app.training.lm.dist_env import init_distributed, shutdown
-    from app.training.lm.evaluate import evaluate
-    from app.training.lm.fsdp_backend import FSDPBackend
-    from app.training.lm.grpo import sft_loss
-    from app.training.lm.hf_io import save_hf
-    from app.training.lm.loops import RLConfig, SFTConfig
-    from app.training.lm.sft_rl import RunConfig, run
+    from app.lm.train.backend import LocalBackend, OptimConfig
+    from app.lm.train.dist_env import init_distributed, shutdown
+    from app.lm.train.evaluate import evaluate
+    from app.lm.train.fsdp_backend import FSDPBackend
+    from app.lm.train.grpo import sft_loss
+    from app.lm.train.hf_io import save_hf
+    from app.lm.train.loops import RLConfig, SFTConfig
+    from app.lm.train.sft_rl import RunConfig, run
 
     configure_logging(level="INFO")
     env = init_distributed("auto")
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.worker or args.nproc == 1:
         return worker(args)
-    from app.training.launcher import LaunchError, LaunchSpec, launch
+    from app.shared.launcher import LaunchError, LaunchSpec, launch
 
     raw = list(argv if argv is not None else sys.argv[1:])
     forwarded = [a for i, a in enumerate(raw) if a != "--nproc" and (i == 0 or raw[i - 1] != "--nproc")]

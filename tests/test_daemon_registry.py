@@ -7,7 +7,7 @@ import yaml
 from pydantic import BaseModel
 
 from app.config import ConfigError
-from app.coordination.daemons.registry import RunnerEntry, load_registry
+from app.coordination.daemons.daemon_registry import RunnerEntry, load_registry
 from app.coordination.daemons.dlq_retry import INFRA_RUNNERS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,7 +108,7 @@ def test_selected_daemon_with_an_unselected_dependency_is_an_error(tmp_path):
 def test_the_repository_daemons_yaml_loads_with_every_runner(tmp_path):
     from app.config import load_settings
     from app.coordination.pipeline.runners import pipeline_runners
-    from app.coordination.pipeline.workloads import pipeline_context
+    from app.workloads import pipeline_context
 
     pipe = pipeline_context(load_settings(None, node={"data_dir": str(tmp_path)}))
     reg = load_registry(REPO / "daemons.yaml", {**INFRA_RUNNERS, **pipeline_runners(pipe)})

@@ -7,7 +7,7 @@ import pytest
 
 from app.config import Settings
 from app.coordination.daemons.manager import DaemonManager
-from app.coordination.daemons.registry import build_registry
+from app.coordination.daemons.daemon_registry import build_registry
 from app.coordination.daemons.dlq_retry import INFRA_RUNNERS
 from app.coordination.daemons.event_router import EventRouter, RetryPolicy
 from app.coordination.daemons.events import EventType

@@ -15,9 +15,9 @@ from app.config import Settings
 from app.coordination.daemons.event_journal import EventJournal
 from app.coordination.daemons.event_router import EventRouter
 from app.coordination.daemons.events import EventType
-from app.coordination.daemons.registry import DaemonContext
+from app.coordination.daemons.daemon_registry import DaemonContext
 from app.coordination.pipeline.context import wait_for_wake, wake_on
-from app.coordination.pipeline.workloads import pipeline_context
+from app.workloads import pipeline_context
 from app.coordination.pipeline.mesh_events import MeshSnapshot, mesh_changes
 from app.coordination.pipeline.runner_settings import ExportSettings, SelfplaySettings
 from app.coordination.pipeline.runners import export_daemon, pipeline_runners, selfplay_daemon

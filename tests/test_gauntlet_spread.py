@@ -17,7 +17,7 @@ from app.coordination.pipeline.gauntlet_plan import RESULTS_KEY
 from app.coordination.pipeline.shard_board import ShardBoard
 from app.coordination.pipeline.gauntlet_spread import build_request, spread_gauntlet
 from app.coordination.p2p.node import MeshNode
-from app.coordination.pipeline.workloads import pipeline_context
+from app.workloads import pipeline_context
 from app.db.registry import ModelRegistry
 from app.training.gauntlet_shard import ShardGame, ShardResult, play_shard
 from app.coordination.pipeline.state import PipelineState, Stage

@@ -19,12 +19,16 @@ pytestmark = pytest.mark.timeout(60)
 # Packages on one row stand side by side and do not import each other.
 LAYERS: list[tuple[str, ...]] = [
     ("app.p2p_orchestrator", "app.cli"),
+    ("app.workloads",),  # picks the configured workload's steps
+    ("app.training.workload", "app.lm.workload"),  # each workload's pipeline steps: the seam's two sides
     ("app.coordination.pipeline",),
     ("app.coordination.sync",),
     ("app.coordination.p2p",),
     ("app.coordination.daemons",),
-    ("app.training", "app.analyze"),
+    ("app.training", "app.lm.train", "app.analyze"),
+    ("app.lm.rollout",),
     ("app.ai", "app.lm"),
+    ("app.shared",),  # what both workloads use: torchrun, process group, manifests
     ("app.games", "app.db", "app.config", "app.log", "app.atomic_files", "app.free_ports"),
 ]
 NAMESPACES = {"app", "app.coordination"}  # empty package files that only group the layers
@@ -143,4 +147,6 @@ def test_the_checker_sees_circles_and_layers() -> None:
     assert find_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert find_circles({"a": {"b"}, "b": set()}) == []
     assert layer_of("app.games.connect4")[0] > layer_of("app.ai.mcts")[0] > layer_of("app.training.train")[0]
+    assert layer_of("app.lm.tasks")[0] > layer_of("app.lm.rollout.engine")[0] > layer_of("app.lm.train.grpo")[0]
+    assert layer_of("app.coordination.pipeline.runners")[0] > layer_of("app.lm.workload.lm_steps")[0]
     assert layer_of("app.coordination.p2p.node")[0] > layer_of("app.coordination.pipeline.cluster")[0]

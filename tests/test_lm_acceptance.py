@@ -16,17 +16,17 @@ from dataclasses import replace
 import pytest
 import torch
 
-from app.lm.engine import InProcessEngine
-from app.lm.model import LMModelConfig, build_model
+from app.lm.rollout.engine import InProcessEngine
+from app.lm.causal_lm import LMModelConfig, build_model
 from app.lm.tasks import DigitTask
 from app.lm.tokenizer import build_digit_tokenizer
 from app.lm.truncation import RolloutSettings
 from app.log import configure_logging
-from app.training.lm.backend import LocalBackend, OptimConfig
-from app.training.lm.data_buffer import DataBuffer
-from app.training.lm.evaluate import evaluate
-from app.training.lm.grpo import sft_loss
-from app.training.lm.loops import RLConfig, SFTConfig, rl_loop, sft_loop, sft_rows
+from app.lm.train.backend import LocalBackend, OptimConfig
+from app.lm.data_buffer import DataBuffer
+from app.lm.train.evaluate import evaluate
+from app.lm.train.grpo import sft_loss
+from app.lm.train.loops import RLConfig, SFTConfig, rl_loop, sft_loop, sft_rows
 
 TOK = build_digit_tokenizer()
 COPY = DigitTask("copy", 3, 3, "exact")

@@ -12,13 +12,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from app.lm.engine import InProcessEngine
-from app.lm.model import LMModelConfig, build_model
+from app.lm.rollout.engine import InProcessEngine
+from app.lm.causal_lm import LMModelConfig, build_model
 from app.lm.tasks import DigitTask
 from app.lm.tokenizer import build_digit_tokenizer
 from app.lm.truncation import RolloutSettings
-from app.training.lm.backend import LocalBackend, OptimConfig
-from app.training.lm.checkpoint_dirs import (
+from app.lm.train.backend import LocalBackend, OptimConfig
+from app.lm.train.checkpoint_dirs import (
     COMPLETE,
     LATEST,
     CheckpointDirError,
@@ -29,10 +29,10 @@ from app.training.lm.checkpoint_dirs import (
     read_latest,
     read_trainer_state,
 )
-from app.training.lm.grpo import sft_loss
-from app.training.lm.hf_io import WeightsFormatError, load_weight_files
-from app.training.lm.loops import RLConfig, SFTConfig
-from app.training.lm.sft_rl import NoSFTCheckpoint, RunConfig, run
+from app.lm.train.grpo import sft_loss
+from app.lm.train.hf_io import WeightsFormatError, load_weight_files
+from app.lm.train.loops import RLConfig, SFTConfig
+from app.lm.train.sft_rl import NoSFTCheckpoint, RunConfig, run
 
 
 def make_step(root: Path, name: str, complete: bool) -> Path:
@@ -134,7 +134,7 @@ def test_sft_then_rl_starts_from_the_newest_complete_sft_checkpoint(tmp_path):
     assert [(m["phase"], m["step"]) for m in lines] == [("sft", 1), ("sft", 2), ("sft", 3), ("sft", 4),
                                                         ("rl", 1), ("rl", 2)]
     fresh = LocalBackend(build_model(LMModelConfig(seed=9), tok), OptimConfig(), sft_loss)
-    from app.training.lm.checkpoint_dirs import load_training_checkpoint
+    from app.lm.train.checkpoint_dirs import load_training_checkpoint
 
     load_training_checkpoint(fresh, tmp_path / "r" / "sft" / "step_00000004")
     for key, value in fresh.get_weights().items():

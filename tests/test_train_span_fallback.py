@@ -14,11 +14,11 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from app.config import load_settings
-from app.coordination.daemons.registry import DaemonContext
+from app.coordination.daemons.daemon_registry import DaemonContext
 from app.coordination.daemons.event_router import EventRouter
 from app.coordination.daemons.metrics import Metrics
 from app.coordination.pipeline.context import PipelineContext
-from app.coordination.pipeline.workloads import pipeline_context
+from app.workloads import pipeline_context
 from app.coordination.pipeline.training_job import train_spanned
 from app.log import get_logger
 from app.training.export import export_dataset
@@ -94,7 +94,7 @@ async def test_a_stopped_joiner_tears_its_ranks_down(tmp_path: Path) -> None:
     host_dir.mkdir()
     with open(host_dir / "launcher.out", "w") as out:  # rank 0: trains "forever" (far more steps than the test waits)
         host = subprocess.Popen(
-            [sys.executable, "-m", "app.training.launcher", "--nproc", "1", "--nnodes", "2", "--node-rank", "0",
+            [sys.executable, "-m", "app.shared.launcher", "--nproc", "1", "--nnodes", "2", "--node-rank", "0",
              "--master-port", str(port), "--join-timeout-s", "60", "--log-dir", str(host_dir / "logs"),
              "--", "--dataset", str(dataset.path), "--run-dir", str(host_dir), "--max-steps", "100000",
              "--epochs", "100000", "--channels", "8", "--blocks", "1", "--batch-size", "32"],

@@ -6,8 +6,8 @@ lm` trains a language model with GRPO on a task with a verifiable reward. The `l
 holds everything the LM workload reads: the model's shape, the tokenizer, the task, the
 inference engines, rollouts, the GRPO and SFT steps, the rollout window of a generation and
 the held-out evaluation with its gate. The names mirror the library's own settings
-(`app/lm/model.py` LMModelConfig, `app/lm/truncation.py` RolloutSettings,
-`app/training/lm/grpo.py` GRPOConfig) so a value means the same thing in both places.
+(`app/lm/causal_lm.py` LMModelConfig, `app/lm/truncation.py` RolloutSettings,
+`app/lm/train/grpo.py` GRPOConfig) so a value means the same thing in both places.
 
 The rule (`workload_problems`): a setting of the other workload is an error, never ignored.
 A key counts as set when the file (or the caller) gives it, whatever its value: writing
@@ -91,7 +91,7 @@ class LMTaskSettings(StrictModel):
 
 class LMEngineSettings(StrictModel):
     """One inference engine. The first engine of `lm.engines` generates the rollouts; every one
-    is weight-synced to each promoted model (app/lm/weight_sync.py)."""
+    is weight-synced to each promoted model (app/lm/rollout/weight_sync.py)."""
 
     name: str = Field("local", min_length=1, max_length=64)
     kind: Literal["in_process", "sglang", "vllm"] = "in_process"
@@ -134,7 +134,7 @@ class LMSFTSettings(StrictModel):
 
 
 class LMGRPOSettings(StrictModel):
-    """One generation's GRPO run (app/training/lm/grpo.py)."""
+    """One generation's GRPO run (app/lm/train/grpo.py)."""
 
     mode: Literal["rl", "sft+rl"] = "sft+rl"
     steps: int = Field(50, ge=1)  # optimizer steps per generation
@@ -162,7 +162,7 @@ class LMExportSettings(StrictModel):
 
 class LMEvalSettings(StrictModel):
     """The gate: candidate and best, greedy on the same held-out prompts, paired per prompt
-    (app/training/lm_eval.py). Promote only when the candidate is better with `confidence`."""
+    (app/lm/workload/heldout.py). Promote only when the candidate is better with `confidence`."""
 
     method: Literal["sign", "bootstrap"] = "sign"
     confidence: float = Field(0.95, gt=0.5, lt=1.0)

@@ -8,14 +8,13 @@ name is refused by its path instead of training a model on the wrong data.
 
 from __future__ import annotations
 
-import hashlib
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from app.training.manifest_file import MANIFEST_NAME, read_manifest_file
+from app.shared.manifests import MANIFEST_NAME, file_digest, read_manifest_file
 
 TRAIN_NAME = "train.npz"
 HOLDOUT_NAME = "holdout.npz"
@@ -58,14 +57,6 @@ class Dataset:
     @property
     def game(self) -> str:
         return str(self.manifest["game"])
-
-
-def file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def read_manifest(path: str | Path) -> tuple[dict, str]:

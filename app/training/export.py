@@ -30,8 +30,8 @@ from app.atomic_files import fsync_dir
 from app.db.engines import display_name, is_url
 from app.db.replay_db import GameRecord, ReplayDB, ReplayDBError
 from app.games import Game, GameError, GameState, get_game, result_scale
-from app.training.dataset import DATASET_FORMAT, HOLDOUT_NAME, MANIFEST_NAME, TRAIN_NAME, Arrays, file_digest
-from app.training.manifest_file import bytes_sha256
+from app.training.dataset import DATASET_FORMAT, HOLDOUT_NAME, MANIFEST_NAME, TRAIN_NAME, Arrays
+from app.shared.manifests import bytes_sha256, file_digest
 
 
 class ExportError(RuntimeError):

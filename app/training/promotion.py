@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Protocol, Sequence
 
 from app.ai.model import ModelFormatError, file_sha256, read_meta
-from app.training.lm_model_dir import verify_model_dir
+from app.lm.model_dir import verify_model_dir
 from app.config import Settings
 from app.config.pipeline import PromotionConfig
 from app.db.registry import ModelEntry, ModelRegistry, ModelStatus, RegistryError

@@ -1,6 +1,6 @@
 """The torchrun target: train a policy/value network on an exported dataset.
 
-    python -m app.training.launcher --nproc 2 --log-dir runs/r1/logs -- \
+    python -m app.shared.launcher --nproc 2 --log-dir runs/r1/logs -- \
         --dataset data/datasets/d1 --run-dir runs/r1 [--parent best.safetensors] [--resume auto]
 
 Also runs as a plain process (`python -m app.training.train ...`): one rank, gloo on a free
@@ -29,7 +29,7 @@ from app.config import ConfigError, load_settings
 from app.games import get_game
 from app.training.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from app.training.dataset import DatasetError, load_dataset
-from app.training.process_group import DeviceChoiceError, DistContext, init_distributed, shutdown
+from app.shared.process_group import DeviceChoiceError, DistContext, init_distributed, shutdown
 from app.training.train_schedule import ScheduleError, resolve_micro_batches
 from app.training.train_task import PolicyValueTask
 from app.training.trainer import Trainer, set_global_seed

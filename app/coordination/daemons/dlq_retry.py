@@ -7,7 +7,7 @@ from pydantic import Field
 
 from app.config.base import StrictModel
 from app.coordination.daemons.event_router import RetryPolicy
-from app.coordination.daemons.registry import DaemonContext, RunnerEntry
+from app.coordination.daemons.daemon_registry import DaemonContext, RunnerEntry
 
 
 class DlqRetrySettings(StrictModel):

@@ -17,7 +17,7 @@ from typing import Any
 
 from app.config import Settings
 from app.config.paths import NodePaths
-from app.coordination.daemons.registry import DaemonContext
+from app.coordination.daemons.daemon_registry import DaemonContext
 from app.coordination.daemons.event_router import Event
 from app.coordination.daemons.events import EventType
 from app.coordination.pipeline.state import PipelineState, PipelineStateStore

@@ -16,7 +16,7 @@ import asyncio
 from pydantic import Field
 
 from app.config import StrictModel
-from app.coordination.daemons.registry import DaemonContext
+from app.coordination.daemons.daemon_registry import DaemonContext
 from app.coordination.p2p.node import MeshNode
 from app.coordination.pipeline.context import PipelineContext
 from app.coordination.sync.ranges import effective_factor

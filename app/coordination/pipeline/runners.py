@@ -15,7 +15,7 @@ import asyncio
 import functools
 from pathlib import Path
 
-from app.coordination.daemons.registry import DaemonContext, RunnerEntry
+from app.coordination.daemons.daemon_registry import DaemonContext, RunnerEntry
 from app.coordination.daemons.events import EventType
 from app.coordination.pipeline.shard_worker import gauntlet_shards_daemon
 from app.coordination.pipeline.generation_log import GenerationRecord

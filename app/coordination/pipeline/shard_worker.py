@@ -25,7 +25,7 @@ from app.coordination.pipeline.state import Stage
 
 if TYPE_CHECKING:
     from app.coordination.pipeline.cluster import ClusterPipeline
-    from app.coordination.daemons.registry import DaemonContext
+    from app.coordination.daemons.daemon_registry import DaemonContext
     from app.coordination.pipeline.context import PipelineContext
 
 log = get_logger(__name__)

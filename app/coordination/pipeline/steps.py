@@ -25,7 +25,7 @@ from app.db.registry import ModelRegistry
 from app.training.promotion import Decision
 
 if TYPE_CHECKING:
-    from app.coordination.daemons.registry import DaemonContext
+    from app.coordination.daemons.daemon_registry import DaemonContext
 
 
 @dataclass(frozen=True)

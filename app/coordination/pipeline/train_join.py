@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from app.atomic_files import atomic_write_json
-from app.coordination.daemons.registry import DaemonContext
+from app.coordination.daemons.daemon_registry import DaemonContext
 from app.coordination.p2p.work_rules import TRAINING_JOIN_KIND
 from app.coordination.p2p.worker import Claim, WorkClient
 from app.coordination.daemons.events import EventType

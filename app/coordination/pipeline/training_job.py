@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.coordination.daemons.registry import DaemonContext
+from app.coordination.daemons.daemon_registry import DaemonContext
 from app.coordination.pipeline.context import PipelineContext
 from app.free_ports import free_port
-from app.training.launcher import JOIN_TIMEOUT_EXIT
+from app.shared.launcher import JOIN_TIMEOUT_EXIT
 from app.coordination.pipeline.state import PipelineState
 
 _PR_SET_PDEATHSIG = 1
@@ -66,7 +66,7 @@ def _die_with_parent() -> None:
 def launcher_command(pipe: PipelineContext, *, run_dir: Path, dataset_dir: str | Path, generation: int,
                      parent: str | Path | None, nproc: int, span: SpanArgs | None = None) -> list[str]:
     """The launcher command line of one node's part of a training run (the whole run when alone)."""
-    cmd = [sys.executable, "-m", "app.training.launcher", "--nproc", str(nproc), "--log-dir", str(run_dir / "logs")]
+    cmd = [sys.executable, "-m", "app.shared.launcher", "--nproc", str(nproc), "--log-dir", str(run_dir / "logs")]
     if span is not None:
         cmd += ["--nnodes", str(span.nnodes), "--node-rank", str(span.node_rank), "--master-addr", span.master_addr,
                 "--master-port", str(span.master_port), "--join-timeout-s", str(span.join_timeout_s)]

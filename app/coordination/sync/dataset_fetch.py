@@ -26,7 +26,8 @@ from app.coordination.p2p.client import MeshClient
 from app.coordination.sync.streaming import CHUNK, FetchError, PeerFailed, download, first_verified_copy
 from app.coordination.sync.wire import is_sha256
 from app.log import get_logger
-from app.training.dataset import MANIFEST_NAME, DatasetError, file_digest, read_manifest
+from app.shared.manifests import file_digest
+from app.training.dataset import MANIFEST_NAME, DatasetError, read_manifest
 
 log = get_logger(__name__)
 MAX_MANIFEST_BYTES = 1 << 20
