@@ -31,6 +31,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("app.shared",),  # what both workloads use: torchrun, process group, manifests
     ("app.games", "app.db", "app.config", "app.log", "app.atomic_files", "app.free_ports"),
 ]
+# The two workloads never import each other, at any layer.
+WORKLOADS = {"app.lm": ("app.training", "app.ai", "app.games", "app.analyze"),
+             "app.training": ("app.lm",), "app.ai": ("app.lm",), "app.games": ("app.lm",)}
 NAMESPACES = {"app", "app.coordination"}  # empty package files that only group the layers
 
 
@@ -135,6 +138,25 @@ def test_no_upward_or_sideways_import() -> None:
             if target_row < row or (target_row == row and target_package != package):
                 bad.append(f"{module} -> {target}")
     assert not bad, "imports that run up or sideways:\n" + "\n".join(sorted(bad))
+
+
+def test_the_workloads_do_not_import_each_other() -> None:
+    bad = [f"{module} -> {target}" for module, targets in import_graph().items() for target in targets
+           for home, foreign in WORKLOADS.items()
+           if (module == home or module.startswith(home + ".")) and any(
+               target == f or target.startswith(f + ".") for f in foreign)]
+    assert not bad, "imports between the workloads:\n" + "\n".join(sorted(bad))
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """One name, one job: `app/ai/model.py` and an LM `model.py` read alike in a traceback.
+    Exceptions: app/config's settings modules (named after what they configure), and the leader's
+    work queue, whose table (db/work_queue.py) and logic (p2p/work_queue.py) are one job."""
+    seen: dict[str, list[str]] = {}
+    for path in APP.rglob("*.py"):
+        if path.name not in ("__init__.py", "__main__.py", "work_queue.py") and path.parent.name != "config":
+            seen.setdefault(path.name, []).append(str(path.relative_to(APP.parent)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
 
 
 def test_no_import_circle() -> None:

@@ -10,7 +10,7 @@ subdirectory, a link or a hidden file is refused by its path rather than silentl
 A node keeps promoted models as `<models_root>/<sha256>/`: `install_model_dir` copies a
 directory there through a staging directory that is verified, then renamed into place whole,
 so the final name never holds a partial or unverified copy. Peers fetch the same layout over
-the mesh (app/lm/workload/model_fetch.py).
+the mesh (app/lm/workload/lm_model_fetch.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from app.atomic_files import atomic_write_text, fsync_dir, fsync_file
-from app.shared.manifests import MANIFEST_NAME, bytes_sha256, file_digest, read_manifest_file
+from app.shared.manifests import MANIFEST_NAME, bytes_sha256, file_digest, read_manifest_file, verify_dir
 
 KIND = "hf_checkpoint"
 FORMAT = 1
@@ -86,25 +86,8 @@ def _check_model_manifest(manifest: dict) -> None:
 
 
 def verify_model_dir(path: str | Path, sha256: str | None = None) -> str | None:
-    """None when `path` holds exactly the files its manifest lists, each with its digest and
-    size (and the manifest hashes to `sha256` when given); else what is wrong, naming the file."""
-    path = Path(path)
-    try:
-        manifest, actual = read_model_manifest(path)
-        present = {f.name for f in model_files(path)}
-    except (ModelDirError, OSError) as exc:
-        return str(exc)
-    if sha256 is not None and actual != sha256:
-        return f"{path / MANIFEST_NAME}: hashes to {actual[:16]}, not {sha256[:16]}"
-    if present - set(manifest["files"]):
-        return f"{path}: files the manifest does not list: {sorted(present - set(manifest['files']))}"
-    for name, entry in manifest["files"].items():
-        file = path / name
-        if not file.is_file():
-            return f"{file}: missing"
-        if file.stat().st_size != int(entry["bytes"]) or file_digest(file) != entry["sha256"]:
-            return f"{file}: does not match the manifest (sha256 {str(entry['sha256'])[:16]}, {entry['bytes']} bytes)"
-    return None
+    """The one manifest check (app/shared/manifests.verify_dir) with this kind's reader."""
+    return verify_dir(path, sha256, read_model_manifest)
 
 
 def installed_model_dir(models_root: str | Path, sha256: str) -> Path:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Protocol, Sequence
 
 from app.ai.model import ModelFormatError, file_sha256, read_meta
-from app.lm.model_dir import verify_model_dir
 from app.config import Settings
+from app.shared.manifests import verify_stored_model
 from app.config.pipeline import PromotionConfig
 from app.db.registry import ModelEntry, ModelRegistry, ModelStatus, RegistryError
 from app.training.gauntlet import GauntletReport, ProgressCallback, run_gauntlet
@@ -134,21 +134,11 @@ def decide_promotion(results: Sequence[MatchResult], gates: Gates, has_best: boo
 
 
 def verify_model_file(entry: ModelEntry) -> None:
-    """Refuse a model whose file is gone or no longer hashes to its registry sha256 (a
-    language model's directory: whose files no longer match the manifest it is known by)."""
-    path = Path(entry.path)
-    if path.is_dir():
-        problem = verify_model_dir(path, entry.sha256)
-        if problem is not None:
-            raise PromotionError(f"refusing model {entry.sha256[:12]}: {problem}")
-        return
-    if not path.is_file():
-        raise PromotionError(f"model {entry.sha256[:12]}: file {path} is missing")
-    actual = file_sha256(path)
-    if actual != entry.sha256:
-        raise PromotionError(
-            f"refusing model {entry.sha256[:12]}: file {path} has sha256 {actual[:12]}, "
-            f"not the registry's {entry.sha256[:12]} (file replaced or corrupt)")
+    """Refuse a model whose stored copy is gone or no longer what its registry sha256 names (a
+    model file, or a model directory with its manifest: app/shared/manifests.py)."""
+    problem = verify_stored_model(entry.path, entry.sha256)
+    if problem is not None:
+        raise PromotionError(f"refusing model {entry.sha256[:12]}: {problem}")
 
 
 def register_candidate(registry: ModelRegistry, model_path: str | Path) -> ModelEntry:

@@ -26,8 +26,8 @@ from app.coordination.p2p.client import MeshClient
 from app.coordination.sync.streaming import CHUNK, FetchError, PeerFailed, download, first_verified_copy
 from app.coordination.sync.wire import is_sha256
 from app.log import get_logger
-from app.shared.manifests import file_digest
-from app.training.dataset import MANIFEST_NAME, DatasetError, read_manifest
+from app.shared.manifests import MANIFEST_NAME, verify_dir
+from app.training.dataset import read_manifest
 
 log = get_logger(__name__)
 MAX_MANIFEST_BYTES = 1 << 20
@@ -47,21 +47,8 @@ def installed_dataset(datasets_dir: str | Path, sha256: str) -> Path:
 
 
 def verify_dataset(path: Path, sha256: str) -> str | None:
-    """None when `path` holds exactly dataset `sha256` (every listed file's digest checked),
-    else what is wrong, naming the file."""
-    try:
-        manifest, actual = read_manifest(path)
-    except DatasetError as exc:
-        return str(exc)
-    if actual != sha256:
-        return f"{path / MANIFEST_NAME}: hashes to {actual[:16]}, not {sha256[:16]}"
-    for name, entry in manifest["files"].items():
-        file = path / name
-        if not file.is_file():
-            return f"{file}: missing"
-        if file_digest(file) != entry.get("sha256"):
-            return f"{file}: sha256 does not match the manifest ({str(entry.get('sha256'))[:16]})"
-    return None
+    """The one manifest check (app/shared/manifests.verify_dir) with the NPZ dataset's reader."""
+    return verify_dir(path, sha256, read_manifest)
 
 
 async def fetch_dataset(

@@ -25,7 +25,7 @@ from app.atomic_files import fsync_dir, fsync_file
 from app.db.rollout_store import RolloutStore
 from app.lm.samples import Group
 from app.lm.rollout.batches import to_group
-from app.shared.manifests import MANIFEST_NAME, bytes_sha256, file_digest, read_manifest_file
+from app.shared.manifests import MANIFEST_NAME, bytes_sha256, file_digest, read_manifest_file, verify_dir
 
 KIND = "lm_rollouts"
 FORMAT = 1
@@ -93,21 +93,8 @@ def _check_rollout_manifest(manifest: dict) -> None:
 
 
 def verify_rollout_dataset(path: str | Path, sha256: str | None = None) -> str | None:
-    """None when every file matches the manifest (and the manifest hashes to `sha256`)."""
-    path = Path(path)
-    try:
-        manifest, actual = read_rollout_manifest(path)
-    except RolloutDatasetError as exc:
-        return str(exc)
-    if sha256 is not None and actual != sha256:
-        return f"{path / MANIFEST_NAME}: hashes to {actual[:16]}, not {sha256[:16]}"
-    for name, entry in manifest["files"].items():
-        file = path / name
-        if not file.is_file():
-            return f"{file}: missing"
-        if file_digest(file) != entry.get("sha256"):
-            return f"{file}: sha256 does not match the manifest ({str(entry.get('sha256'))[:16]})"
-    return None
+    """The one manifest check (app/shared/manifests.verify_dir) with this kind's reader."""
+    return verify_dir(path, sha256, read_rollout_manifest)
 
 
 def load_rollout_dataset(path: str | Path, expect_sha256: str | None = None) -> list[Group]:

@@ -44,6 +44,10 @@ class GateResult:
     interval: tuple[float, float]  # two-sided `confidence` bootstrap interval of mean_diff
     reason: str
 
+    def summary(self) -> str:
+        """The decision's one line, as the pipeline records it (the seam's Verdict)."""
+        return ("pass: " if self.promote else "fail: ") + self.reason
+
     def to_json(self) -> dict:
         out = asdict(self)
         out["interval"] = list(self.interval)

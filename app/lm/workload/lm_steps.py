@@ -48,9 +48,9 @@ from app.lm.causal_lm import load_model
 from app.lm.rollout.weight_sync import WeightSyncError, sync_weights
 from app.log import get_logger
 from app.lm.workload.heldout import evaluate_pair
-from app.training.dataset import MANIFEST_NAME
+from app.shared.manifests import MANIFEST_NAME
 from app.lm.rollout.rollout_dataset import export_rollouts, read_rollout_manifest, verify_rollout_dataset
-from app.lm.workload.gate import paired_gate
+from app.lm.workload.gate import GateResult, paired_gate
 from app.lm.model_dir import (
     ModelDirError, install_model_dir, installed_model_dir, read_model_manifest, verify_model_dir,
 )
@@ -60,7 +60,6 @@ from app.lm.setup import (
     build_task, build_tokenizer, greedy_settings, heldout_prompts, initial_model, rollout_settings,
     train_prompts,
 )
-from app.training.promotion import Decision
 
 if TYPE_CHECKING:
     from app.coordination.daemons.daemon_registry import DaemonContext
@@ -220,14 +219,13 @@ class LMSteps:
         self._remember_heldout(pipe, state, record)
         return record
 
-    def decide(self, pipe: PipelineContext, state: ps.PipelineState, has_best: bool) -> Decision:
+    def decide(self, pipe: PipelineContext, state: ps.PipelineState, has_best: bool) -> GateResult:
         """The paired gate, recomputed from the stored per-prompt rewards: a pure function of the
         evaluation and the config, so a restart decides exactly as the first run would have."""
         cfg = self._lm(pipe).eval
         rewards = state.evaluation["rewards"]
-        gate = paired_gate(rewards["candidate"], rewards["best"], confidence=cfg.confidence, method=cfg.method,
+        return paired_gate(rewards["candidate"], rewards["best"], confidence=cfg.confidence, method=cfg.method,
                            min_improvement=cfg.min_improvement, bootstrap_samples=cfg.bootstrap_samples, seed=cfg.seed)
-        return Decision(gate.promote, (("pass: " if gate.promote else "fail: ") + gate.reason,))
 
     def heldout(self, evaluation: dict) -> dict[str, float] | None:
         c = evaluation.get("candidate")
