@@ -39,8 +39,9 @@ def worker(args: argparse.Namespace) -> int:
     from app.lm.data_buffer import DataBuffer
     from app.lm.train.dist_env import init_distributed, shutdown
     from app.lm.train.fsdp_backend import FSDPBackend
-    from app.lm.train.grpo import sft_loss
-    from app.lm.train.loops import RLConfig, rl_loop
+    from app.lm.train.grpo import GRPOConfig, grpo_loss_fn, sft_loss
+    from app.lm.train.rollout_sources import GeneratedGroups
+    from app.lm.train.sft_grpo import grpo_loop
 
     configure_logging(level="WARNING")
     env = init_distributed(args.device)
@@ -51,9 +52,11 @@ def worker(args: argparse.Namespace) -> int:
     use_fsdp = args.backend == "fsdp" or (args.backend == "auto" and env.world_size > 1)
     backend = FSDPBackend(model, optim, sft_loss, env) if use_fsdp else LocalBackend(model, optim, sft_loss)
     task = DigitTask("copy", 3, 3, "partial")
-    cfg = RLConfig(steps=args.warmup + args.steps, prompts_per_step=args.prompts_per_step, micro_batch_size=64,
-                   rollout=RolloutSettings(n=args.group_size, max_new_tokens=4, length_is_parse_failure=False))
-    history = rl_loop(backend, engine, task, tok, DataBuffer(task.make_prompts(400, 1, "train"), 0), cfg)[args.warmup:]
+    rollout = RolloutSettings(n=args.group_size, max_new_tokens=4, length_is_parse_failure=False)
+    source = GeneratedGroups(engine, task, tok, DataBuffer(task.make_prompts(400, 1, "train"), 0), seed=0,
+                             prompts_per_step=args.prompts_per_step, rollout=rollout, micro_batch_size=64)
+    history = grpo_loop(backend, source, tok.pad_token_id, grpo_loss_fn(GRPOConfig(), rollout.temperature),
+                        args.warmup + args.steps)[args.warmup:]
     if env.is_main:
         total = {k: sum(h[k] for h in history) for k in ("rollout_s", "train_s", "sync_s", "generated_tokens",
                                                          "trained_tokens")}

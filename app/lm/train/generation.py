@@ -1,4 +1,5 @@
-"""The torchrun target of the LM workload: one generation's training, the twin of train.py.
+"""The torchrun target of the LM workload: one generation's training (the game workload's is
+app/training/train.py).
 
     python -m app.shared.launcher --nproc N --log-dir RUN/logs --module app.lm.train.generation -- \
         --dataset D --run-dir RUN --resume auto --generation G --config CFG [--parent P]
@@ -6,8 +7,9 @@
 Every rank runs it; rank 0 alone writes. Generation 1 of `lm.grpo.mode: sft+rl` (no parent)
 first takes `lm.grpo.sft.steps` supervised steps on the task's demonstrations; then
 `lm.grpo.steps` GRPO steps on the groups of the exported rollout dataset (off-policy: against
-the log-probs stored with them). Checkpoints go to `RUN/sft` and `RUN/rl`
-(app/lm/train/sft_rl.py's layout), one line per step to `RUN/metrics.jsonl`; the same
+the log-probs stored with them): the one run of app/lm/train/sft_grpo.py, its rollouts drawn
+from the dataset (rollout_sources.StoredGroups). Checkpoints go to `RUN/sft` and `RUN/rl`, one
+line per step to `RUN/metrics.jsonl`; the same
 command after a kill continues from the newest complete checkpoint. At the end: the candidate
 `RUN/candidate/` (a Hugging Face directory with its manifest, renamed into place whole) and
 `RUN/result.json`. A run whose candidate already verifies exits 0 at once.
@@ -31,22 +33,14 @@ from app.config import ConfigError, load_settings
 from app.config.lm import LMConfig
 from app.lm.causal_lm import load_model
 from app.lm.train.backend import LocalBackend, OptimConfig
-from app.lm.train.checkpoint_dirs import (
-    CheckpointDirError,
-    load_training_checkpoint,
-    newest_complete,
-)
+from app.lm.train.checkpoint_dirs import CheckpointDirError
 from app.lm.data_buffer import DataBuffer
 from app.lm.train.dist_env import init_distributed, shutdown
 from app.lm.train.fsdp_backend import FSDPBackend
-from app.lm.train.grpo import GRPOConfig, sft_loss
-from app.lm.train.loops import SFTConfig, groups_step, sft_loop, sft_rows
-from app.lm.train.offline_grpo import (
-    dataset_problem,
-    drawn_mean_reward,
-    grpo_loss_fn,
-)
-from app.lm.train.sft_rl import checkpoint_hook, resume_phase, set_lr
+from app.lm.train.grpo import GRPOConfig, grpo_loss_fn, sft_loss
+from app.lm.train.rollout_sources import StoredGroups, dataset_problem, drawn_mean_reward
+from app.lm.train.sft_grpo import RunPlan, SFTConfig, sft_rows
+from app.lm.train.sft_grpo import run as run_phases
 from app.lm.train.candidate import (
     claim_run_dir,
     finished,
@@ -161,42 +155,29 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
                else LocalBackend(model, optim, sft_loss, env.device))
     if reference is not None:
         reference.to(env.device)
-    every = max(1, args.checkpoint_every)
     started = time.time()
 
-    def progress(phase: str):
+    def progress(phase: str, step: int, stats: dict[str, Any]) -> None:
         keys = ("loss", "grad_norm", "mean_reward", "mean_ratio", "clip_fraction")
-        return lambda step, stats: say(env, f"{phase} step {step}: " + " ".join(
-            f"{k} {stats[k]:.4g}" for k in keys if k in stats))
+        say(env, f"{phase} step {step}: " + " ".join(f"{k} {stats[k]:.4g}" for k in keys if k in stats))
 
     sft_steps = g.sft.steps if g.mode == "sft+rl" and args.parent is None else 0
-    if sft_steps:
-        rows = DataBuffer(sft_rows(task, tok, train_prompts(task, lm.task)), g.seed)
-        start = 0 if spans else resume_phase(backend, run_dir / "sft", rows)
-        set_lr(backend, g.sft.lr)
-        micro = max(1, -(-rank_share(g.sft.batch_size, 0, env.world_size)[1] // g.micro_batches))
-        say(env, f"SFT steps {start + 1}..{sft_steps} on {len(rows)} demonstrations, world {env.world_size}")
-        sft_loop(backend, tok, rows, SFTConfig(steps=sft_steps, batch_size=g.sft.batch_size, micro_batch_size=micro),
-                 start_step=start, on_step=checkpoint_hook(backend, run_dir / "sft", run_dir, "sft", sft_steps, every,
-                                                           rows, progress("sft"), save=not spans))
-        if not spans:  # GRPO starts from the saved SFT result, as sft_rl does (a resumed run the same)
-            found = newest_complete(run_dir / "sft")
-            assert found is not None and found[0] == sft_steps  # the hook checkpoints the last step
-            load_training_checkpoint(backend, found[1])
-    if reference is not None:
-        reference.load_state_dict(backend.get_weights())  # the policy GRPO starts from
-    buffer = DataBuffer(groups, g.seed + 1)
-    start = 0 if spans else resume_phase(backend, run_dir / "rl", buffer)
-    set_lr(backend, g.lr)
-    loss_fn = grpo_loss_fn(GRPOConfig(g.clip_low, g.clip_high, g.kl_coef), lm.rollout.temperature, reference)
-    hook = checkpoint_hook(backend, run_dir / "rl", run_dir, "rl", g.steps, every, buffer, progress("rl"),
-                           save=not spans)
-    say(env, f"GRPO steps {start + 1}..{g.steps} on {len(groups)} groups of {args.dataset}, world {env.world_size}")
-    final: dict[str, Any] = {}
-    for step in range(start + 1, g.steps + 1):
-        final = {"step": step, **groups_step(backend, tok.pad_token_id, buffer.next_batch(g.groups_per_step), loss_fn,
-                                             micro_batches=g.micro_batches, scale_by_std=g.scale_by_std, eps=g.eps)}
-        hook(step, final)
+    micro = max(1, -(-rank_share(g.sft.batch_size, 0, env.world_size)[1] // g.micro_batches))
+    plan = RunPlan(SFTConfig(steps=sft_steps, batch_size=g.sft.batch_size, micro_batch_size=micro) if sft_steps else None,
+                   g.sft.lr,
+                   g.steps, g.lr, seed=g.seed, checkpoint_every=args.checkpoint_every, save=not spans)
+    source = StoredGroups(DataBuffer(groups, g.seed + 1), g.groups_per_step, micro_batches=g.micro_batches,
+                          scale_by_std=g.scale_by_std, eps=g.eps)
+    demonstrations = sft_rows(task, tok, train_prompts(task, lm.task)) if sft_steps else []
+    what = {"sft": f"{len(demonstrations)} demonstrations", "rl": f"{len(groups)} groups of {args.dataset}"}
+    label = {"sft": "SFT", "rl": "GRPO"}
+    announce = lambda phase, first, last: say(  # noqa: E731
+        env, f"{label[phase]} steps {first}..{last} on {what[phase]}, world {env.world_size}")
+    report = run_phases(backend, tok, run_dir, plan, demonstrations=demonstrations, source=source,
+                        reference=reference, on_step=progress, on_phase=announce,
+                        loss_fn=grpo_loss_fn(GRPOConfig(g.clip_low, g.clip_high, g.kl_coef), lm.rollout.temperature,
+                                             reference))
+    final = report.get("final", {})
     staged = stage_candidate(backend, tok, run_dir, CANDIDATE_NAME)
     if staged is None:
         return None

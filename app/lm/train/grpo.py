@@ -11,16 +11,21 @@ Conventions that keep the losses honest (they are the usual mistakes):
   same whatever its sequence's length, and the gradients summed over micro-batches and ranks
   equal those of the whole batch in one piece, at any world size.
 - Advantages are normalised within a prompt's group: (r - mean) / (std + eps), std optional.
+- The rollout log-probs were drawn from logits / temperature, so the trainer's are too
+  (`grpo_loss_fn`, the one place the temperature enters): at any other temperature than 1 the
+  ratio would be biased from the first step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 
 @dataclass
@@ -125,3 +130,23 @@ def grpo_loss(logits: torch.Tensor, batch: Batch, cfg: GRPOConfig) -> tuple[torc
         metrics["clipped_tokens"] = float(was_clipped.sum())
         metrics["ratio_sum"] = float((ratio * mask).sum())
     return loss, metrics
+
+
+def grpo_loss_fn(cfg: GRPOConfig, temperature: float = 1.0, reference: nn.Module | None = None,
+                 ) -> Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict[str, float]]]:
+    """The GRPO loss at the sampling temperature, with the reference policy's log-probs (at
+    the same temperature) when KL is on: what both the online and the offline run train with."""
+    if cfg.kl_coef and reference is None:
+        raise ValueError("kl_coef > 0 needs a reference model")
+
+    def loss_fn(logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        if cfg.kl_coef:
+            assert reference is not None
+            with torch.no_grad():
+                ref_logits = reference(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                       use_cache=False).logits
+                ref = token_logprobs(ref_logits.float() / temperature, batch.input_ids)
+            batch = dataclasses.replace(batch, ref_logprobs=ref)
+        return grpo_loss(logits.float() / temperature if temperature != 1.0 else logits, batch, cfg)
+
+    return loss_fn
