@@ -51,10 +51,10 @@ def test_loads_order_roles_settings_and_restart_overrides(tmp_path):
     reg = load_registry(path, RUNNERS)
     assert list(reg.specs) == ["db", "selfplay", "train"]
     sp = reg.specs["selfplay"]
-    assert sp.settings == {"games": 5}
+    assert sp.settings.games == 5  # typed: the runner's schema (a mapping of defaults becomes one)
     assert (sp.restart.base_s, sp.restart.cap_s, sp.restart.crash_loop_starts) == (2, 7, 3)
     assert reg.specs["db"].restart.cap_s == 300  # file policy, defaults elsewhere
-    assert reg.specs["train"].settings == {"batch": 8} and reg.specs["train"].critical
+    assert reg.specs["train"].settings == TrainSettings() and reg.specs["train"].critical
     assert [s.name for s in reg.select("all")] == ["db", "selfplay", "train"]
     assert [s.name for s in reg.select("selfplay")] == ["db", "selfplay"]
     assert reg.select("nobody") == []
@@ -67,7 +67,7 @@ def test_loads_order_roles_settings_and_restart_overrides(tmp_path):
         ({"dameons": {}}, "dameons"),
         ({"daemons": {"gpu_miner": {}}}, "daemons.gpu_miner: unknown daemon"),
         ({"daemons": {"db": {"depends_on": ["cache"]}}}, "daemons.db.depends_on: unknown daemon 'cache'"),
-        ({"daemons": {"db": {"settings": {"pth": "y"}}}}, "daemons.db.settings.pth: unknown setting"),
+        ({"daemons": {"db": {"settings": {"pth": "y"}}}}, "daemons.db.settings: pth: Extra inputs are not permitted"),
         ({"daemons": {"train": {"settings": {"batch": "big"}}}}, "daemons.train.settings: batch"),
         ({"daemons": {"db": {"restart": {"cap_s": -1}}}}, "daemons.db.restart.cap_s"),
         (

@@ -35,7 +35,7 @@ async def test_a_switch_syncs_every_http_engine_and_status_shows_each_version(tm
         assert {name: e["weight_version"] for name, e in before.items()} == {"local": 0, "sg": 0, "sg2": 0}
 
         model_dir = tmp_path / "models" / ("a" * 64)
-        await pipe.steps.switched(pipe, "a" * 64, model_dir, 3)
+        await pipe.steps.models.switched("a" * 64, model_dir, 3)
     finally:
         await good.stop()
         await bad.stop()

@@ -18,6 +18,7 @@ from app.coordination.daemons.daemon_registry import DaemonContext
 from app.coordination.daemons.event_router import EventRouter
 from app.coordination.daemons.metrics import Metrics
 from app.coordination.pipeline.context import PipelineContext
+from app.coordination.pipeline.runner_settings import TrainSettings
 from app.workloads import pipeline_context
 from app.coordination.pipeline.training_job import train_spanned
 from app.log import get_logger
@@ -42,7 +43,7 @@ def _pipe(tmp_path: Path) -> PipelineContext:
 
 def _ctx(pipe: PipelineContext) -> DaemonContext:
     metrics = Metrics(CollectorRegistry())
-    return DaemonContext(name="train", settings={}, router=EventRouter(metrics=metrics), app_settings=pipe.settings,
+    return DaemonContext(name="train", settings=TrainSettings(), router=EventRouter(metrics=metrics), app_settings=pipe.settings,
                          stopping=asyncio.Event(), log=get_logger("test.train"), metrics=metrics)
 
 

@@ -14,10 +14,10 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, create_model
 
 from app.config import ConfigError, Settings, StrictModel, format_validation_error
 
@@ -26,12 +26,19 @@ if TYPE_CHECKING:
     from app.coordination.daemons.metrics import Metrics
 
 
+S = TypeVar("S", bound=BaseModel)
+
+
+class NoSettings(StrictModel):
+    """A runner that takes no settings."""
+
+
 @dataclass(eq=False)
-class DaemonContext:
+class DaemonContext(Generic[S]):
     """What a runner gets. A runner returns when `stopping` is set; raising means it crashed."""
 
     name: str
-    settings: dict[str, Any]  # this daemon's settings: runner defaults overlaid by daemons.yaml
+    settings: S  # this daemon's settings, typed: its runner's schema, validated from daemons.yaml
     router: EventRouter
     app_settings: Settings
     stopping: asyncio.Event
@@ -64,7 +71,9 @@ HealthCheck = Callable[[DaemonContext], "bool | Awaitable[bool]"]
 
 class RunnerEntry(NamedTuple):
     runner: Runner
-    defaults: Mapping[str, Any] | type[BaseModel] = {}  # keys daemons.yaml may set, or a schema
+    # the settings daemons.yaml may set: a schema (each key with its one default), or, for a
+    # small runner, a mapping of keys to defaults that becomes one
+    defaults: Mapping[str, Any] | type[BaseModel] = NoSettings
     health: HealthCheck | None = None
 
 
@@ -109,7 +118,7 @@ class DaemonSpec:
     start_timeout_s: float = 30.0
     stop_timeout_s: float = 10.0
     restart: RestartPolicy = RestartPolicy()
-    settings: Mapping[str, Any] = field(default_factory=dict)
+    settings: BaseModel = field(default_factory=NoSettings)
     health: HealthCheck | None = None
 
     def runs_on(self, role: str) -> bool:
@@ -175,14 +184,30 @@ class DaemonRegistry:
         return chosen
 
 
-def build_registry(
-    data: Mapping[str, Any], runners: Mapping[str, RunnerEntry | tuple], source: str = "<daemons>"
-) -> DaemonRegistry:
-    """Validate a parsed daemons.yaml against the runner table and build the registry."""
+def parse_daemons(data: Mapping[str, Any] | DaemonsFile, source: str = "<daemons>") -> DaemonsFile:
+    """A parsed daemons.yaml, checked for its own keys (each daemon's settings: `build_registry`)."""
+    if isinstance(data, DaemonsFile):
+        return data
     try:
-        parsed = DaemonsFile.model_validate(dict(data))
+        return DaemonsFile.model_validate(dict(data))
     except ValidationError as exc:
         raise ConfigError(f"{source}: {format_validation_error(exc)}") from None
+
+
+def daemon_settings(data: DaemonsFile, name: str, schema: type[S], source: str = "<daemons>") -> S:
+    """Daemon `name`'s settings validated by `schema` (its defaults when the file names no such
+    daemon): for what the node must know before its runners exist (the export threshold)."""
+    entry = data.daemons.get(name)
+    settings = _merge_settings(name, schema, entry.settings if entry is not None else {}, source)
+    assert isinstance(settings, schema)
+    return settings
+
+
+def build_registry(
+    data: Mapping[str, Any] | DaemonsFile, runners: Mapping[str, RunnerEntry | tuple], source: str = "<daemons>"
+) -> DaemonRegistry:
+    """Validate a parsed daemons.yaml against the runner table and build the registry."""
+    parsed = parse_daemons(data, source)
     table = {name: RunnerEntry(*entry) for name, entry in runners.items()}
     specs = []
     for name, entry in parsed.daemons.items():
@@ -215,22 +240,30 @@ def build_registry(
 
 def _merge_settings(
     name: str, defaults: Mapping[str, Any] | type[BaseModel], given: Mapping[str, Any], source: str
-) -> dict[str, Any]:
-    """Runner defaults overlaid by the file; a key the runner does not declare is an error."""
-    if isinstance(defaults, type) and issubclass(defaults, BaseModel):
-        try:
-            return defaults.model_validate(dict(given)).model_dump()
-        except ValidationError as exc:
-            raise ConfigError(f"{source}: daemons.{name}.settings: {format_validation_error(exc)}") from None
-    for key in given:
-        if key not in defaults:
-            known = ", ".join(sorted(defaults)) or "none"
-            raise ConfigError(f"{source}: daemons.{name}.settings.{key}: unknown setting (known: {known})")
-    return {**defaults, **given}
+) -> BaseModel:
+    """The runner's schema validating the file's keys: a key it does not declare is an error."""
+    schema = defaults if isinstance(defaults, type) else _schema_of(name, defaults)
+    try:
+        return schema.model_validate(dict(given))
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: daemons.{name}.settings: {format_validation_error(exc)}") from None
+
+
+def _schema_of(name: str, defaults: Mapping[str, Any]) -> type[BaseModel]:
+    """A mapping of keys to defaults as a strict schema (each key typed by its default)."""
+    if not defaults:
+        return NoSettings
+    fields: dict[str, Any] = {key: (type(value), value) for key, value in defaults.items()}
+    return create_model(f"{name}_settings", __base__=StrictModel, **fields)
 
 
 def load_registry(path: str | Path, runners: Mapping[str, RunnerEntry | tuple]) -> DaemonRegistry:
     """Read daemons.yaml and build the registry; every problem is a ConfigError naming the file."""
+    return build_registry(read_daemons(path), runners, str(path))
+
+
+def read_daemons(path: str | Path) -> DaemonsFile:
+    """Read and parse daemons.yaml; every problem is a ConfigError naming the file."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text()) or {}
@@ -240,4 +273,4 @@ def load_registry(path: str | Path, runners: Mapping[str, RunnerEntry | tuple]) 
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
-    return build_registry(data, runners, str(path))
+    return parse_daemons(data, str(path))

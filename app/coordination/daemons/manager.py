@@ -213,7 +213,7 @@ class DaemonManager:
 
         return DaemonContext(
             name=st.spec.name,
-            settings=dict(st.spec.settings),
+            settings=st.spec.settings,
             router=self.router,
             app_settings=self.settings,
             stopping=st.stopping,

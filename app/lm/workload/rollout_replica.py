@@ -1,5 +1,6 @@
-"""The rollout store's groups as a ReplicatedStore, so replication carries rollouts as it
-carries games: served as /replica/rollouts/ (replica_server.replica_routes) and pulled by a
+"""The rollout store as the pipeline sees it (steps.ItemStore: RolloutItems), and its groups
+as a ReplicatedStore, so replication carries rollouts as it carries games: served as
+/replica/rollouts/ (replica_server.replica_routes) and pulled by a
 `Replicator(..., store_name="rollouts")`.
 
 Like GameStore, its range digests come from a RowIndex (row_index.py).
@@ -11,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from app.coordination.pipeline.steps import CreatedCounts
+from app.coordination.sync.replica_store import ReplicatedStore
 from app.coordination.sync.row_index import RowIndex, pack_json
 from app.db.rollout_store import RolloutGroupRecord, RolloutGroupRow, RolloutStore
 
@@ -41,3 +44,26 @@ class RolloutReplicaStore:
         the field) stores nothing of the batch."""
         parsed = [RolloutGroupRecord.model_validate(r) for r in records]
         return self.store.add_groups(parsed)
+
+
+class RolloutItems:
+    """Self-play's rollout groups (steps.ItemStore): one group is an item, a completion a sample."""
+
+    def __init__(self, rollouts_db: Path, group_size: int) -> None:
+        self.rollouts_db = rollouts_db
+        self.group_size = group_size
+
+    def newest_id(self) -> int:
+        with RolloutStore(self.rollouts_db) as store:
+            return store.max_id()
+
+    def created_counts(self, node_id: str) -> CreatedCounts:
+        with RolloutStore(self.rollouts_db) as store:
+            groups = store.count(node_id)
+            return {"games_created": groups, "positions_created": groups * self.group_size,
+                    "games_max_id": store.max_id()}
+
+    def replica(self) -> tuple[str, ReplicatedStore]:
+        """A store of its own for the caller to close. Rollouts are replicated as Connect
+        Four's games are: a claimant's export sees its peers' groups without a pull of its own."""
+        return STORE_NAME, RolloutReplicaStore(self.rollouts_db)
