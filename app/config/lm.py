@@ -33,10 +33,9 @@ CONNECT4_SECTIONS = ("model", "search", "selfplay", "export", "gauntlet", "promo
 SHARED_TRAIN_KEYS = frozenset({"nproc", "max_nodes", "span_cpu_nodes", "join_timeout_s"})
 
 
-class LMModelSettings(StrictModel):
-    """The model: a random-init Llama of this shape, or a local Hugging Face directory (`path`)."""
+class LMModelShape(StrictModel):
+    """The shape of a random-init Llama (app/lm/causal_lm.py builds it)."""
 
-    path: Path | None = None  # a save_pretrained directory; None = build from the shape below
     hidden_size: int = Field(64, gt=0)
     layers: int = Field(2, gt=0)
     heads: int = Field(4, gt=0)
@@ -47,11 +46,17 @@ class LMModelSettings(StrictModel):
     attn_implementation: str = "sdpa"
 
     @model_validator(mode="after")
-    def _heads_divide(self) -> LMModelSettings:
+    def _heads_divide(self) -> LMModelShape:
         if self.hidden_size % self.heads or self.heads % self.kv_heads:
             raise ValueError(f"hidden_size {self.hidden_size} must divide by heads {self.heads} "
                              f"and heads by kv_heads {self.kv_heads}")
         return self
+
+
+class LMModelSettings(LMModelShape):
+    """The model: a random-init Llama of this shape, or a local Hugging Face directory (`path`)."""
+
+    path: Path | None = None  # a save_pretrained directory; None = build from the shape
 
 
 class LMTokenizerSettings(StrictModel):

@@ -10,31 +10,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from app.config.lm import LMModelShape
 
-class LMModelConfig(BaseModel):
-    """Shape of the model; `vocab_size=None` takes the tokenizer's size."""
 
-    model_config = ConfigDict(extra="forbid")
+class LMModelConfig(LMModelShape):
+    """The shape of the model (the `lm.model` section's, app/config/lm.py) and its vocabulary:
+    `vocab_size=None` takes the tokenizer's size."""
 
     vocab_size: int | None = None
-    hidden_size: int = Field(64, gt=0)
-    layers: int = Field(2, gt=0)
-    heads: int = Field(4, gt=0)
-    kv_heads: int = Field(2, gt=0)
-    intermediate: int = Field(128, gt=0)
-    max_position: int = Field(128, gt=0)
-    seed: int = 0
-    attn_implementation: str = "sdpa"
 
 
 def llama_config(cfg: LMModelConfig, tokenizer: PreTrainedTokenizerBase) -> LlamaConfig:
-    if cfg.hidden_size % cfg.heads or cfg.heads % cfg.kv_heads:
-        raise ValueError(f"hidden_size {cfg.hidden_size}, heads {cfg.heads}, kv_heads {cfg.kv_heads}: "
-                         "hidden_size must divide by heads and heads by kv_heads")
     vocab = cfg.vocab_size if cfg.vocab_size is not None else len(tokenizer)
     if vocab < len(tokenizer):
         raise ValueError(f"vocab_size {vocab} is smaller than the tokenizer's {len(tokenizer)} tokens")

@@ -24,9 +24,7 @@ def build_tokenizer(cfg: LMTokenizerSettings):  # -> PreTrainedTokenizerFast
 
 
 def model_shape(cfg: LMModelSettings) -> LMModelConfig:
-    return LMModelConfig(hidden_size=cfg.hidden_size, layers=cfg.layers, heads=cfg.heads, kv_heads=cfg.kv_heads,
-                         intermediate=cfg.intermediate, max_position=cfg.max_position, seed=cfg.seed,
-                         attn_implementation=cfg.attn_implementation)
+    return LMModelConfig(**cfg.model_dump(exclude={"path"}))
 
 
 def initial_model(cfg: LMModelSettings, tokenizer):  # -> LlamaForCausalLM

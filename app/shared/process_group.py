@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import sys
 from dataclasses import dataclass
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -152,6 +153,27 @@ def init_distributed(device_pref: str, timeout_s: float | None = None) -> DistCo
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def run_rank(run: Callable[[DistContext], object], device: str, input_errors: tuple[type[Exception], ...],
+             what: str, timeout_s: float | None = None) -> int:
+    """The body of a torchrun target's `main`, the same for both workloads: join the group, run,
+    leave together (no rank tears the group down while rank 0 still writes). Bad input (a device
+    this node cannot serve, or one of `input_errors`) is one line on stderr and exit code 2."""
+    try:
+        env = init_distributed(device, timeout_s)
+    except DeviceChoiceError as exc:
+        print(f"{what} input error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        run(env)
+        env.barrier()
+    except input_errors as exc:
+        print(f"{what} input error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        shutdown()
+    return 0
 
 
 # How a global batch is split over the ranks: of B items on W ranks, rank r takes

@@ -15,13 +15,12 @@ import hashlib
 import json
 import os
 import re
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
 
-from app.atomic_files import fsync_dir
+from app.atomic_files import replace_dir
 from app.coordination.p2p.client import MeshClient
 from app.coordination.sync.streaming import CHUNK, FetchError, PeerFailed, download, first_verified_copy
 from app.coordination.sync.wire import is_sha256
@@ -82,7 +81,7 @@ async def fetch_manifest_dir(
 
     async def fetch(session: aiohttp.ClientSession, addr: str, staging: Path) -> Path:
         await _fetch_into(client, session, addr, f"{route}/{sha256}", sha256, staging, max_file_bytes)
-        await asyncio.to_thread(_install, staging, final)
+        await asyncio.to_thread(replace_dir, staging, final)  # a bad copy there is moved aside
         return final
 
     return await first_verified_copy(what, sha256, peer_addrs, root, timeout, fetch, client)
@@ -129,14 +128,3 @@ async def _get(client: MeshClient, session: aiohttp.ClientSession, addr: str, pa
         return bytes(data)
 
 
-def _install(staging: Path, final: Path) -> None:
-    """Verified staging dir -> its final name; a bad copy already there is moved aside first."""
-    fsync_dir(staging)
-    old = None
-    if final.exists():
-        old = final.with_name(f".{final.name}.old{os.getpid()}")
-        os.replace(final, old)
-    os.replace(staging, final)
-    fsync_dir(final.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

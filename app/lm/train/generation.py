@@ -35,7 +35,7 @@ from app.lm.causal_lm import load_model
 from app.lm.train.backend import LocalBackend, OptimConfig
 from app.lm.train.checkpoint_dirs import CheckpointDirError
 from app.lm.data_buffer import DataBuffer
-from app.lm.train.dist_env import init_distributed, shutdown
+from app.lm.train.dist_env import GROUP_TIMEOUT_S
 from app.lm.train.fsdp_backend import FSDPBackend
 from app.lm.train.grpo import GRPOConfig, grpo_loss_fn, sft_loss
 from app.lm.train.rollout_sources import StoredGroups, dataset_problem, drawn_mean_reward
@@ -61,7 +61,7 @@ from app.lm.setup import (
     initial_model,
     train_prompts,
 )
-from app.shared.process_group import DeviceChoiceError, DistContext, rank_share
+from app.shared.process_group import DistContext, rank_share, run_rank
 
 CANDIDATE_NAME = "candidate"
 RESULT_NAME = "result.json"
@@ -196,21 +196,8 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
 @record
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        env = init_distributed(args.device)
-    except DeviceChoiceError as exc:
-        print(f"lm training input error: {exc}", file=sys.stderr, flush=True)
-        return 2
-    try:
-        run(args, env)
-        env.barrier()  # leave together: no rank tears gloo down while rank 0 still writes
-    except (LMTrainInputError, CheckpointDirError) as exc:
-        print(f"lm training input error: {exc}", file=sys.stderr, flush=True)
-        return 2
-    finally:
-        shutdown()
-    return 0
-
+    return run_rank(lambda env: run(args, env), args.device, (LMTrainInputError, CheckpointDirError),
+                    "lm training", timeout_s=GROUP_TIMEOUT_S)
 
 if __name__ == "__main__":
     sys.exit(main())
