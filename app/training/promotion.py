@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence, TypeVar
 
 from app.ai.model import ModelFormatError, file_sha256, read_meta
 from app.config import Settings
@@ -22,6 +22,7 @@ from app.training.gauntlet import GauntletReport, ProgressCallback, run_gauntlet
 from app.training.sprt import SprtDecision, SprtResult
 
 PROGRESS_FORMAT = 1
+T = TypeVar("T")
 
 
 class PromotionError(RuntimeError):
@@ -157,27 +158,24 @@ def register_candidate(registry: ModelRegistry, model_path: str | Path) -> Model
 
 
 def promote_model(registry: ModelRegistry, sha256: str, reason: str) -> ModelEntry:
-    entry = registry.require(sha256)
-    verify_model_file(entry)
-    try:
-        return registry.promote(sha256, reason)
-    except RegistryError as exc:
-        raise PromotionError(str(exc)) from None
+    verify_model_file(registry.require(sha256))
+    return _refusal_as_promotion_error(registry.promote, sha256, reason)
 
 
 def reject_model(registry: ModelRegistry, sha256: str, reason: str) -> ModelEntry:
-    try:
-        return registry.reject(sha256, reason)
-    except RegistryError as exc:
-        raise PromotionError(str(exc)) from None
+    return _refusal_as_promotion_error(registry.reject, sha256, reason)
 
 
 def rollback_model(registry: ModelRegistry, to_sha256: str, reason: str) -> list[str]:
     """Make an earlier promoted model current again (its file verified); returns those rolled back."""
-    entry = registry.require(to_sha256)
-    verify_model_file(entry)
+    verify_model_file(registry.require(to_sha256))
+    return _refusal_as_promotion_error(registry.rollback, to_sha256, reason)
+
+
+def _refusal_as_promotion_error(action: Callable[[str, str], T], sha256: str, reason: str) -> T:
+    """The registry's state machine refusing (RegistryError) is the caller's PromotionError."""
     try:
-        return registry.rollback(to_sha256, reason)
+        return action(sha256, reason)
     except RegistryError as exc:
         raise PromotionError(str(exc)) from None
 
