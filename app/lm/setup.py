@@ -27,6 +27,11 @@ def model_shape(cfg: LMModelSettings) -> LMModelConfig:
     return LMModelConfig(**cfg.model_dump(exclude={"path"}))
 
 
+def model_at(cfg: LMModelSettings, path: str | None, tokenizer):  # -> LlamaForCausalLM
+    """The weights at `path` (a candidate or promoted directory), else the generation-0 model."""
+    return load_model(path) if path else initial_model(cfg, tokenizer)
+
+
 def initial_model(cfg: LMModelSettings, tokenizer):  # -> LlamaForCausalLM
     """The generation-0 model: the configured local directory, else a seeded random init."""
     if cfg.path is not None:

@@ -13,12 +13,23 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from app.lm.rollout.engine import Engine
+from app.config.lm import LMConfig
+from app.lm.rollout.engine import Engine, InProcessEngine
 from app.lm.rollout.groups import generate_groups
+from app.lm.setup import build_task, build_tokenizer, greedy_settings, heldout_prompts, model_at
 from app.lm.tasks import Prompt, Task
 from app.lm.truncation import RolloutSettings
 from app.lm.workload.gate import GateResult, Method, paired_gate, reward_interval
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model to evaluate: its directory (None: the generation-0 model) and weight version."""
+
+    path: str | None
+    version: int
 
 
 @dataclass(frozen=True)
@@ -86,3 +97,17 @@ def evaluate_pair(candidate: Engine, best: Engine, task: Task, tokenizer, prompt
     gate = paired_gate(cand.rewards, base.rewards, confidence=confidence, method=method,
                        min_improvement=min_improvement, bootstrap_samples=bootstrap_samples, seed=seed)
     return PairedEvaluation(cand, base, gate)
+
+
+def heldout_record(lm: LMConfig, candidate: ModelRef, best: ModelRef) -> dict[str, Any]:
+    """The LM workload's evaluation: candidate and best greedy on the held-out prompts, paired;
+    the record keeps the per-prompt rewards, so the gate can be recomputed from it alone."""
+    tokenizer = build_tokenizer(lm.tokenizer)  # its own: a fast tokenizer is not shared across threads
+    task = build_task(lm.task)
+    engines = [InProcessEngine(model_at(lm.model, ref.path, tokenizer), tokenizer, weight_version=ref.version,
+                               name=name) for name, ref in (("candidate", candidate), ("best", best))]
+    ev = evaluate_pair(*engines, task, tokenizer, heldout_prompts(task, lm.task), greedy_settings(lm),
+                       confidence=lm.eval.confidence, method=lm.eval.method, min_improvement=lm.eval.min_improvement,
+                       bootstrap_samples=lm.eval.bootstrap_samples, seed=lm.eval.seed)
+    return {"kind": "lm_heldout", **ev.to_json(lm.eval.confidence),
+            "rewards": {"candidate": ev.candidate.rewards, "best": ev.best.rewards}}

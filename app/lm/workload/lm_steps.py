@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 from aiohttp import web
-from transformers import PreTrainedModel, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
 from app.atomic_files import atomic_write_json
 from app.config import Settings
@@ -40,29 +40,23 @@ from app.coordination.p2p.node import MeshNode
 from app.coordination.pipeline import state as ps
 from app.coordination.pipeline.runner_settings import ExportSettings, SelfplaySettings
 from app.coordination.pipeline.steps import BatchSummary, Evaluation, Json, Pipe, TrainingJob
-from app.coordination.sync.dataset_fetch import fetch_manifest_dir
-from app.coordination.sync.dataset_server import dataset_routes
-from app.coordination.sync.replica_server import replica_routes
-from app.coordination.sync.streaming import FetchError
 from app.db.rollout_store import RolloutStore
-from app.lm.causal_lm import load_model
 from app.lm.rollout.batches import batch_prompts, rollout_batch
-from app.lm.rollout.engine import Engine, InProcessEngine
+from app.lm.rollout.engine import Engine
 from app.lm.rollout.engine_config import build_engine
-from app.lm.rollout.rollout_dataset import export_rollouts, read_rollout_manifest, verify_rollout_dataset
-from app.lm.setup import build_task, build_tokenizer, greedy_settings, heldout_prompts, initial_model, rollout_settings, train_prompts
+from app.lm.rollout.rollout_dataset import export_rollouts
+from app.lm.setup import build_task, build_tokenizer, model_at, rollout_settings, train_prompts
 from app.lm.tasks import Prompt, Task
 from app.lm.workload.gate import GateResult, paired_gate
-from app.lm.workload.heldout import evaluate_pair
-from app.lm.workload.lm_model_fetch import lm_model_routes
+from app.lm.workload.heldout import ModelRef, heldout_record
+from app.lm.workload.lm_mesh import LMMesh
 from app.lm.workload.lm_models import ModelDirs
-from app.lm.workload.rollout_replica import STORE_NAME, RolloutItems, RolloutReplicaStore
+from app.lm.workload.rollout_replica import RolloutItems
 from app.log import get_logger
 
 log = get_logger(__name__)
 HELDOUT_FILE = "heldout.json"  # {sha256: held-out summary} of every model this node evaluated
 INITIAL_MODEL_ID = "init"
-LM_DATASETS_ROUTE = "/lm_datasets"
 IDLE_S = 1.0
 FRESH_WAIT_S = 300.0  # how long an export waits for self-play to bring groups of the current best
 
@@ -77,10 +71,10 @@ class LMSteps:
         self.paths = NodePaths(Path(settings.node.data_dir), settings.node.db_url)
         self.items = RolloutItems(self.paths.rollouts_db, self.lm.rollout.n)
         self.models = ModelDirs(self.lm, self.paths)
+        self.mesh = LMMesh(self.paths)  # what it serves to peers and fetches from them
         self._lock = threading.Lock()
         self._selfplay: tuple[str, Engine] | None = None  # (model id, engine) self-play generates with
         self._kit: tuple[PreTrainedTokenizerFast, Task, list[Prompt]] | None = None  # see _task_kit
-        self._served: RolloutReplicaStore | None = None  # /replica/rollouts/ for peers, opened by routes()
 
     # -- building blocks ------------------------------------------------------------------
     def _task_kit(self) -> tuple[PreTrainedTokenizerFast, Task, list[Prompt]]:
@@ -92,16 +86,13 @@ class LMSteps:
                 self._kit = (build_tokenizer(self.lm.tokenizer), task, train_prompts(task, self.lm.task))
             return self._kit
 
-    def _model(self, path: str | None, tokenizer: PreTrainedTokenizerFast) -> PreTrainedModel:
-        return load_model(path) if path else initial_model(self.lm.model, tokenizer)
-
     def _selfplay_engine(self, pipe: Pipe, tokenizer: PreTrainedTokenizerFast) -> tuple[str, Engine]:
         """The first configured engine, holding the best weights (rebuilt when they change)."""
         state = pipe.state
         model_id = state.best_sha256 or INITIAL_MODEL_ID
         if self._selfplay is None or self._selfplay[0] != model_id:
             first = self.lm.engines[0]
-            model = self._model(state.best_path, tokenizer) if first.kind == "in_process" else None
+            model = model_at(self.lm.model, state.best_path, tokenizer) if first.kind == "in_process" else None
             engine = build_engine(first, model, tokenizer, weight_version=state.best_generation)
             self._selfplay = (model_id, engine)
         return self._selfplay
@@ -161,13 +152,7 @@ class LMSteps:
         return result.sha256, result.groups
 
     async def fetch_dataset(self, node: MeshNode, sha256: str, peer_addrs: list[str]) -> Path:
-        """A joiner of a spanned run: the claimant's rollout dataset, verified file by file."""
-        path, failures = await fetch_manifest_dir(
-            node.client, sha256, peer_addrs, self.paths.datasets_dir, what="lm dataset",
-            route=LM_DATASETS_ROUTE, verify=lambda p, sha: verify_rollout_dataset(p, sha))
-        if path is None:
-            raise FetchError("lm dataset", sha256, failures, "no peer to ask")
-        return path
+        return await self.mesh.fetch_dataset(node, sha256, peer_addrs)
 
     # -- evaluation and the gate ---------------------------------------------------------------
     async def evaluate(self, pipe: Pipe, state: ps.PipelineState, ctx: DaemonContext) -> Evaluation:
@@ -180,19 +165,8 @@ class LMSteps:
         return Evaluation(record, decision.promote, results)
 
     def _evaluate(self, state: ps.PipelineState) -> Json:
-        lm = self.lm
-        tokenizer = build_tokenizer(lm.tokenizer)  # its own: a fast tokenizer is not shared across threads
-        task = build_task(lm.task)
-        candidate = InProcessEngine(self._model(state.candidate_path, tokenizer), tokenizer,
-                                    weight_version=state.generation, name="candidate")
-        best = InProcessEngine(self._model(state.best_path, tokenizer), tokenizer,
-                               weight_version=state.best_generation, name="best")
-        ev = evaluate_pair(candidate, best, task, tokenizer, heldout_prompts(task, lm.task), greedy_settings(lm),
-                           confidence=lm.eval.confidence, method=lm.eval.method,
-                           min_improvement=lm.eval.min_improvement, bootstrap_samples=lm.eval.bootstrap_samples,
-                           seed=lm.eval.seed)
-        record = {"kind": "lm_heldout", **ev.to_json(lm.eval.confidence),
-                  "rewards": {"candidate": ev.candidate.rewards, "best": ev.best.rewards}}
+        record = heldout_record(self.lm, ModelRef(state.candidate_path, state.generation),
+                                ModelRef(state.best_path, state.best_generation))
         self._remember_heldout(state, record)
         return record
 
@@ -213,16 +187,10 @@ class LMSteps:
 
     # -- the mesh and operators (steps.ReportsStatus) ---------------------------------------
     def routes(self) -> list[web.RouteDef]:
-        """Model directories and rollout datasets by manifest sha256, and the rollout groups as a
-        replicated store."""
-        self._served = self._served or RolloutReplicaStore(self.paths.rollouts_db)
-        return [*lm_model_routes(self.paths.lm_models_dir), *replica_routes(STORE_NAME, self._served),
-                *dataset_routes(self.paths.datasets_dir, route=LM_DATASETS_ROUTE, what="lm dataset",
-                                reader=read_rollout_manifest)]  # joiners of a spanned run
+        return self.mesh.routes()
 
     def close(self) -> None:
-        if self._served is not None:
-            self._served.close()
+        self.mesh.close()
 
     def node_status(self, pipe: Pipe) -> Json:
         """The inference engines and the weights they serve."""
