@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
-import yaml
 from pydantic import BaseModel, Field, ValidationError, create_model
 
-from app.config import ConfigError, Settings, StrictModel, format_validation_error
+from app.config import ConfigError, Settings, StrictModel, format_validation_error, read_yaml_mapping
 
 if TYPE_CHECKING:
     from app.coordination.daemons.event_router import EventRouter
@@ -265,12 +264,4 @@ def load_registry(path: str | Path, runners: Mapping[str, RunnerEntry | tuple]) 
 def read_daemons(path: str | Path) -> DaemonsFile:
     """Read and parse daemons.yaml; every problem is a ConfigError naming the file."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: daemons file not found") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping")
-    return parse_daemons(data, str(path))
+    return parse_daemons(read_yaml_mapping(path, "daemons"), str(path))
