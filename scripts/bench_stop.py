@@ -84,9 +84,9 @@ async def handler_cut_off() -> float:
     async def hangs(event):
         await asyncio.sleep(3600)
 
-    router.subscribe(EventType.NEW_GAMES_AVAILABLE, hangs, name="hangs")
+    router.subscribe(EventType.NEW_ITEMS_AVAILABLE, hangs, name="hangs")
     began = time.monotonic()
-    await router.publish(EventType.NEW_GAMES_AVAILABLE, {"count": 1, "total": 1})
+    await router.publish(EventType.NEW_ITEMS_AVAILABLE, {"count": 1, "total": 1})
     return time.monotonic() - began
 
 
