@@ -48,7 +48,7 @@ from app.config import Settings  # noqa: E402
 from app.games import get_game  # noqa: E402
 from app.games.connect4_playouts import random_playouts  # noqa: E402
 from app.log import configure_logging  # noqa: E402
-from app.training.process_group import DEVICE_CHOICES, network_device  # noqa: E402
+from app.shared.process_group import DEVICE_CHOICES, network_device  # noqa: E402
 
 
 def ceiling(net, states, windows: int = 3, seconds: float = 1.0) -> float:

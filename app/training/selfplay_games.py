@@ -20,7 +20,7 @@ from app.ai.model import load_model
 from app.config import Settings
 from app.db.replay_db import GameRecord, MoveRecord
 from app.games import Game, GameState, get_game
-from app.training.process_group import network_device
+from app.shared.process_group import network_device
 
 
 def search_settings(settings: Settings, simulations: int, evaluator: str) -> dict:

@@ -27,7 +27,7 @@ from app.ai.network_server import NetworkServer
 from app.config import Settings
 from app.db.replay_db import GameRecord
 from app.log import get_logger
-from app.training.process_group import network_device
+from app.shared.process_group import network_device
 
 log = get_logger(__name__)
 
