@@ -14,7 +14,7 @@ from app.config import load_settings
 from app.coordination.p2p.node import MeshNode
 from app.coordination.pipeline import state as ps
 from app.coordination.pipeline.dashboard_feed import DashboardFeed, model_elo
-from app.coordination.pipeline.workloads import pipeline_context
+from app.workloads import pipeline_context
 from app.coordination.sync import install_model
 from app.db.registry import MatchGame, ModelRegistry
 from app.db.replay_db import GameRecord, MoveRecord, ReplayDB

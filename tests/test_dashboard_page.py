@@ -13,7 +13,7 @@ from app.config import Settings
 from app.coordination.daemons.event_router import EventRouter
 from app.coordination.daemons.health_server import HealthServer
 from app.coordination.daemons.manager import DaemonManager
-from app.coordination.daemons.registry import build_registry
+from app.coordination.daemons.daemon_registry import build_registry
 from tests.cdp import Browser
 from tests.ops_tools import require_tool
 

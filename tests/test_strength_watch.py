@@ -10,7 +10,7 @@ import pytest
 from app.ai.model import Architecture, ModelMeta, load_model, new_model, save_model
 from app.config import load_settings
 from app.coordination.pipeline.strength_watch import watch_strength
-from app.coordination.pipeline.workloads import pipeline_context
+from app.workloads import pipeline_context
 from app.coordination.sync import install_model
 from app.db.registry import ModelRegistry
 from app.games import get_game
@@ -56,7 +56,7 @@ async def test_promoted_models_are_scored_once_into_the_data_dir(tmp_path) -> No
         await asyncio.gather(task, return_exceptions=True)
     loaded = load_positions(positions)
     for sha in shas:
-        net, _ = load_model(pipe.steps.installed_path(pipe, sha))
+        net, _ = load_model(pipe.steps.models.installed_path(sha))
         want = accuracy(loaded, network_choices(net, loaded))
         assert cache.load()[sha] == {"exact": want["exact"], "outcome": want["outcome"], "positions": 60}
 

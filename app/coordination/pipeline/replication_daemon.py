@@ -16,7 +16,7 @@ import asyncio
 from pydantic import Field
 
 from app.config import StrictModel
-from app.coordination.daemons.registry import DaemonContext
+from app.coordination.daemons.daemon_registry import DaemonContext
 from app.coordination.p2p.node import MeshNode
 from app.coordination.pipeline.context import PipelineContext
 from app.coordination.sync.ranges import effective_factor
@@ -36,8 +36,8 @@ class ReplicationSettings(StrictModel):
     timeout_s: float = Field(10.0, gt=0)  # per request
 
 
-async def replication_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
-    cfg = ReplicationSettings.model_validate(ctx.settings)
+async def replication_daemon(pipe: PipelineContext, ctx: DaemonContext[ReplicationSettings]) -> None:
+    cfg = ctx.settings
     cluster = pipe.cluster
     if cluster is None:  # lone node: one copy is the factor
         ctx.metrics.games_under_replicated.set(0)
@@ -47,7 +47,7 @@ async def replication_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
                 return
     node = cluster.node
     factor = effective_factor(pipe.settings.replication.factor, clustered=True)
-    store_name, store = await asyncio.to_thread(pipe.steps.replica_store, pipe)  # games, or LM rollouts
+    store_name, store = await asyncio.to_thread(pipe.steps.items.replica)  # games, or LM rollouts
     replicator = Replicator(
         pipe.node_id, node.client, store, factor=factor, store_name=store_name, prefetch=cfg.prefetch,
         batch=cfg.batch_games,

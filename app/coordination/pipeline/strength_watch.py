@@ -48,8 +48,8 @@ def promoted_models(pipe: PipelineContext) -> list[tuple[str, Path | None]]:
 def model_file(pipe: PipelineContext, sha: str, known: Path | None) -> Path | None:
     """The installed copy, else the file the registry names (a lone node's candidate that
     distribution skipped past), else None: not on this node (another node scores it)."""
-    if pipe.steps.is_installed(pipe, sha):
-        return pipe.steps.installed_path(pipe, sha)
+    if pipe.steps.models.is_installed(sha):
+        return pipe.steps.models.installed_path(sha)
     return known if known is not None and known.is_file() else None
 
 
