@@ -18,7 +18,7 @@ from app.games import get_game
 from app.training.gauntlet import recompute_ratings
 from tests.mesh_helpers import free_ports
 from tests.ops_cluster import LIGHT_DAEMONS
-from tests.orchestrator_helpers import SMALL_CONFIG, start_node, stop_nodes, tail, wait_until, write_node_files
+from tests.orchestrator_helpers import SMALL_CONFIG, get_json, start_node, stop_nodes, tail, wait_until, write_node_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 GAME = get_game("connect4")
@@ -131,3 +131,21 @@ def test_every_failure_is_one_human_line(tmp_path) -> None:
         port = silent.getsockname()[1]
         slow = cli("--timeout", "1", "progress", "--node", f"http://127.0.0.1:{port}", cwd=tmp_path)
     assert slow.returncode == 1 and f"127.0.0.1:{port} did not answer within 1 s" in one_error_line(slow)
+
+
+def test_a_lone_node_drains_from_beside_its_data_dir(tmp_path) -> None:
+    """`make run`'s node is its own only voter: drain has no one to hand leadership to and
+    stops it (it once refused with 409, leaving an operator only a signal)."""
+    files = write_node_files(tmp_path / "solo", "solo", SMALL_CONFIG, LIGHT_DAEMONS)
+    proc = start_node(files, env={"MESH_SECRET": "", "MESH_SECRET_FILE": ""})
+    try:
+        wait_until(lambda: (get_json(files.mesh_port, "/status") or {}).get("role") == "leader", 90, what="leading")
+        drained = cli("--json", "drain", "--node", f"127.0.0.1:{files.mesh_port}", cwd=files.root)
+        assert drained.returncode == 0, drained.stderr
+        assert json.loads(drained.stdout)["drain"]["draining"] is True
+        assert proc.wait(timeout=40) == 0
+    except AssertionError:
+        print(tail(files))
+        raise
+    finally:
+        stop_nodes([proc], timeout=35)

@@ -113,11 +113,12 @@ class MeshAdmin:
         return await self._to_leader("/admin/transfer", {"target": target})
 
     async def drain(self) -> Answer:
-        """Drain one node: if it leads, hand leadership to another live voter first (a healthy
-        leader is never preempted otherwise), then ask it to drain and stop."""
+        """Drain one node: if it leads others, hand leadership to another live voter first (a
+        healthy leader is never preempted otherwise), then ask it to drain and stop. A lone node
+        (its own only voter, as `make run` starts one) has no one to hand over to and just stops."""
         status = await self._get(self.node.addr, "/status")
         handed: Any = None
-        if status.get("role") == "leader":
+        if status.get("role") == "leader" and status.get("voters") != [status.get("node_id")]:
             others = [v for v in status.get("voters_alive", []) if v != status["node_id"]]
             if not others:
                 return 409, {"error": "the node leads and no other voter is alive to take over"}
