@@ -66,6 +66,36 @@ async def signed(secret: bytes | str, addr: str, method: str, path: str, body: b
     return sign(key, method, path, body, sender=sender, receiver=receiver, boot=boot, now=now)
 
 
+async def refused_both_ways(addr: str, method: str, path: str, body: bytes = b"") -> None:
+    """A holder of another secret believes none of the node's answers (its signed answers do not
+    verify: AnswerRefused), and the node refuses what it signs (401)."""
+    import pytest
+
+    from app.coordination.p2p.client import AnswerRefused, MeshClient
+
+    stranger = MeshClient(b"another-secret", timeout=5.0, node_id="stranger")
+    try:
+        with pytest.raises(AnswerRefused, match="bad signature"):
+            await stranger.request(method, addr, path, body or None)
+    finally:
+        await stranger.close()
+    headers = await signed(b"another-secret", addr, method, path, body, sender="stranger")
+    async with aiohttp.ClientSession() as s:
+        async with s.request(method, f"http://{addr}{path}", data=body, headers=headers) as r:
+            assert r.status == 401, await r.text()
+
+
+def signed_state(key: bytes | str, state: dict[str, Any]) -> dict[str, Any]:
+    """A node state as gossip carries it: the JSON text and its owner's signature (here any holder
+    of the shared secret `key`, which is exactly what the shared-secret mode trusts)."""
+    from app.coordination.p2p.identity import as_identity
+    from app.coordination.p2p.schemas import state_text
+
+    text = json.dumps(state)
+    sig, cert = as_identity(key).sign(state_text(text))
+    return {"state": text, "sig": sig, **({"cert": cert} if cert else {})}
+
+
 def assert_one_leader_per_term(data_dirs: list[Path]) -> dict[int, set[str]]:
     """The invariant: across every node's history, never two leaders in one term; and every
     leader a node observed in a term is that term's leader."""

@@ -19,7 +19,7 @@ import pytest
 
 from app.coordination.p2p.auth import sign
 from app.coordination.p2p.node import MeshNode
-from tests.mesh_helpers import ROOT, SECRET, free_ports, wait_for
+from tests.mesh_helpers import ROOT, SECRET, free_ports, signed_state, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 IDS = ["n0", "n1", "n2"]
@@ -35,8 +35,8 @@ async def test_a_gossip_of_4096_fake_peers_does_not_break_gossip(tmp_path: Path)
     try:
         target = nodes[0]
         fakes = [{"node_id": f"fake{i:04d}", "addr": f"10.9.{i // 250}.{i % 250}:8770", "incarnation": 1,
-                  "version": 1, "inventory": {"games_created": i, "pad": "x" * 40}} for i in range(4096)]
-        raw = json.dumps({"sender": "mallory", "states": fakes}).encode()
+                  "version": 1, "inventory": {"games_created": i}} for i in range(4096)]
+        raw = json.dumps({"sender": "mallory", "states": [signed_state(SECRET, f) for f in fakes]}).encode()
         assert len(raw) < target.max_body_bytes
         headers = sign(SECRET.encode(), "POST", "/gossip", raw, sender="mallory", receiver="n0", boot=target.boot)
         async with aiohttp.ClientSession() as s:

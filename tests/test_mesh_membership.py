@@ -9,13 +9,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.coordination.p2p.membership import Liveness, Membership, is_newer, liveness_of
-from app.coordination.p2p.schemas import GossipMessage, NodeState
+from app.coordination.p2p.schemas import GossipMessage, NodeState, SignedState
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def member(node_id: str, now: float = 0.0) -> Membership:
-    return Membership(NodeState(node_id=node_id), suspect_after=1.0, dead_after=3.0, now=now)
+def member(node_id: str, now: float = 0.0, relay_step: int | None = None) -> Membership:
+    return Membership(NodeState(node_id=node_id), suspect_after=1.0, dead_after=3.0, now=now, relay_step=relay_step)
+
+
+def env(state: NodeState) -> SignedState:
+    """A state as gossip carries it (unsigned: these tests are about the merge rules)."""
+    return SignedState(state=state.model_dump_json())
 
 
 def test_liveness_thresholds() -> None:
@@ -31,10 +36,10 @@ def test_alive_suspect_dead_then_back_alive_on_newer_stamp() -> None:
     assert a.liveness("b", 0.5) is Liveness.ALIVE
     assert a.liveness("b", 1.5) is Liveness.SUSPECT
     assert a.liveness("b", 3.5) is Liveness.DEAD
-    a.merge(GossipMessage(sender="c", states=[b.local]), now=4.0)  # same stamp: no news
+    a.merge(GossipMessage(sender="c", states=[env(b.local)]), now=4.0)  # same stamp: no news
     assert a.liveness("b", 4.0) is Liveness.DEAD
     b.tick()
-    a.merge(GossipMessage(sender="c", states=[b.local]), now=4.0)  # relayed newer stamp: alive
+    a.merge(GossipMessage(sender="c", states=[env(b.local)]), now=4.0)  # relayed newer stamp: alive
     assert a.liveness("b", 4.0) is Liveness.ALIVE
     assert a.liveness("unknown", 4.0) is Liveness.DEAD
     assert a.liveness("a", 100.0) is Liveness.ALIVE
@@ -58,7 +63,7 @@ def test_suspected_node_refutes_by_bumping_incarnation() -> None:
 
 def test_a_newer_stamp_of_ourselves_makes_us_jump_past_it() -> None:
     a = member("a")
-    a.merge(GossipMessage(sender="b", states=[NodeState(node_id="a", incarnation=5, version=3)]), 0.0)
+    a.merge(GossipMessage(sender="b", states=[env(NodeState(node_id="a", incarnation=5, version=3))]), 0.0)
     assert a.local.stamp() > (5, 3)
 
 
