@@ -190,3 +190,39 @@ def test_load_secret_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     (tmp_path / "empty").write_text("")
     with pytest.raises(ConfigError, match="empty"):
         load_secret(config_secret_file=tmp_path / "empty")
+
+
+async def test_json_out_is_always_json_and_non_finite_numbers_are_refused_at_parse(node: MeshNode) -> None:
+    """Issue 45, item 6: `1e309` reads as infinity in Python; it must not get in, and a
+    non-finite value that got in another way must not turn /status into non-JSON."""
+    from tests.mesh_helpers import signed_state
+
+    def strict(text: str) -> dict:
+        def refuse(name: str) -> None:
+            raise AssertionError(f"{name} in an answer: not JSON")
+        return json.loads(text, parse_constant=refuse)
+
+    for number in ("1e309", "-1e400"):
+        text = json.dumps({"node_id": "peer", "inventory": {"x": 1.0}}).replace("1.0", number)
+        body = json.dumps({"sender": "peer", "states": [{**signed_state(SECRET, {}), "state": text}]}).encode()
+        status, data = await post(node.addr, "/gossip", body, await signed(SECRET, node.addr, "POST", "/gossip", body,
+                                                                           sender="peer"))
+        assert status == 400 and "not a finite number" in data["error"], data
+        raw = f'{{"term": {number}, "candidate_id": "a"}}'.encode()
+        status, data = await post(node.addr, "/vote", raw, await signed(SECRET, node.addr, "POST", "/vote", raw))
+        assert status == 400 and "not a finite number" in data["error"], data
+    node.update_local_state(inventory={"x": float("inf"), "y": [float("nan")]})
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"http://{node.addr}/status") as r:
+            assert r.status == 200
+            assert strict(await r.text())["inventory"]["x"] is None
+
+
+async def test_a_withheld_request_is_stale_after_seconds_not_minutes(node: MeshNode) -> None:
+    """Issue 45, item 7: the signed timestamp must be within mesh.limits.clock_window_s (10 s)."""
+    assert node.limits.clock_window_s == 10.0
+    withheld = await signed(SECRET, node.addr, "POST", "/gossip", GOSSIP, sender="x", now=time.time() - 12)
+    status, data = await post(node.addr, "/gossip", GOSSIP, withheld)
+    assert status == 401 and data["code"] == "clock" and "window of 10 s" in data["error"], data
+    recent = await signed(SECRET, node.addr, "POST", "/gossip", GOSSIP, sender="x", now=time.time() - 5)
+    assert (await post(node.addr, "/gossip", GOSSIP, recent))[0] == 200
