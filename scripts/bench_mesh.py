@@ -11,8 +11,16 @@
 * gossip convergence, simulated: `--sim-nodes` Membership tables in one process with the real
   merge code, fanout from the profile; rounds to full membership from a ring, and rounds for
   one node's update to reach everyone.
+* the cost of signed answers (issue 45), side by side in one run, for three variants:
+  `unsigned_answers` (the shared secret, with answer signing and checking patched out in the
+  bench's processes: the wire before issue 45), `shared` (the shared secret, answers signed
+  and checked) and `node_keys` (per-node ECDSA keys from the cluster tool, answers signed and
+  checked): signed requests per second against one node in this process (client and server
+  share the CPU, so this is the whole cost of a request), and the failover of 5 voters on the
+  fast profile (`--signing-kills` leader kills each).
 
     python scripts/bench_mesh.py --profiles fast,lan,wan --kills 10
+    python scripts/bench_mesh.py --profiles "" --gossip-profile "" --sim-nodes --signing-kills 5
 """
 
 from __future__ import annotations
@@ -37,10 +45,27 @@ sys.path.insert(0, str(ROOT))
 
 from app.config.mesh import PROFILES  # noqa: E402
 from app.coordination.p2p.membership import Membership  # noqa: E402
+from app.coordination.p2p.tls import init_ca  # noqa: E402
 from app.coordination.p2p.schemas import NodeState  # noqa: E402
 from app.free_ports import free_ports  # noqa: E402
 
 SECRET = "bench-mesh-secret"
+VARIANTS = ("unsigned_answers", "shared", "node_keys")
+# Run in a node process (variant unsigned_answers): the mesh as it answered before issue 45,
+# answers neither signed by the server nor checked by the client.
+UNSIGNED_PATCH = """
+import runpy, sys
+import app.coordination.p2p.client as client
+import app.coordination.p2p.server as server
+from app.coordination.p2p.auth import BOOT_HEADER, NODE_HEADER, TO_HEADER
+server.answer_headers = lambda *a, **k: {}
+def check(self, addr, request_headers, status, headers, body):
+    node, boot = headers.get(NODE_HEADER), headers.get(BOOT_HEADER)
+    if node and boot and boot.isdigit():
+        self.peers[addr] = (node, int(boot))
+    return node or request_headers.get(TO_HEADER) or ""
+client.MeshClient.check = check
+"""
 
 
 class Proc:
@@ -52,14 +77,18 @@ class Proc:
     def addr(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    variant = "shared"
+
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "MESH_SECRET": SECRET, "PYTHONPATH": str(ROOT)}
+        if self.variant == "unsigned_answers":
+            run = UNSIGNED_PATCH + "sys.argv = ['p2p', *sys.argv[1:]]\nrunpy.run_module('app.coordination.p2p', run_name='__main__')"
+            cmd = [sys.executable, "-c", run, *self.args]
+        else:
+            cmd = [sys.executable, "-m", "app.coordination.p2p", *self.args]
         with open(self.data_dir / "node.log", "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "app.coordination.p2p", *self.args],
-                cwd=ROOT, env=env, stdout=log, stderr=log, start_new_session=True,
-            )
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=log, start_new_session=True)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -67,10 +96,12 @@ class Proc:
             self.proc.wait()
 
 
-def make_cluster(root: Path, n: int, profile: str, pinned: bool) -> list[Proc]:
+def make_cluster(root: Path, n: int, profile: str, pinned: bool, variant: str = "shared") -> list[Proc]:
     ports = free_ports(n)
     ids = [f"n{i}" for i in range(n)]
     procs = []
+    if variant == "node_keys":
+        init_ca(root / "certs", ids)
     for i in range(n):
         if pinned:
             peers = ",".join(f"{ids[j]}@127.0.0.1:{ports[j]}" for j in range(n) if j != i)
@@ -81,7 +112,16 @@ def make_cluster(root: Path, n: int, profile: str, pinned: bool) -> list[Proc]:
                 "--profile", profile, "--log-level", "WARNING"]
         if peers:
             args += ["--peers", peers]
-        procs.append(Proc(ids[i], ports[i], root / ids[i], args))
+        if variant == "node_keys":
+            config = root / f"{ids[i]}.yaml"
+            certs = root / "certs"
+            config.write_text(json.dumps({"mesh": {"node_keys": {
+                "ca_file": str(certs / "ca.pem"), "cert_file": str(certs / f"{ids[i]}.pem"),
+                "key_file": str(certs / f"{ids[i]}.key")}}}))
+            args += ["--config", str(config)]
+        proc = Proc(ids[i], ports[i], root / ids[i], args)
+        proc.variant = variant
+        procs.append(proc)
     return procs
 
 
@@ -119,12 +159,12 @@ async def settled(session: aiohttp.ClientSession, procs: list[Proc]) -> tuple[st
     return leaders[0]
 
 
-async def bench_failover(profile: str, kills: int) -> dict:
+async def bench_failover(profile: str, kills: int, variant: str = "shared") -> dict:
     t = PROFILES[profile]
     detection: list[float] = []
     failover: list[float] = []
     with tempfile.TemporaryDirectory(prefix=f"mesh-bench-{profile}-") as tmp:
-        procs = make_cluster(Path(tmp), 5, profile, pinned=True)
+        procs = make_cluster(Path(tmp), 5, profile, pinned=True, variant=variant)
         async with aiohttp.ClientSession() as session:
             try:
                 for p in procs:
@@ -264,14 +304,77 @@ def bench_gossip_simulated(n: int, fanout: int, interval: float, seed: int = 1) 
     }
 
 
+async def bench_requests(variant: str, seconds: float, concurrency: int = 8) -> dict:
+    """Signed requests a second against one lone node in this process: POST /gossip (a signed
+    request, a signed answer carrying the node's signed state) and GET /status (public, its
+    answer signed for our client)."""
+    from app.config import Settings
+    from app.config.mesh import MeshConfig, TlsConfig
+    from app.coordination.p2p import client as client_mod
+    from app.coordination.p2p import server as server_mod
+    from app.coordination.p2p.client import MeshClient
+    from app.coordination.p2p.identity import NodeKey
+    from app.coordination.p2p.node import MeshNode
+
+    saved = (server_mod.answer_headers, client_mod.MeshClient.check)
+    if variant == "unsigned_answers":
+        exec(UNSIGNED_PATCH, {})  # noqa: S102 - the bench's own patch, undone below
+    out: dict = {}
+    with tempfile.TemporaryDirectory(prefix="mesh-bench-requests-") as tmp:
+        settings, key = Settings(), SECRET.encode()
+        if variant == "node_keys":
+            certs = Path(tmp) / "certs"
+            init_ca(certs, ["solo", "bench"])
+            files = lambda nid: TlsConfig(ca_file=certs / "ca.pem", cert_file=certs / f"{nid}.pem",  # noqa: E731
+                                          key_file=certs / f"{nid}.key")
+            settings = Settings().model_copy(update={"mesh": MeshConfig(node_keys=files("solo"))})
+            key = NodeKey(files("bench"))  # type: ignore[assignment]
+        node = MeshNode(settings, node_id="solo", host="127.0.0.1", port=0, data_dir=Path(tmp) / "solo",
+                        profile="fast", secret=SECRET.encode())
+        await node.start()
+        client = MeshClient(key, timeout=5.0, node_id="bench")
+        try:
+            for name, call in (("gossip", lambda: client.request("POST", node.addr, "/gossip",
+                                                                 {"sender": "bench", "states": []})),
+                               ("status", lambda: client.request("GET", node.addr, "/status"))):
+                done = 0
+                end = time.perf_counter() + seconds
+
+                async def worker() -> None:
+                    nonlocal done
+                    while time.perf_counter() < end:
+                        status_code, _ = await call()
+                        assert status_code == 200, status_code
+                        done += 1
+                await call()  # warm: identify, connection
+                t0 = time.perf_counter()
+                await asyncio.gather(*(worker() for _ in range(concurrency)))
+                out[name] = round(done / (time.perf_counter() - t0), 1)
+        finally:
+            await client.close()
+            await node.stop()
+            server_mod.answer_headers, client_mod.MeshClient.check = saved
+    return out
+
+
 async def amain(args: argparse.Namespace) -> dict:
     out: dict = {"bench": "mesh", "host_cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2),
                  "failover": {}, "gossip": {}}
     for profile in [p for p in args.profiles.split(",") if p]:
         print(f"failover: profile {profile}, {args.kills} kills ...", file=sys.stderr, flush=True)
         out["failover"][profile] = await bench_failover(profile, args.kills)
-    print("gossip: 7 processes ...", file=sys.stderr, flush=True)
-    out["gossip"]["processes_7"] = await bench_gossip_processes(args.gossip_profile)
+    if args.gossip_profile:
+        print("gossip: 7 processes ...", file=sys.stderr, flush=True)
+        out["gossip"]["processes_7"] = await bench_gossip_processes(args.gossip_profile)
+    if args.signing_kills or args.signing_seconds:
+        signing: dict = {"requests_per_s": {}, "failover_fast": {}}
+        for variant in VARIANTS:
+            print(f"signing: {variant} ...", file=sys.stderr, flush=True)
+            if args.signing_seconds:
+                signing["requests_per_s"][variant] = await bench_requests(variant, args.signing_seconds)
+            if args.signing_kills:
+                signing["failover_fast"][variant] = await bench_failover("fast", args.signing_kills, variant)
+        out["signing"] = signing
     lan = PROFILES["lan"]
     for n in args.sim_nodes:
         print(f"gossip: {n} simulated nodes ...", file=sys.stderr, flush=True)
@@ -284,7 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profiles", default="fast,lan,wan")
     p.add_argument("--kills", type=int, default=10)
     p.add_argument("--gossip-profile", default="lan")
-    p.add_argument("--sim-nodes", type=int, nargs="+", default=[100, 250])
+    p.add_argument("--sim-nodes", type=int, nargs="*", default=[100, 250])
+    p.add_argument("--signing-seconds", type=float, default=5.0, help="per variant and request kind (0: skip)")
+    p.add_argument("--signing-kills", type=int, default=5, help="leader kills per variant (0: skip)")
     args = p.parse_args(argv)
     print(json.dumps(asyncio.run(amain(args)), indent=None))
     return 0

@@ -39,7 +39,8 @@ from aiohttp import web
 
 from app.config.base import ConfigError
 
-from app.coordination.p2p.identity import AuthError, Identity, as_identity
+from app.config.mesh import MeshConfig
+from app.coordination.p2p.identity import AuthError, Identity, NodeKey, SharedKey, as_identity
 from app.coordination.p2p.jsonwire import dumps
 
 TS_HEADER = "X-Mesh-Timestamp"
@@ -91,6 +92,19 @@ def load_secret(
     raise ConfigError(
         "no mesh secret: set MESH_SECRET or MESH_SECRET_FILE (or mesh.secret_file in the config)"
     )
+
+
+def load_identity(mesh: MeshConfig, secret: bytes | str | None = None, data_dir: Path | None = None,
+                  allow_generate: bool = False) -> Identity:
+    """Who this process signs as: its own key when `mesh.node_keys` or `mesh.tls` names one (a
+    node, or an operator with a certificate from the cluster tool), else the shared secret
+    (`secret`, then load_secret's sources)."""
+    files = mesh.key_files()
+    if files is not None:
+        return NodeKey(files)
+    if isinstance(secret, str):
+        secret = secret.encode()
+    return SharedKey(secret or load_secret(mesh.secret, mesh.secret_file, data_dir, allow_generate))
 
 
 def _read_secret_file(path: Path) -> bytes:

@@ -151,6 +151,8 @@ class MeshClient:
             raw = body.model_dump_json().encode()
         elif body is None:
             raw = b""
+        elif isinstance(body, bytes):  # already JSON
+            raw = body
         else:
             raw = dumps(body).encode()
         for attempt in range(2):

@@ -23,13 +23,13 @@ from prometheus_client import CollectorRegistry
 
 from app.config import ConfigError, Settings
 from app.config.mesh import PROFILES, TimingProfile
-from app.coordination.p2p.auth import load_secret
+from app.coordination.p2p.auth import load_identity
 from app.coordination.p2p.client import MeshClient
 from app.coordination.p2p.conn_guard import ConnectionGuard, rate_limit_loop_errors
 from app.coordination.p2p.consensus import Consensus
 from app.coordination.p2p.discovery import TailscaleSource, parse_peer_list
 from app.coordination.p2p.election import QuorumLevel, Role
-from app.coordination.p2p.identity import AuthError, Identity, NodeKey, SharedKey
+from app.coordination.p2p.identity import AuthError, Identity, NodeKey
 from app.coordination.p2p.membership import Membership
 from app.coordination.p2p.node_status import default_capabilities, node_status
 from app.coordination.p2p.persist import CommitStore, HistoryLog, TermStore
@@ -136,18 +136,14 @@ class MeshNode:
     def _identity(self, mesh: Any, secret: str | bytes | Identity | None, clustered: bool) -> Identity:
         """Our own key (mesh.node_keys / mesh.tls: its certificate must name this node), else the
         shared secret: `secret`, the environment or the config; a lone node may generate one."""
-        files = mesh.key_files()
-        if files is not None:
-            key = NodeKey(files)
-            if key.node_id != self.node_id:
-                raise ConfigError(f"{files.cert_file}: the certificate names {key.node_id}, this node is {self.node_id}")
-            return key
-        if secret is not None and not isinstance(secret, (str, bytes)):
+        if secret is not None and not isinstance(secret, (str, bytes)) and mesh.key_files() is None:
             return secret
-        if isinstance(secret, str):
-            secret = secret.encode()
-        return SharedKey(secret or load_secret(mesh.secret, mesh.secret_file, self.data_dir,
-                                               allow_generate=not clustered))
+        identity = load_identity(mesh, secret if isinstance(secret, (str, bytes)) else None, self.data_dir,
+                                 allow_generate=not clustered)
+        if isinstance(identity, NodeKey) and identity.node_id != self.node_id:
+            raise ConfigError(f"{mesh.key_files().cert_file}: the certificate names {identity.node_id}, "
+                              f"this node is {self.node_id}")
+        return identity
 
     # -- extension points ------------------------------------------------------------
     def add_routes(self, routes: Iterable[web.RouteDef], public: Iterable[tuple[str, str]] = ()) -> None:
