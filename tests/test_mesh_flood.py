@@ -73,6 +73,15 @@ async def test_a_gossip_of_4096_fake_peers_does_not_break_gossip(tmp_path: Path)
             await n.stop()
 
 
+async def _status(session: aiohttp.ClientSession, port: int) -> dict | None:
+    """The node's /status within a second, or None."""
+    try:
+        async with session.get(f"http://127.0.0.1:{port}/status", timeout=aiohttp.ClientTimeout(total=1.0)) as r:
+            return await r.json() if r.status == 200 else None
+    except (TimeoutError, aiohttp.ClientError, OSError):
+        return None
+
+
 def _limit_descriptors() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
 
@@ -115,11 +124,7 @@ async def test_a_thousand_slow_connections_do_not_stop_status(tmp_path: Path) ->
     try:
         async with aiohttp.ClientSession() as s:
             async def status() -> dict | None:
-                try:
-                    async with s.get(f"http://127.0.0.1:{port}/status", timeout=aiohttp.ClientTimeout(total=1.0)) as r:
-                        return await r.json() if r.status == 200 else None
-                except (TimeoutError, aiohttp.ClientError, OSError):
-                    return None
+                return await _status(s, port)
             await wait_for(status, 30.0)
             opened: list[int] = []
             for i in range(1000):
@@ -182,7 +187,7 @@ def _rss_kb(pid: int) -> int:
 
 async def test_bodies_behind_unverified_headers_are_never_buffered(tmp_path: Path) -> None:
     """Issue 45, item 5: headers that pass every check but the signature used to get their body
-    read (40 stalled 1 MB bodies kept ~39 MB); from five addresses at once, 200 of them now get
+    read (40 stalled 1 MB bodies kept ~39 MB); from five addresses at once, 100 of them now get
     a 401 from their headers, cost no memory, and /status answers throughout."""
     from app.coordination.p2p.auth import sign
 
@@ -197,17 +202,13 @@ async def test_bodies_behind_unverified_headers_are_never_buffered(tmp_path: Pat
     try:
         async with aiohttp.ClientSession() as s:
             async def status() -> dict | None:
-                try:
-                    async with s.get(f"http://127.0.0.1:{port}/status", timeout=aiohttp.ClientTimeout(total=1.0)) as r:
-                        return await r.json() if r.status == 200 else None
-                except (TimeoutError, aiohttp.ClientError, OSError):
-                    return None
+                return await _status(s, port)
             first = await wait_for(status, 30.0)
             await asyncio.sleep(1.0)
             before = _rss_kb(proc.pid)
             answers: list[int] = []
             clients = []
-            for i in range(200):
+            for i in range(100):
                 headers = sign(b"not-the-secret", "POST", "/gossip", b"{" + b" " * 999_998 + b"}", sender="n9",
                                receiver="solo", boot=first["boot"])
                 clients.append(asyncio.ensure_future(_stalled_body(port, f"127.0.0.{2 + i % 5}", headers, answers)))
@@ -220,7 +221,7 @@ async def test_bodies_behind_unverified_headers_are_never_buffered(tmp_path: Pat
             await asyncio.gather(*clients)
             assert answered >= 1 and await wait_for(status, 10.0)
             grown = _rss_kb(proc.pid) - before
-        assert answers.count(401) >= 190, sorted(set(answers))
+        assert answers.count(401) >= 95, sorted(set(answers))
         assert grown < 30_000, f"the node grew by {grown} kB: bodies were buffered before their signature"
         assert proc.poll() is None
         log.flush()

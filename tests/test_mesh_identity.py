@@ -139,8 +139,9 @@ class FakeVoter:
 
     async def answer(self, request: web.Request) -> web.Response:
         self.asked += 1
-        body: dict = {"term": 2**53, "granted": False, "ok": False, "stored": False, "voter_id": "n2",
-                      "node_id": "n2", "sender": "n2", "states": []}
+        body: dict = {"/vote": {"term": 2**53, "granted": False, "voter_id": "n2"},  # each a valid answer
+                      "/heartbeat": {"term": 2**53, "ok": False, "node_id": "n2"},
+                      "/gossip": {"sender": "n2", "states": []}}.get(request.path, {"term": 2**53, "ok": False})
         if request.path == "/mesh/hello":
             body = {"node_id": "n2", "boot": 1}
         resp = web.json_response(body)

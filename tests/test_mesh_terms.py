@@ -14,38 +14,15 @@ import aiohttp
 import pytest
 
 from app.config import ConfigError
-from app.config.mesh import TimingProfile
 from app.coordination.p2p.election import TERM_ALERT, TERM_CEILING, term_refusal
 from app.coordination.p2p.node import MeshNode
 from app.coordination.p2p.persist import TermStore
 from app.coordination.p2p.schemas import MAX_TERM
-from tests.mesh_helpers import assert_one_leader_per_term, free_ports, wait_for
-from tests.orchestrator_helpers import BUSY_CPU_TIMING
-from tests.test_mesh_hostile import durable, send, settled
+from tests.mesh_helpers import wait_for
+from tests.test_mesh_hostile import durable, send, settled, trio  # noqa: F401 - trio: the fixture
 
 pytestmark = pytest.mark.timeout(120)
 SECRET = b"hostile-test-secret"  # test_mesh_hostile's: `send` signs with it
-IDS = ["n0", "n1", "n2"]
-
-
-def make_node(root: Path, i: int, ports: list[int]) -> MeshNode:
-    peers = [f"{IDS[j]}@127.0.0.1:{ports[j]}" for j in range(3) if j != i]
-    return MeshNode(node_id=IDS[i], host="127.0.0.1", port=ports[i], data_dir=root / IDS[i], peers=peers,
-                    voters=IDS, priority=i, timing=TimingProfile(**BUSY_CPU_TIMING), secret=SECRET)
-
-
-@pytest.fixture
-async def trio(tmp_path: Path):  # type: ignore[no-untyped-def]
-    ports = free_ports(3)
-    nodes = [make_node(tmp_path, i, ports) for i in range(3)]
-    try:
-        for node in nodes:
-            await node.start()
-        yield nodes
-    finally:
-        for node in nodes:
-            await node.stop()
-        assert_one_leader_per_term([tmp_path / nid for nid in IDS])
 
 
 def test_the_rule_refuses_far_ahead_and_above_the_ceiling_and_allows_honest_steps() -> None:

@@ -41,7 +41,7 @@ CONFIG = {"model": {"channels": 8, "blocks": 1}, "search": {"simulations": 8},
           "train": {"batch_size": 64, "epochs": 1}, "replication": {"factor": 2}}
 PLAYING = {"restart": {"base_s": 0.5, "cap_s": 5}, "daemons": {
     "selfplay": {"critical": True, "stop_timeout_s": 15, "settings": {"batch_games": 16, "simulations": 8, "rest_s": 0.0}},
-    "replication": {"settings": {"interval_s": 0.5}},
+    "replication": {},  # its shipped settings: games pushed as they finish, a repair round a second
 }}
 QUIET = {"restart": {"base_s": 0.5, "cap_s": 5}, "daemons": {"replication": {"settings": {"interval_s": 0.5}}}}
 

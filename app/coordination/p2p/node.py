@@ -48,6 +48,7 @@ from app.log import get_logger
 
 log = get_logger(__name__)
 RELAY_STEP = 64  # shared secret: how far a relayed state may raise a node's incarnation (membership.py)
+LINGER_S = 1.0  # after a refusal, the rest of an unread body is read (and dropped) this long, then the connection closes
 
 
 def _raise_descriptor_limit() -> None:
@@ -276,7 +277,7 @@ class MeshNode:
         self.app = build_app(self, guard, self._extra_routes, self._public_routes)
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
                                      keepalive_timeout=self.limits.keepalive_timeout,
-                                     read_bufsize=self.limits.read_bufsize)
+                                     read_bufsize=self.limits.read_bufsize, lingering_time=LINGER_S)
         await self._runner.setup()
         assert self._runner.server is not None
         guard.install(self._runner.server)
@@ -343,10 +344,9 @@ class MeshNode:
             await asyncio.sleep(interval)
 
     def _sync_local(self) -> None:
-        c = self.consensus
-        self.membership.local = self.membership.local.model_copy(
-            update={"role": c.role.value, "term": c.term, "leader": c.leader_id}
-        )
+        c, local = self.consensus, self.membership.local
+        if (local.role, local.term, local.leader) != (c.role.value, c.term, c.leader_id):  # else: no re-signing
+            self.membership.local = local.model_copy(update={"role": c.role.value, "term": c.term, "leader": c.leader_id})
 
     def gossip_round(self) -> None:
         """Bump our heartbeat counter and push-pull with up to `fanout` peers (+ unknown seeds)."""

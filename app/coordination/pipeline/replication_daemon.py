@@ -44,7 +44,7 @@ class ReplicationSettings(StrictModel):
     list_max: int = Field(128, ge=1, le=5000)  # a differing range this small is listed, not split
     timeout_s: float = Field(10.0, gt=0)  # per request
     push: bool = True  # send each game this node finishes to its holders at once (off: anti-entropy only)
-    push_poll_s: float = Field(0.1, gt=0, le=10)  # how often the push loop looks for new games of its own
+    push_poll_s: float = Field(0.05, gt=0, le=10)  # how often the push loop looks for new games of its own
     push_max_bytes: int = Field(512 * 1024, ge=4096, le=1 << 20)  # games' JSON per push request
 
 
