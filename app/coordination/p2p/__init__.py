@@ -20,7 +20,8 @@ Modules (pure rules first, I/O at the edge):
     consensus_core.py  shared state, the one transition function, `admit` (the gate of leader messages)
     deciding.py, transfer.py, consensus.py  Consensus: decisions, handover, election and heartbeats
     work_queue.py  the leader's queue (models in app/db/work_queue.py)
-    node.py        MeshNode: wiring and loops; server.py: routes; node_status.py: /status; worker.py: WorkClient
+    node.py        MeshNode: wiring and loops; gossip.py: its gossip rounds (owner-signed states);
+                   server.py: routes; node_status.py: /status; worker.py: WorkClient
     discovery.py   static peers, `tailscale status --json`
 
 Embedding (what the orchestrator uses):

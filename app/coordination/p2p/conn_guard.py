@@ -18,6 +18,7 @@ under a flood) are logged at a bounded rate (`rate_limit_loop_errors`), not once
 from __future__ import annotations
 
 import asyncio
+import resource
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -165,3 +166,15 @@ def rate_limit_loop_errors(loop: asyncio.AbstractEventLoop, interval: float = 10
             loop.default_exception_handler(context)  # the traceback, at the same bounded rate
 
     loop.set_exception_handler(handler)
+
+
+def raise_descriptor_limit() -> None:
+    """Soft descriptor limit up to the hard one (at most 65,536): a connection flood meets the
+    connection caps above long before `accept` fails with "Too many open files"."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = 1 << 16 if hard == resource.RLIM_INFINITY else min(hard, 1 << 16)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ValueError, OSError):
+        pass

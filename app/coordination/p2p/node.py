@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import random
-import resource
 import socket
 import time
 from collections.abc import Callable, Iterable
@@ -25,16 +24,17 @@ from app.config import ConfigError, Settings
 from app.config.mesh import PROFILES, TimingProfile
 from app.coordination.p2p.auth import load_identity
 from app.coordination.p2p.client import MeshClient
-from app.coordination.p2p.conn_guard import ConnectionGuard, rate_limit_loop_errors
+from app.coordination.p2p.conn_guard import ConnectionGuard, raise_descriptor_limit, rate_limit_loop_errors
 from app.coordination.p2p.consensus import Consensus
 from app.coordination.p2p.discovery import TailscaleSource, parse_peer_list
 from app.coordination.p2p.election import QuorumLevel, Role
-from app.coordination.p2p.identity import AuthError, Identity, NodeKey
+from app.coordination.p2p.gossip import Gossiping
+from app.coordination.p2p.identity import Identity, NodeKey
 from app.coordination.p2p.membership import Membership
 from app.coordination.p2p.node_status import default_capabilities, node_status
 from app.coordination.p2p.persist import CommitStore, HistoryLog, TermStore
 from app.coordination.p2p.refusals import Refusals
-from app.coordination.p2p.schemas import GossipMessage, NodeState, SignedState, state_text
+from app.coordination.p2p.schemas import NodeState
 from app.coordination.p2p.server import build_app
 from app.coordination.p2p.tls import (
     cert_node_id,
@@ -51,19 +51,7 @@ RELAY_STEP = 64  # shared secret: how far a relayed state may raise a node's inc
 LINGER_S = 1.0  # after a refusal, the rest of an unread body is read (and dropped) this long, then the connection closes
 
 
-def _raise_descriptor_limit() -> None:
-    """Soft descriptor limit up to the hard one: a connection flood meets the connection caps
-    (conn_guard.py) long before `accept` fails with "Too many open files"."""
-    try:
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        want = 1 << 16 if hard == resource.RLIM_INFINITY else min(hard, 1 << 16)
-        if soft != resource.RLIM_INFINITY and soft < want:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-    except (ValueError, OSError):
-        pass
-
-
-class MeshNode:
+class MeshNode(Gossiping):
     def __init__(
         self,
         settings: Settings | None = None,
@@ -270,7 +258,7 @@ class MeshNode:
             max_term_step=self.limits.max_term_step,
             on_term_refused=lambda peer, term, why: self.refusals.refused_in(peer, "term_far_ahead", why),
         )
-        _raise_descriptor_limit()
+        raise_descriptor_limit()
         rate_limit_loop_errors(asyncio.get_running_loop())
         guard = ConnectionGuard(self.limits.max_connections_per_addr, self.limits.max_connections,
                                 self.limits.header_deadline, on_refused=self.refusals.refused_in)
@@ -342,72 +330,6 @@ class MeshNode:
             except Exception:
                 log.exception(f"{what} failed")
             await asyncio.sleep(interval)
-
-    def _sync_local(self) -> None:
-        c, local = self.consensus, self.membership.local
-        if (local.role, local.term, local.leader) != (c.role.value, c.term, c.leader_id):  # else: no re-signing
-            self.membership.local = local.model_copy(update={"role": c.role.value, "term": c.term, "leader": c.leader_id})
-
-    def gossip_round(self) -> None:
-        """Bump our heartbeat counter and push-pull with up to `fanout` peers (+ unknown seeds)."""
-        now = time.monotonic()
-        self._sync_local()
-        self.membership.tick()
-        self.membership.evict(now)
-        targets = [(nid, self.addr_of(nid)) for nid in self.membership.choose_targets(
-            self.timing.gossip_fanout, now, self._rng)]
-        known_addrs = {self.addr_of(n) for n in self.membership.peers}
-        targets += [(nid, addr) for nid, addr in self.pinned.items() if nid not in self.membership.peers]
-        targets += [(None, seed) for seed in self.seeds if seed not in self.seed_ids or seed not in known_addrs]
-        for nid, addr in targets:
-            if not addr or addr in self._gossip_in_flight or addr == self.addr:
-                continue
-            self._gossip_in_flight.add(addr)
-            task = asyncio.create_task(self._gossip_one(addr))
-            self._bg.add(task)
-            task.add_done_callback(self._bg.discard)
-
-    def gossip_message(self) -> GossipMessage:
-        """What we gossip: our signed state and the peers' as their owners signed them."""
-        self._sync_local()
-        return self.membership.message(time.monotonic())
-
-    async def _gossip_one(self, addr: str) -> None:
-        try:
-            msg = self.gossip_message()
-            reply = await self.client.post(addr, "/gossip", msg, GossipMessage, self.timing.request_timeout)
-            if reply is None:
-                return
-            answerer = self.client.peers.get(addr, ("", 0))[0]  # whose signed answer it was
-            if reply.sender != answerer:
-                self.refusals.refused_in(answerer or addr, "answer_sender",
-                                         f"a gossip answer signed by {answerer} names {reply.sender} as its sender")
-                return
-            if addr in self.seeds:
-                self.seed_ids[addr] = reply.sender
-            self.absorb(reply, direct=reply.sender)
-        finally:
-            self._gossip_in_flight.discard(addr)
-
-    def absorb(self, message: GossipMessage, direct: str | None = None) -> None:
-        """Merge gossip (either direction; `direct`: the proven sender). Each state must carry its
-        owner's signature; one that does not is refused and counted. The terms states carry are
-        what nodes say of themselves, never adopted: terms move only through votes, heartbeats
-        and commits (gossiped terms are only the reference that bounds their steps)."""
-
-        def owner_signed(state: NodeState, envelope: SignedState) -> bool:
-            try:
-                self.identity.verify(state.node_id, state_text(envelope.state), envelope.sig, envelope.cert)
-            except AuthError as exc:
-                self.refusals.refused_in(direct or message.sender, f"state_{exc.code}",
-                                         f"gossiped state of {state.node_id}: {exc}")
-                return False
-            return True
-
-        def refused(node_id: str, why: str) -> None:
-            self.refusals.refused_in(direct or message.sender, "state_refused", why[:300])
-
-        self.membership.merge(message, time.monotonic(), check=owner_signed, direct=direct, refused=refused)
 
     def reconcile(self) -> None:
         if not self.consensus.can_mutate():
