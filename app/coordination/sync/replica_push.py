@@ -73,10 +73,15 @@ def _quantile(sorted_values: list[float], q: float) -> float | None:
 class Pusher:
     def __init__(self, node_id: str, client: MeshClient, store: ReplicatedStore, *, factor: int,
                  store_name: str = "games", prefetch: bool = True, max_bytes: int = 512 * 1024,
-                 timeout: float = 5.0, max_pending: int = 50_000, lag_window: int = 4096) -> None:
+                 timeout: float = 5.0, max_pending: int = 50_000, lag_window: int = 4096,
+                 max_per_round: int = 1024, settle_s: float = 30.0) -> None:
+        """`max_per_round`: records pushed to one peer per call; `settle_s`: how long a record
+        already on `factor` nodes is still pushed to the other targets (prefetch) before
+        anti-entropy is left to bring it there."""
         self.node_id, self.client, self.store = node_id, client, store
         self.factor, self.store_name, self.prefetch = max(1, factor), store_name, prefetch
         self.max_bytes, self.timeout, self.max_pending = max_bytes, timeout, max_pending
+        self.max_per_round, self.settle_s = max_per_round, settle_s
         self.after: int | None = None  # row id up to which own records are known (None: not started)
         self.pending: OrderedDict[str, _Pending] = OrderedDict()
         self.lags: deque[float] = deque(maxlen=lag_window)
@@ -94,10 +99,13 @@ class Pusher:
             return 0
         by_peer: dict[str, list[str]] = {}
         now = time.monotonic()
+        ready = [peer for peer in peers if self._backoff.get(peer, (0.0, 0.0))[0] <= now]
         for uid, p in self.pending.items():
             for peer in self._targets(p.fine, members, peers):
-                if peer not in p.acked and self._backoff.get(peer, (0.0, 0.0))[0] <= now:
-                    by_peer.setdefault(peer, []).append(uid)
+                if peer in ready and peer not in p.acked:
+                    batch = by_peer.setdefault(peer, [])
+                    if len(batch) < self.max_per_round:
+                        batch.append(uid)
         results = await asyncio.gather(*(self._push_to(peer, peers[peer], uids) for peer, uids in by_peer.items()))
         acknowledged = sum(results)
         self._settle(members, peers)
@@ -171,8 +179,9 @@ class Pusher:
                 self.pushed_total += 1
                 if self.on_replicated is not None:
                     self.on_replicated(lag)
-            if p.counted and all(t in p.acked for t in self._targets(p.fine, members, peers)):
-                done.append(uid)
+            if p.counted and (now - p.made_at > self.settle_s
+                              or all(t in p.acked for t in self._targets(p.fine, members, peers))):
+                done.append(uid)  # on `factor` nodes, and every target has it (or anti-entropy will)
         for uid in done:
             del self.pending[uid]
 
