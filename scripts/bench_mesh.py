@@ -383,6 +383,9 @@ async def amain(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from app.log import configure_logging
+
+    configure_logging("bench", "WARNING", json=True)  # the in-process nodes log to stderr: stdout is the JSON
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profiles", default="fast,lan,wan")
     p.add_argument("--kills", type=int, default=10)
