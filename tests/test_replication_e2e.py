@@ -123,9 +123,15 @@ def test_a_node_killed_mid_self_play_loses_at_most_its_last_second_and_the_quiet
 
         # Quiet: the survivors stop playing; the wiped node comes back empty, without self-play.
         _signal_workers([procs["n0"], procs["n1"]], signal.SIGSTOP)
-        time.sleep(1.0)
         stopped_at = time.time()
-        created = {u for f in nodes[:2] for u in _games(f)}  # nothing new is made now
+        seen: list[set[str]] = []
+
+        def nothing_new() -> bool:  # games already on their way from a paused worker are stored first
+            seen.append({u for f in nodes[:2] for u in _games(f)})
+            return len(seen) > 1 and seen[-1] == seen[-2]
+
+        wait_until(nothing_new, 30, interval=1.0, what="no new games after the workers paused")
+        created = seen[-1]
         victim.daemons.write_text(yaml.safe_dump(QUIET))
         procs["n2"] = start_voter(nodes, IDS, 2)
 

@@ -95,6 +95,7 @@ async def replication_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
         if pushing is not None:
             pushing.cancel()
             await asyncio.gather(pushing, return_exceptions=True)
+            await pusher.close()
         await asyncio.to_thread(store.close)
 
 
@@ -110,7 +111,7 @@ async def push_loop(node: MeshNode, pusher: Pusher, replicator: Replicator, poll
             members = sorted({s.node_id for s in view.alive()} | {node.node_id})
             pusher.factor = replicator.factor  # capped at the cluster's size by the anti-entropy round
             peers = {p: a for p in members if p != node.node_id and (a := node.addr_of(p))}
-            await pusher.push_new(peers, members)
+            await pusher.push_new(peers, members, wait=False)
         except Exception:  # noqa: BLE001 - a failed push is retried; anti-entropy repairs meanwhile
             ctx.log.exception("replication_push_round_failed")
         if time.monotonic() - published >= publish_s and cluster.replication is not None:

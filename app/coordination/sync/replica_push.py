@@ -5,9 +5,10 @@ node made since the last round died with it: with fast self-play, hundreds of ga
 node that made a record sends it itself, the moment it is stored: `push_new` finds its records
 stored since the last look (the store's row order), and POSTs them to `/replica/<store>/push`
 of the nodes placement gives them (ranges.holders: `factor` nodes, the origin one of them; with
-`prefetch`, every alive peer, since they would pull them anyway). A record counts as replicated
-once `factor - 1` peers have acknowledged holding it (their signed answers name the ids); the
-time from its making to then is its replication lag. A peer that does not answer is tried
+`prefetch`, every alive peer, since they would pull them anyway). Each peer has its own push
+in flight, so a slow peer holds up no other. A record counts as replicated once `factor - 1`
+peers have acknowledged holding it (their signed answers name the ids); the time from its
+making to then is its replication lag. A peer that does not answer is tried
 again after a short backoff; the record stays pending (and anti-entropy may bring it there
 first). Pending records are bounded: past `max_pending` the oldest are left to anti-entropy.
 
@@ -88,28 +89,44 @@ class Pusher:
         self.pushed_total = 0
         self.dropped_total = 0
         self._backoff: dict[str, tuple[float, float]] = {}  # peer -> (retry at, delay)
+        self._inflight: dict[str, asyncio.Future[int]] = {}  # peer -> its push in flight
         self.on_replicated: Any = None  # callback(lag_s) per record that reached `factor` nodes
 
-    async def push_new(self, peers: dict[str, str], members: list[str]) -> int:
+    async def push_new(self, peers: dict[str, str], members: list[str], wait: bool = True) -> int:
         """Take in the records made since the last call and push every pending one to the peers
-        that should hold it and have not said so; how many records peers newly acknowledged.
+        that should hold it and have not said so. Each peer has at most one push in flight, so
+        a slow peer never holds up the others (a record needs only `factor - 1` of them).
+        `wait`: until the pushes started now are answered; how many acknowledgements they
+        brought (without `wait`, 0: the loop calls again soon and they land as they come).
         `peers`: alive peer id -> address; `members`: alive node ids, this one included."""
         await self._take_new()
         if not self.pending:
             return 0
-        by_peer: dict[str, list[str]] = {}
         now = time.monotonic()
-        ready = [peer for peer in peers if self._backoff.get(peer, (0.0, 0.0))[0] <= now]
+        ready = [peer for peer in peers if self._backoff.get(peer, (0.0, 0.0))[0] <= now
+                 and (peer not in self._inflight or self._inflight[peer].done())]
+        by_peer: dict[str, list[str]] = {}
         for uid, p in self.pending.items():
             for peer in self._targets(p.fine, members, peers):
                 if peer in ready and peer not in p.acked:
                     batch = by_peer.setdefault(peer, [])
                     if len(batch) < self.max_per_round:
                         batch.append(uid)
-        results = await asyncio.gather(*(self._push_to(peer, peers[peer], uids) for peer, uids in by_peer.items()))
-        acknowledged = sum(results)
-        self._settle(members, peers)
+        started = []
+        for peer, uids in by_peer.items():
+            task = asyncio.ensure_future(self._push_to(peer, peers[peer], uids))
+            self._inflight[peer] = task
+            started.append(task)
+        acknowledged = sum(await asyncio.gather(*started)) if wait and started else 0
+        self._forget(members, peers)
         return acknowledged
+
+    async def close(self) -> None:
+        """Cancel the pushes in flight (the daemon stops)."""
+        for task in self._inflight.values():
+            task.cancel()
+        await asyncio.gather(*self._inflight.values(), return_exceptions=True)
+        self._inflight.clear()
 
     async def _take_new(self) -> None:
         if self.after is None:  # records made before this process started are anti-entropy's
@@ -150,6 +167,7 @@ class Pusher:
                     if p is not None and peer not in p.acked:
                         p.acked.add(peer)
                         acknowledged += 1
+                        self._count(p)
             self._backoff.pop(peer, None)
         except _TRANSPORT_ERRORS as exc:
             delay = min(5.0, 2 * self._backoff.get(peer, (0.0, 0.125))[1])
@@ -165,23 +183,28 @@ class Pusher:
             raise ValueError(f"push answered HTTP {status}: {why}")
         return ReplicaPushAnswer.model_validate(data)
 
-    def _settle(self, members: list[str], peers: dict[str, str]) -> None:
-        """Record the lag of records now on `factor` nodes; forget those every target holds."""
+    def _count(self, p: _Pending) -> None:
+        """A peer acknowledged `p`: once `factor - 1` have, its lag is recorded (the daemon caps
+        the factor at the cluster's size, dead nodes counted, so it never counts as replicated
+        while too few nodes are up)."""
+        if not p.counted and len(p.acked) >= self.factor - 1:
+            p.counted = True
+            lag = max(0.0, time.time() - p.made_at)
+            self.lags.append(lag)
+            self.pushed_total += 1
+            if self.on_replicated is not None:
+                self.on_replicated(lag)
+
+    def _forget(self, members: list[str], peers: dict[str, str]) -> None:
+        """Forget the records on `factor` nodes that every target holds (or that anti-entropy is
+        left to bring there after `settle_s`)."""
         now = time.time()
-        need = self.factor - 1  # the daemon caps the factor at the cluster's size, dead nodes counted
         done = []
         for uid, p in self.pending.items():
-            held = len(p.acked & set(peers))
-            if not p.counted and held >= need:
-                p.counted = True
-                lag = max(0.0, now - p.made_at)
-                self.lags.append(lag)
-                self.pushed_total += 1
-                if self.on_replicated is not None:
-                    self.on_replicated(lag)
+            self._count(p)  # the factor may have dropped (a node left for good)
             if p.counted and (now - p.made_at > self.settle_s
                               or all(t in p.acked for t in self._targets(p.fine, members, peers))):
-                done.append(uid)  # on `factor` nodes, and every target has it (or anti-entropy will)
+                done.append(uid)
         for uid in done:
             del self.pending[uid]
 
