@@ -38,7 +38,6 @@ from pathlib import Path
 from aiohttp import web
 
 from app.config.base import ConfigError
-
 from app.config.mesh import MeshConfig
 from app.coordination.p2p.identity import AuthError, Identity, NodeKey, SharedKey, as_identity
 from app.coordination.p2p.jsonwire import dumps
