@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,21 @@ def replace_durably(tmp: Path, final: Path) -> None:
     fsync_file(tmp)
     os.replace(tmp, final)
     fsync_dir(final.parent)
+
+
+def replace_dir(staging: Path, final: Path) -> None:
+    """A finished directory into place whole: `staging` is fsynced and renamed to `final`; a
+    directory already there is moved aside first and removed after, so the final name never
+    holds a half-written copy."""
+    fsync_dir(staging)
+    old: Path | None = None
+    if final.exists():
+        old = final.with_name(f".{final.name}.old{os.getpid()}")
+        os.replace(final, old)
+    os.replace(staging, final)
+    fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -17,8 +17,9 @@ from aiohttp import web
 
 from app.config import ConfigError, Settings, load_settings
 from app.coordination.daemons.manager import DaemonManager
-from app.coordination.daemons.registry import load_registry
+from app.coordination.daemons.daemon_registry import build_registry, daemon_settings, read_daemons
 from app.coordination.pipeline.cluster import ClusterPipeline
+from app.coordination.pipeline.runner_settings import ExportSettings
 from app.coordination.pipeline.runners import pipeline_runners
 from app.coordination.daemons.dlq_retry import INFRA_RUNNERS
 from app.coordination.daemons.event_journal import EventJournal
@@ -27,12 +28,11 @@ from app.coordination.daemons.health_server import HealthServer
 from app.coordination.daemons.metrics import Metrics
 from app.coordination.p2p.node import MeshNode
 from app.coordination.pipeline.context import PipelineContext
-from app.coordination.pipeline.workloads import pipeline_context
+from app.coordination.pipeline.steps import ReportsStatus
+from app.workloads import pipeline_context
 from app.coordination.pipeline.mesh_events import watch_mesh
 from app.coordination.pipeline.dashboard_feed import DashboardFeed
 from app.coordination.pipeline.progress_display import show_progress
-from app.coordination.sync import GameSyncServer, model_routes
-from app.coordination.sync.dataset_server import dataset_routes
 from app.db.dead_letters import DeadLetterStore
 from app.db.registry import ModelRegistry
 from app.log import configure_logging, get_logger
@@ -82,42 +82,41 @@ def node_settings(args: argparse.Namespace) -> Settings:
     return settings.model_copy(update={"node": node, "mesh": mesh})
 
 
-def build_mesh(settings: Settings, pipe: PipelineContext, export_threshold: int,
-               metrics: Metrics | None = None) -> tuple[MeshNode, GameSyncServer]:
-    """The mesh node with the pipeline's endpoints; clustered when there are other voters or peers.
-    With `metrics`, the mesh counts into the node's registry (one /metrics for everything)."""
+def build_mesh(settings: Settings, pipe: PipelineContext,
+               metrics: Metrics | None = None) -> tuple[MeshNode, ClusterPipeline | None]:
+    """The mesh node with the routes the workload serves; clustered when there are other voters
+    or peers. With `metrics`, the mesh counts into the node's registry (one /metrics for everything)."""
     node = MeshNode(settings, registry=metrics.registry if metrics is not None else None)
-    games = GameSyncServer(pipe.paths.games_db)
-    node.add_routes(games.routes() + model_routes(pipe.paths.models_dir) + pipe.steps.routes(pipe))
-    node.add_routes(dataset_routes(pipe.paths.datasets_dir))  # joiners of a spanned training run
+    node.add_routes(pipe.steps.routes())
     if len(node.voters) > 1 or settings.mesh.peers:
-        pipe.cluster = ClusterPipeline(node, pipe, threshold=export_threshold)
-        node.add_routes(pipe.cluster.routes())
-        node.set_work_source(pipe.cluster.work_source)
-        node.set_progress_provider(pipe.cluster.progress)
-    else:
-        node.set_progress_provider(lambda: _local_progress(pipe))
-    return node, games
+        cluster = ClusterPipeline(node, pipe)
+        pipe.cluster = cluster
+        node.add_routes(cluster.routes())
+        node.set_work_source(cluster.work_source)
+        node.set_progress_provider(cluster.progress)
+        return node, cluster
+    node.set_progress_provider(lambda: _local_progress(pipe))
+    return node, None
 
 
 def _local_progress(pipe: PipelineContext) -> dict:
     with ModelRegistry(pipe.paths.registry_db) as registry:
         report = progress_report(registry)
-    return {**report, **pipe.steps.progress_extra(pipe, report)}
+    return {**report, **(pipe.steps.progress_extra(pipe) if isinstance(pipe.steps, ReportsStatus) else {})}
 
 
 async def run_node(args: argparse.Namespace, settings: Settings) -> int:
-    pipe = pipeline_context(settings, config_path=args.config.resolve() if args.config else None)
+    daemons = read_daemons(args.daemons)
+    export = daemon_settings(daemons, "export", ExportSettings, str(args.daemons))
+    pipe = pipeline_context(settings, config_path=args.config.resolve() if args.config else None, export=export)
     metrics = Metrics(node=settings.node.node_id)
     dead_letters = DeadLetterStore(pipe.paths.dead_letters_db)
     router = EventRouter(metrics=metrics, dead_letters=dead_letters)
     EventJournal(pipe.paths.events_file).subscribe(router)
-    registry = load_registry(args.daemons, {**INFRA_RUNNERS, **pipeline_runners(pipe)})
+    registry = build_registry(daemons, {**INFRA_RUNNERS, **pipeline_runners(pipe)}, str(args.daemons))
     manager = DaemonManager(registry.select(settings.node.role), router=router, settings=settings, metrics=metrics)
     pipe.wait_draining = manager.wait_draining
-    export_spec = registry.specs.get("export")
-    node, games = build_mesh(settings, pipe, pipe.steps.export_threshold(pipe, export_spec.settings) if export_spec else 0,
-                             metrics)
+    node, cluster = build_mesh(settings, pipe, metrics)
     feed = DashboardFeed(pipe, node)
     metrics.watch_daemons(manager.daemon_states)
     metrics.watch_mesh(feed.mesh_gauges)
@@ -131,8 +130,8 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
     log.info("node_starting", data_dir=str(pipe.paths.data_dir), health=health.url,
              generation=pipe.state.generation, stage=pipe.state.stage.value)
     background = [asyncio.create_task(show_progress(pipe, metrics)), asyncio.create_task(feed.run())]
-    if pipe.cluster is not None:
-        background.append(asyncio.create_task(pipe.cluster.publish_loop(router)))
+    if cluster is not None:
+        background.append(asyncio.create_task(cluster.publish_loop(router)))
         background.append(asyncio.create_task(watch_mesh(node, router)))
     else:
         background.append(asyncio.create_task(_show_local_status(pipe, node)))
@@ -146,10 +145,10 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
         try:
-            await asyncio.wait_for(_teardown(pipe, node, health), TEARDOWN_DEADLINE_S)
+            await asyncio.wait_for(_teardown(cluster, node, health), TEARDOWN_DEADLINE_S)
         except TimeoutError:
             log.warning("teardown_timed_out", deadline_s=TEARDOWN_DEADLINE_S)
-        games.close()
+        pipe.steps.close()
         dead_letters.close()
     log.info("node_stopped", generation=pipe.state.generation, promoted=pipe.state.promoted,
              rejected=pipe.state.rejected)
@@ -171,15 +170,17 @@ def admin_routes(manager: DaemonManager) -> list[web.RouteDef]:
 async def _show_local_status(pipe: PipelineContext, node: MeshNode, interval_s: float = 2.0) -> None:
     """A lone node has no gossip loop: what the workload reports about this node (an LM node's
     engines and their weight versions) still reaches /status."""
+    if not isinstance(pipe.steps, ReportsStatus):
+        return
     while True:
         node.update_local_state(inventory=pipe.steps.node_status(pipe))
         await asyncio.sleep(interval_s)
 
 
-async def _teardown(pipe: PipelineContext, node: MeshNode, health: HealthServer) -> None:
+async def _teardown(cluster: ClusterPipeline | None, node: MeshNode, health: HealthServer) -> None:
     """Hand back a held claim (so the leader reschedules at once), then close the servers."""
-    if pipe.cluster is not None:
-        await pipe.cluster.release_for_shutdown()
+    if cluster is not None:
+        await cluster.release_for_shutdown()
     await node.stop()
     await health.stop()
 
@@ -190,7 +191,7 @@ async def _stop_after(pipe: PipelineContext, manager: DaemonManager, generations
 
     def done() -> bool:
         state = pipe.state
-        distributed = state.best_sha256 is None or state.best_path == str(pipe.steps.installed_path(pipe, state.best_sha256))
+        distributed = state.best_sha256 is None or state.best_path == str(pipe.steps.models.installed_path(state.best_sha256))
         return pipe.decided_generations() >= generations and distributed
 
     while not done():

@@ -4,7 +4,7 @@
     python scripts/bench_grpo.py [--steps 20 --warmup 3 --prompts-per-step 8 --group-size 8] [--ranks 1,2]
                                  [--device auto|cpu|cuda] [--backend auto|local|fsdp]
 
-Each rank count runs under torchrun (app.training.launcher): 1 rank with LocalBackend, more
+Each rank count runs under torchrun (app.shared.launcher): 1 rank with LocalBackend, more
 with FSDP2, every rank generating its share of each step's prompts with its own in-process
 engine. Per rank count: rollout tokens/s (generated tokens of all ranks / rollout wall time),
 training tokens/s (response tokens trained / training wall time), and the share of a step in
@@ -29,18 +29,19 @@ def worker(args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(1)
-    from app.lm.engine import InProcessEngine
-    from app.lm.model import LMModelConfig, build_model
+    from app.lm.rollout.engine import InProcessEngine
+    from app.lm.causal_lm import LMModelConfig, build_model
     from app.lm.tasks import DigitTask
     from app.lm.tokenizer import build_digit_tokenizer
     from app.lm.truncation import RolloutSettings
     from app.log import configure_logging
-    from app.training.lm.backend import LocalBackend, OptimConfig
-    from app.training.lm.data_buffer import DataBuffer
-    from app.training.lm.dist_env import init_distributed, shutdown
-    from app.training.lm.fsdp_backend import FSDPBackend
-    from app.training.lm.grpo import sft_loss
-    from app.training.lm.loops import RLConfig, rl_loop
+    from app.lm.train.backend import LocalBackend, OptimConfig
+    from app.lm.data_buffer import DataBuffer
+    from app.lm.train.dist_env import init_distributed, shutdown
+    from app.lm.train.fsdp_backend import FSDPBackend
+    from app.lm.train.grpo import GRPOConfig, grpo_loss_fn, sft_loss
+    from app.lm.train.rollout_sources import GeneratedGroups
+    from app.lm.train.sft_grpo import grpo_loop
 
     configure_logging(level="WARNING")
     env = init_distributed(args.device)
@@ -51,9 +52,11 @@ def worker(args: argparse.Namespace) -> int:
     use_fsdp = args.backend == "fsdp" or (args.backend == "auto" and env.world_size > 1)
     backend = FSDPBackend(model, optim, sft_loss, env) if use_fsdp else LocalBackend(model, optim, sft_loss)
     task = DigitTask("copy", 3, 3, "partial")
-    cfg = RLConfig(steps=args.warmup + args.steps, prompts_per_step=args.prompts_per_step, micro_batch_size=64,
-                   rollout=RolloutSettings(n=args.group_size, max_new_tokens=4, length_is_parse_failure=False))
-    history = rl_loop(backend, engine, task, tok, DataBuffer(task.make_prompts(400, 1, "train"), 0), cfg)[args.warmup:]
+    rollout = RolloutSettings(n=args.group_size, max_new_tokens=4, length_is_parse_failure=False)
+    source = GeneratedGroups(engine, task, tok, DataBuffer(task.make_prompts(400, 1, "train"), 0), seed=0,
+                             prompts_per_step=args.prompts_per_step, rollout=rollout, micro_batch_size=64)
+    history = grpo_loop(backend, source, tok.pad_token_id, grpo_loss_fn(GRPOConfig(), rollout.temperature),
+                        args.warmup + args.steps)[args.warmup:]
     if env.is_main:
         total = {k: sum(h[k] for h in history) for k in ("rollout_s", "train_s", "sync_s", "generated_tokens",
                                                          "trained_tokens")}
@@ -90,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     import io
     import os
 
-    from app.training.launcher import LaunchSpec, launch
+    from app.shared.launcher import LaunchSpec, launch
 
     out = {"benchmark": "grpo", "model": "digit llama ~75k params", "task": "copy 3 digits, partial credit",
            "prompts_per_step": args.prompts_per_step, "group_size": args.group_size,

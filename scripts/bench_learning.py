@@ -38,7 +38,7 @@ from app.atomic_files import atomic_write_json  # noqa: E402
 from app.config import load_settings  # noqa: E402
 from app.db.registry import ModelRegistry, ModelStatus  # noqa: E402
 from app.games import get_game  # noqa: E402
-from app.training.process_group import DEVICE_CHOICES, network_device  # noqa: E402
+from app.shared.process_group import DEVICE_CHOICES, network_device  # noqa: E402
 from app.training.solved_eval import (  # noqa: E402
     SolvedEvalError, default_positions_path, load_positions, random_mover_accuracy, score_model,
 )

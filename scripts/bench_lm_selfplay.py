@@ -3,8 +3,8 @@
     python scripts/bench_lm_selfplay.py [--config configs/lm_copy.yaml] [--batches 5]
 
 Runs `--batches` rollout batches with the random-init model through the configured in-process
-engine into a fresh rollout store (app/training/lm_selfplay.py), then one paired greedy
-evaluation of the model against itself on the held-out set (app/training/lm_eval.py), and
+engine into a fresh rollout store (app/lm/rollout/batches.py), then one paired greedy
+evaluation of the model against itself on the held-out set (app/lm/workload/heldout.py), and
 prints one JSON object: groups/s and completions/s of self-play, the share of a batch spent
 generating vs storing, store inserts/s, and the seconds of one paired evaluation.
 """
@@ -24,13 +24,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.config import load_settings  # noqa: E402
 from app.db.rollout_store import RolloutStore  # noqa: E402
-from app.training.lm_eval import evaluate_pair  # noqa: E402
-from app.training.lm_selfplay import batch_prompts, rollout_batch, to_record  # noqa: E402
-from app.training.lm_setup import (  # noqa: E402
-    build_engine, build_task, build_tokenizer, greedy_settings, heldout_prompts, initial_model, rollout_settings,
+from app.lm.workload.heldout import evaluate_pair  # noqa: E402
+from app.lm.rollout.batches import batch_prompts, rollout_batch, to_record  # noqa: E402
+from app.lm.rollout.engine_config import build_engine  # noqa: E402
+from app.lm.setup import (  # noqa: E402
+    build_task, build_tokenizer, greedy_settings, heldout_prompts, initial_model, rollout_settings,
     train_prompts,
 )
-from app.lm.rollout import generate_groups  # noqa: E402
+from app.lm.rollout.groups import generate_groups  # noqa: E402
 from app.log import configure_logging  # noqa: E402
 
 

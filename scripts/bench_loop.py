@@ -155,7 +155,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=20.0)
     p.add_argument("--config", type=Path, default=ROOT / "configs" / "bench_loop.yaml")
-    p.add_argument("--daemons", type=Path, default=ROOT / "configs" / "bench_loop_daemons.yaml")
+    p.add_argument("--daemons", type=Path, help="daemons file (default: configs/bench_loop_daemons.yaml; "
+                                                "configs/bench_loop_lm_daemons.yaml for workload: lm)")
     p.add_argument("--data-dir", type=Path, default=None)
     p.add_argument("--eval-games", type=int, default=40, help="games vs each baseline for the final model")
     p.add_argument("--eval-sims", default="",
@@ -163,7 +164,9 @@ def main() -> int:
     args = p.parse_args()
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="bench_loop_"))
     settings = load_settings(args.config)
-    started, ended = run_loop(args.config, args.daemons, data_dir, args.minutes)
+    daemons = args.daemons or ROOT / "configs" / ("bench_loop_lm_daemons.yaml" if settings.workload == "lm"
+                                                  else "bench_loop_daemons.yaml")
+    started, ended = run_loop(args.config, daemons, data_dir, args.minutes)
     if settings.workload == "lm":
         print(json.dumps(lm_report(data_dir, settings, started, ended)))
         return 0

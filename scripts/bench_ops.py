@@ -42,13 +42,14 @@ from app.coordination.daemons.event_router import EventRouter  # noqa: E402
 from app.coordination.daemons.health_server import HealthServer  # noqa: E402
 from app.coordination.daemons.manager import DaemonManager  # noqa: E402
 from app.coordination.daemons.metrics import Metrics  # noqa: E402
-from app.coordination.daemons.registry import build_registry  # noqa: E402
+from app.coordination.daemons.daemon_registry import build_registry  # noqa: E402
 from app.coordination.p2p.node import MeshNode  # noqa: E402
 from app.coordination.p2p.schemas import NodeState  # noqa: E402
 from app.coordination.p2p.work_queue import WorkQueue  # noqa: E402
 from app.coordination.p2p.work_rules import WorkSpec  # noqa: E402
 from app.coordination.pipeline.cluster import ClusterPipeline  # noqa: E402
-from app.coordination.pipeline.workloads import pipeline_context  # noqa: E402
+from app.coordination.pipeline.runner_settings import ExportSettings  # noqa: E402
+from app.workloads import pipeline_context  # noqa: E402
 from app.coordination.pipeline.dashboard_feed import DashboardFeed  # noqa: E402
 from app.log import configure_logging  # noqa: E402
 from tests.mesh_helpers import free_ports  # noqa: E402
@@ -84,10 +85,11 @@ async def bench_dashboard(requests: int) -> dict:
     records = _records()
     (tmp / "generations.json").write_text(json.dumps(records))
     metrics = Metrics(node="n0")
-    pipe = pipeline_context(settings)
+    pipe = pipeline_context(settings, export=ExportSettings(min_new_games=100))
     node = MeshNode(settings, registry=metrics.registry)
-    pipe.cluster = ClusterPipeline(node, pipe, threshold=100)
-    node.add_routes(pipe.cluster.routes())
+    cluster = ClusterPipeline(node, pipe)
+    pipe.cluster = cluster
+    node.add_routes(cluster.routes())
     router = EventRouter(metrics=metrics)
     registry = build_registry({"daemons": {f"d{i}": {"critical": i < 6} for i in range(DAEMONS)}},
                               {f"d{i}": (_idle_daemon, {}) for i in range(DAEMONS)})

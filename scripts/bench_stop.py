@@ -32,8 +32,8 @@ from app.config import Settings  # noqa: E402
 from app.coordination.daemons.event_router import EventRouter  # noqa: E402
 from app.coordination.daemons.events import EventType  # noqa: E402
 from app.coordination.daemons.manager import DaemonManager  # noqa: E402
-from app.coordination.daemons.registry import build_registry  # noqa: E402
-from app.training.launcher import LaunchError, LaunchSpec, launch  # noqa: E402
+from app.coordination.daemons.daemon_registry import build_registry  # noqa: E402
+from app.shared.launcher import LaunchError, LaunchSpec, launch  # noqa: E402
 
 FAILING_WORKER = """
 import signal, time
@@ -84,9 +84,9 @@ async def handler_cut_off() -> float:
     async def hangs(event):
         await asyncio.sleep(3600)
 
-    router.subscribe(EventType.NEW_GAMES_AVAILABLE, hangs, name="hangs")
+    router.subscribe(EventType.NEW_ITEMS_AVAILABLE, hangs, name="hangs")
     began = time.monotonic()
-    await router.publish(EventType.NEW_GAMES_AVAILABLE, {"count": 1, "total": 1})
+    await router.publish(EventType.NEW_ITEMS_AVAILABLE, {"count": 1, "total": 1})
     return time.monotonic() - began
 
 

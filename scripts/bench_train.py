@@ -38,8 +38,8 @@ from app.db.replay_db import GameRecord, MoveRecord, ReplayDB  # noqa: E402
 from app.games import get_game  # noqa: E402
 from app.training.dataset import Arrays, load_dataset  # noqa: E402
 from app.training.export import export_dataset  # noqa: E402
-from app.training.launcher import LaunchSpec, launch  # noqa: E402
-from app.training.process_group import DEVICE_CHOICES, init_distributed, network_device, shutdown, visible_gpus  # noqa: E402
+from app.shared.launcher import LaunchSpec, launch  # noqa: E402
+from app.shared.process_group import DEVICE_CHOICES, init_distributed, network_device, shutdown, visible_gpus  # noqa: E402
 from app.training.train_task import PolicyValueTask  # noqa: E402
 from app.training.trainer import Trainer  # noqa: E402
 

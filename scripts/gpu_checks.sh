@@ -14,7 +14,10 @@
 #             the launcher's torchrun, one rank per GPU
 #   grpo      bench_grpo.py --device cuda --backend fsdp: the language-model GRPO loop with FSDP2
 #             on NCCL (one rank per GPU)
-#   selfplay  bench_selfplay.py on the 96x8 net, its leaves evaluated on the GPU, then on one core
+#   selfplay  bench_selfplay.py on the 96x8 net, its leaves evaluated on the GPU by the array search
+#             (app/ai/search_forest.py), then 12 search processes sharing one network server on the
+#             GPU (selfplay.shared_network: its evaluations/s over the GPU's ceiling at its batch),
+#             then the search on one core
 #   gauntlet  bench_gauntlet.py on the GPU: a 20-game match of two 96x8 nets at 64 simulations,
 #             one game at a time against one lock-step wave (the GPU profile's gauntlet)
 #   learning  bench_learning.py --config configs/gpu.yaml --daemons configs/gpu_daemons.yaml for
@@ -25,6 +28,8 @@
 #
 # A node without this project's venv (such as a lent machine with its own python3 and torch)
 # may carry the missing packages as wheels in .whl: they are installed to /tmp/site first.
+# The search needs numba (and its llvmlite): `pip download numba --only-binary :all: -d .whl` here
+# brings both; its kernel compiles on the first search there (~15 s, then cached).
 set -u
 budget=${1:-540}
 start=$(date +%s)
@@ -73,10 +78,10 @@ part env 60 $PY -c 'import json, sys, torch; print(json.dumps({"python": sys.ver
 part train 150 $PY scripts/bench_train.py --device cuda --channels 96 --blocks 8 --batch 1024 --steps 20 --rounds 3 \
   --games 400 --torchrun-steps 40
 part grpo 90 $PY scripts/bench_grpo.py --device cuda --backend fsdp --ranks 1 --steps 10 --warmup 2
-part selfplay_cuda 100 $PY scripts/bench_selfplay.py --device cuda --channels 96 --blocks 8 --concurrent 128 --sims 96 \
-  --moves 3 --batches 2 --playout-batch 5000
+part selfplay_cuda 170 $PY scripts/bench_selfplay.py --device cuda --channels 96 --blocks 8 --concurrent 128 --sims 96 \
+  --moves 3 --batches 2 --playout-batch 5000 --server-workers 12 --server-seconds 30
 part selfplay_cpu 80 $PY scripts/bench_selfplay.py --device cpu --channels 96 --blocks 8 --concurrent 128 --sims 8 \
-  --moves 1 --batches 1 --playout-batch 5000
+  --moves 1 --batches 1 --playout-batch 5000 --server-workers 0
 part gauntlet 120 $PY scripts/bench_gauntlet.py --device cuda --channels 96 --blocks 8 --sims 64 --games 20 --rounds 1
 
 left=$(( budget - $(elapsed) - 100 ))  # the loop's stop and the scoring took 30-40 s after it (4.4 min run)

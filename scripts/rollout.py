@@ -5,7 +5,7 @@
         [--batch-size 16 --batches 4 --n 8 --max-new-tokens 8 --temperature 1.0] [--nproc N]
 
 One process by default; with `--nproc N` it re-runs itself under torchrun through
-`app.training.launcher` (logs in <out>/logs). Rank 0 writes <out>/batch_*.jsonl (one row per
+`app.shared.launcher` (logs in <out>/logs). Rank 0 writes <out>/batch_*.jsonl (one row per
 ticket: ticket, rank, group) and <out>/manifest.json, and prints the manifest as one JSON
 object. A rank that hangs fails the run after `--pg-timeout` seconds (exit 1).
 """
@@ -48,14 +48,14 @@ def worker(args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(1)
-    from app.lm.engine import InProcessEngine
-    from app.lm.model import LMModelConfig, build_model, load_model
+    from app.lm.rollout.engine import InProcessEngine
+    from app.lm.causal_lm import LMModelConfig, build_model, load_model
     from app.lm.tasks import DigitTask
     from app.lm.tokenizer import build_digit_tokenizer, load_tokenizer
     from app.lm.truncation import RolloutSettings
     from app.log import configure_logging
-    from app.training.lm.dist_env import init_distributed, shutdown
-    from app.training.lm.ticket_rollout import RolloutJob, run_rollout
+    from app.lm.train.dist_env import init_distributed, shutdown
+    from app.lm.rollout.tickets import RolloutJob, run_rollout
 
     configure_logging(level="INFO")
     env = init_distributed("auto", timeout_s=args.pg_timeout)
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     if args.worker or args.nproc == 1:
         return worker(args)
-    from app.training.launcher import LaunchError, LaunchSpec, launch
+    from app.shared.launcher import LaunchError, LaunchSpec, launch
 
     # --nproc stays here: torchrun's parser would take it (as an abbreviation of its own option)
     forwarded = drop_option(list(argv if argv is not None else sys.argv[1:]), "--nproc")

@@ -4,8 +4,10 @@
     python scripts/sft_rl.py --run-dir runs/lm1 [--mode sft+rl] [--task copy --digits 3]
         [--sft-steps 60 --rl-steps 150] [--nproc N] [--export DIR]
 
-One process (LocalBackend) by default; `--nproc N` re-runs itself under torchrun through
-`app.training.launcher` with the FSDP2 backend. Re-running the same command resumes each
+The online run: the same SFT -> GRPO run a mesh generation trains (app/lm/train/sft_grpo.py),
+with rollouts generated as it trains by an in-process engine that gets the new weights after
+every step. One process (LocalBackend) by default; `--nproc N` re-runs itself under torchrun
+through `app.shared.launcher` with the FSDP2 backend. Re-running the same command resumes each
 phase from its newest complete checkpoint. Prints one JSON object: what ran and the greedy
 exact match on held-out prompts.
 """
@@ -19,6 +21,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+PROMPTS = 400  # training prompts (the demonstrations of SFT, the prompts of GRPO)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,20 +50,21 @@ def worker(args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(1)
-    from app.lm.engine import InProcessEngine
-    from app.lm.model import LMModelConfig, build_model
+    from app.lm.data_buffer import DataBuffer
+    from app.lm.rollout.engine import InProcessEngine
+    from app.lm.causal_lm import LMModelConfig, build_model
     from app.lm.tasks import DigitTask
     from app.lm.tokenizer import build_digit_tokenizer
     from app.lm.truncation import RolloutSettings
     from app.log import configure_logging
-    from app.training.lm.backend import LocalBackend, OptimConfig
-    from app.training.lm.dist_env import init_distributed, shutdown
-    from app.training.lm.evaluate import evaluate
-    from app.training.lm.fsdp_backend import FSDPBackend
-    from app.training.lm.grpo import sft_loss
-    from app.training.lm.hf_io import save_hf
-    from app.training.lm.loops import RLConfig, SFTConfig
-    from app.training.lm.sft_rl import RunConfig, run
+    from app.lm.train.backend import LocalBackend, OptimConfig
+    from app.lm.train.dist_env import init_distributed, shutdown
+    from app.lm.train.evaluate import evaluate
+    from app.lm.train.fsdp_backend import FSDPBackend
+    from app.lm.train.grpo import GRPOConfig, grpo_loss_fn, sft_loss
+    from app.lm.train.hf_io import save_hf
+    from app.lm.train.rollout_sources import GeneratedGroups
+    from app.lm.train.sft_grpo import RunPlan, SFTConfig, run, sft_rows
 
     configure_logging(level="INFO")
     env = init_distributed("auto")
@@ -70,11 +75,18 @@ def worker(args: argparse.Namespace) -> int:
     backend = (FSDPBackend(model, optim, sft_loss, env) if env.world_size > 1
                else LocalBackend(model, optim, sft_loss, env.device))
     task = DigitTask(args.task, args.digits, args.digits, args.reward)
-    cfg = RunConfig(sft=SFTConfig(steps=args.sft_steps), sft_lr=args.sft_lr, rl_lr=args.rl_lr, seed=args.seed,
-                    checkpoint_every=args.checkpoint_every,
-                    rl=RLConfig(steps=args.rl_steps, prompts_per_step=args.prompts_per_step, seed=args.seed,
-                                rollout=RolloutSettings(n=args.group_size, max_new_tokens=args.digits + 2)))
-    report = run(backend, engine, task, tok, args.run_dir, cfg, args.mode)
+    prompts = task.make_prompts(PROMPTS, args.seed, "train")
+    rollout = RolloutSettings(n=args.group_size, max_new_tokens=args.digits + 2)
+    plan = RunPlan(SFTConfig(steps=args.sft_steps) if args.mode != "rl" else None, args.sft_lr,
+                   args.rl_steps if args.mode != "sft" else 0, args.rl_lr, seed=args.seed,
+                   checkpoint_every=args.checkpoint_every)
+    # the same run as a mesh generation (app/lm/train/generation.py); only the rollouts differ:
+    # generated here, by an engine given the trainer's weights after every step
+    source = GeneratedGroups(engine, task, tok, DataBuffer(prompts, args.seed + 1), seed=args.seed,
+                             prompts_per_step=args.prompts_per_step, rollout=rollout)
+    report = run(backend, tok, args.run_dir, plan, demonstrations=sft_rows(task, tok, prompts), source=source,
+                 loss_fn=grpo_loss_fn(GRPOConfig(), rollout.temperature))
+    report.pop("final", None)
     engine.load_weights(backend.get_weights(), -1)
     if args.export:
         save_hf(backend, args.export.parent, args.export.name, tok)
@@ -89,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.worker or args.nproc == 1:
         return worker(args)
-    from app.training.launcher import LaunchError, LaunchSpec, launch
+    from app.shared.launcher import LaunchError, LaunchSpec, launch
 
     raw = list(argv if argv is not None else sys.argv[1:])
     forwarded = [a for i, a in enumerate(raw) if a != "--nproc" and (i == 0 or raw[i - 1] != "--nproc")]

@@ -5,7 +5,7 @@
         [--config node.yaml] [--nproc 2] [--resume auto] [--nnodes 2 --node-rank 0 --rdzv-endpoint h:29400]
         [-- EXTRA TRAINER ARGS, e.g. --epochs 2 --max-steps 500]
 
-Runs `app.training.train` under torchrun via `app.training.launcher` (per-rank logs in
+Runs `app.training.train` under torchrun via `app.shared.launcher` (per-rank logs in
 <run-dir>/logs). On success prints ONE JSON object, <run-dir>/result.json (candidate path and
 sha256, steps, holdout loss), and exits 0; a failed rank -> exit 1 with the rank, its exit code
 and its last log lines on stderr.
@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.config import ConfigError, load_settings  # noqa: E402
-from app.training.launcher import LaunchError, LaunchSpec, launch, parse_nproc, resolve_nproc  # noqa: E402
+from app.shared.launcher import LaunchError, LaunchSpec, launch, parse_nproc, resolve_nproc  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.config import Settings  # noqa: E402
 from app.coordination.daemons.manager import DaemonManager  # noqa: E402
-from app.coordination.daemons.registry import build_registry  # noqa: E402
+from app.coordination.daemons.daemon_registry import build_registry  # noqa: E402
 from app.coordination.daemons.event_router import EventRouter  # noqa: E402
 from app.coordination.daemons.health_server import HealthServer  # noqa: E402
 from app.log import configure_logging  # noqa: E402

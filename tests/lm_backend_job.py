@@ -17,21 +17,20 @@ from pathlib import Path
 
 import torch
 
-from app.lm.model import LMModelConfig, build_model
+from app.lm.causal_lm import LMModelConfig, build_model
 from app.lm.tokenizer import build_digit_tokenizer
-from app.training.lm.backend import OptimConfig, TrainingBackend, wait
-from app.training.lm.batching import (
+from app.lm.train.backend import OptimConfig, TrainingBackend, wait
+from app.lm.train.batching import (
     TrainSequence,
     chunk,
     collate,
-    rank_share,
-    take_share,
 )
-from app.training.lm.checkpoint_dirs import (
+from app.shared.process_group import rank_share, take_share
+from app.lm.train.checkpoint_dirs import (
     load_training_checkpoint,
     save_training_checkpoint,
 )
-from app.training.lm.grpo import GRPOConfig, grpo_loss
+from app.lm.train.grpo import GRPOConfig, grpo_loss
 
 ROWS, MICRO = 12, 2
 OPTIM = OptimConfig(lr=3e-3, max_grad_norm=0.5)
@@ -79,9 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hf-dir", type=Path)
     p.add_argument("--logits", type=Path)
     args = p.parse_args(argv)
-    from app.training.lm.dist_env import init_distributed, shutdown
-    from app.training.lm.fsdp_backend import FSDPBackend
-    from app.training.lm.hf_io import save_full_state, save_hf
+    from app.lm.train.dist_env import init_distributed, shutdown
+    from app.lm.train.fsdp_backend import FSDPBackend
+    from app.lm.train.hf_io import save_full_state, save_hf
 
     env = init_distributed("cpu", timeout_s=120)
     tok = build_digit_tokenizer()

@@ -15,9 +15,10 @@ import torch
 
 from app.config.lm import LMConfig
 from app.db.rollout_store import RolloutStore
-from app.training.lm_selfplay import batch_prompts, rollout_batch
-from app.training.lm_setup import (
-    build_engine, build_task, build_tokenizer, initial_model, rollout_settings, train_prompts,
+from app.lm.rollout.batches import batch_prompts, rollout_batch
+from app.lm.rollout.engine_config import build_engine
+from app.lm.setup import (
+    build_task, build_tokenizer, initial_model, rollout_settings, train_prompts,
 )
 
 CONFIG = LMConfig.model_validate({

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from app.coordination.daemons.backoff import is_crash_loop, restart_delay, should_reset_backoff
 from app.coordination.daemons.manager import decide_readiness
-from app.coordination.daemons.registry import DependencyCycleError, topo_order
+from app.coordination.daemons.daemon_registry import DependencyCycleError, topo_order
 
 bases = st.floats(min_value=0.001, max_value=10.0)
 caps = st.floats(min_value=0.001, max_value=600.0)

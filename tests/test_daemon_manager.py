@@ -8,7 +8,7 @@ import pytest
 
 from app.config import Settings
 from app.coordination.daemons.manager import DaemonManager, DaemonState
-from app.coordination.daemons.registry import build_registry
+from app.coordination.daemons.daemon_registry import build_registry
 from app.coordination.daemons.event_router import EventRouter
 from app.coordination.daemons.events import EventType
 from app.coordination.daemons.health_server import HealthServer

@@ -7,7 +7,7 @@ import yaml
 from pydantic import BaseModel
 
 from app.config import ConfigError
-from app.coordination.daemons.registry import RunnerEntry, load_registry
+from app.coordination.daemons.daemon_registry import RunnerEntry, load_registry
 from app.coordination.daemons.dlq_retry import INFRA_RUNNERS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,10 +51,10 @@ def test_loads_order_roles_settings_and_restart_overrides(tmp_path):
     reg = load_registry(path, RUNNERS)
     assert list(reg.specs) == ["db", "selfplay", "train"]
     sp = reg.specs["selfplay"]
-    assert sp.settings == {"games": 5}
+    assert sp.settings.games == 5  # typed: the runner's schema (a mapping of defaults becomes one)
     assert (sp.restart.base_s, sp.restart.cap_s, sp.restart.crash_loop_starts) == (2, 7, 3)
     assert reg.specs["db"].restart.cap_s == 300  # file policy, defaults elsewhere
-    assert reg.specs["train"].settings == {"batch": 8} and reg.specs["train"].critical
+    assert reg.specs["train"].settings == TrainSettings() and reg.specs["train"].critical
     assert [s.name for s in reg.select("all")] == ["db", "selfplay", "train"]
     assert [s.name for s in reg.select("selfplay")] == ["db", "selfplay"]
     assert reg.select("nobody") == []
@@ -67,7 +67,7 @@ def test_loads_order_roles_settings_and_restart_overrides(tmp_path):
         ({"dameons": {}}, "dameons"),
         ({"daemons": {"gpu_miner": {}}}, "daemons.gpu_miner: unknown daemon"),
         ({"daemons": {"db": {"depends_on": ["cache"]}}}, "daemons.db.depends_on: unknown daemon 'cache'"),
-        ({"daemons": {"db": {"settings": {"pth": "y"}}}}, "daemons.db.settings.pth: unknown setting"),
+        ({"daemons": {"db": {"settings": {"pth": "y"}}}}, "daemons.db.settings: pth: Extra inputs are not permitted"),
         ({"daemons": {"train": {"settings": {"batch": "big"}}}}, "daemons.train.settings: batch"),
         ({"daemons": {"db": {"restart": {"cap_s": -1}}}}, "daemons.db.restart.cap_s"),
         (
@@ -108,7 +108,7 @@ def test_selected_daemon_with_an_unselected_dependency_is_an_error(tmp_path):
 def test_the_repository_daemons_yaml_loads_with_every_runner(tmp_path):
     from app.config import load_settings
     from app.coordination.pipeline.runners import pipeline_runners
-    from app.coordination.pipeline.workloads import pipeline_context
+    from app.workloads import pipeline_context
 
     pipe = pipeline_context(load_settings(None, node={"data_dir": str(tmp_path)}))
     reg = load_registry(REPO / "daemons.yaml", {**INFRA_RUNNERS, **pipeline_runners(pipe)})

@@ -7,7 +7,7 @@ import pytest
 
 from app.config import Settings
 from app.coordination.daemons.manager import DaemonManager
-from app.coordination.daemons.registry import build_registry
+from app.coordination.daemons.daemon_registry import build_registry
 from app.coordination.daemons.dlq_retry import INFRA_RUNNERS
 from app.coordination.daemons.event_router import EventRouter, RetryPolicy
 from app.coordination.daemons.events import EventType
@@ -127,14 +127,14 @@ async def test_letter_for_an_unregistered_handler_fails_with_a_clear_error(store
 async def test_dlq_retry_daemon_redelivers_under_the_manager(store):
     router = EventRouter(dead_letters=store, retry_policy=RetryPolicy(base_s=0.05, cap_s=0.2, max_attempts=5))
     flaky = FlakyHandler(failures=2)
-    router.subscribe(EventType.NEW_GAMES_AVAILABLE, flaky, name="export_trigger")
+    router.subscribe(EventType.NEW_ITEMS_AVAILABLE, flaky, name="export_trigger")
     registry = build_registry(
         {"daemons": {"dlq_retry": {"heartbeat_timeout_s": 5, "settings": {"interval_s": 0.02}}}}, INFRA_RUNNERS
     )
     manager = DaemonManager(registry.select("all"), router=router, settings=Settings())
     await manager.start()
     try:
-        await router.publish(EventType.NEW_GAMES_AVAILABLE, {"count": 5, "total": 5})
+        await router.publish(EventType.NEW_ITEMS_AVAILABLE, {"count": 5, "total": 5})
         for _ in range(500):
             if store.letters()[0].status is DeadLetterStatus.DELIVERED:
                 break

@@ -15,9 +15,9 @@ from app.config import Settings
 from app.coordination.daemons.event_journal import EventJournal
 from app.coordination.daemons.event_router import EventRouter
 from app.coordination.daemons.events import EventType
-from app.coordination.daemons.registry import DaemonContext
+from app.coordination.daemons.daemon_registry import DaemonContext
 from app.coordination.pipeline.context import wait_for_wake, wake_on
-from app.coordination.pipeline.workloads import pipeline_context
+from app.workloads import pipeline_context
 from app.coordination.pipeline.mesh_events import MeshSnapshot, mesh_changes
 from app.coordination.pipeline.runner_settings import ExportSettings, SelfplaySettings
 from app.coordination.pipeline.runners import export_daemon, pipeline_runners, selfplay_daemon
@@ -78,9 +78,9 @@ def test_mesh_changes_are_leader_and_quorum_events() -> None:
 
 async def test_a_daemon_wakes_on_its_event_long_before_its_poll(tmp_path) -> None:
     router = EventRouter()
-    ctx = DaemonContext(name="export", settings={}, router=router, app_settings=Settings(), stopping=asyncio.Event(),
+    ctx = DaemonContext(name="export", settings=ExportSettings(), router=router, app_settings=Settings(), stopping=asyncio.Event(),
                         log=None, metrics=router.metrics)
-    wake = wake_on(ctx, EventType.NEW_GAMES_AVAILABLE, EventType.LEADER_ELECTED)
+    wake = wake_on(ctx, EventType.NEW_ITEMS_AVAILABLE, EventType.LEADER_ELECTED)
     waiter = asyncio.create_task(wait_for_wake(ctx, wake, timeout_s=3600))
     await router.publish(EventType.LEADER_ELECTED, {"term": 2, "leader_id": "n2"})
     assert await asyncio.wait_for(waiter, 10) is False  # woken, not stopped
@@ -90,9 +90,10 @@ async def test_a_daemon_wakes_on_its_event_long_before_its_poll(tmp_path) -> Non
 async def test_a_decided_generation_starts_the_next_export_without_waiting_for_games(tmp_path) -> None:
     """Games that arrived while a generation trained are enough for the next one: the decision
     itself wakes the export daemon, not the next self-play batch or the poll (an hour here)."""
-    pipe = pipeline_context(Settings.model_validate({"node": {"data_dir": str(tmp_path)}}))
+    export = ExportSettings(min_new_games=2, poll_s=3600)
+    pipe = pipeline_context(Settings.model_validate({"node": {"data_dir": str(tmp_path)}}), export=export)
     router = EventRouter()
-    ctx = DaemonContext(name="export", settings=ExportSettings(min_new_games=2, poll_s=3600).model_dump(),
+    ctx = DaemonContext(name="export", settings=export,
                         router=router, app_settings=pipe.settings, stopping=asyncio.Event(),
                         log=get_logger("test.export"), metrics=router.metrics)
     beats: list[float] = []
@@ -105,7 +106,7 @@ async def test_a_decided_generation_starts_the_next_export_without_waiting_for_g
             assert asyncio.get_running_loop().time() < deadline, "the export daemon never looked at the DB"
             await asyncio.sleep(0.01)
         uniform = [1 / 7] * 7
-        with ReplayDB(pipe.paths.games_db) as db:  # stored with no NEW_GAMES_AVAILABLE
+        with ReplayDB(pipe.paths.games_db) as db:  # stored with no NEW_ITEMS_AVAILABLE
             for uid in ("g1", "g2"):
                 db.add_game(GameRecord(uid=uid, game="connect4", winner=0,
                                        moves=[MoveRecord(a, uniform, 0.0) for a in (0, 1, 0, 1, 0, 1, 0)]))
@@ -141,7 +142,7 @@ def _selfplay_ctx(tmp_path: Path, rest_s: float) -> tuple:
     settings = Settings.model_validate({"node": {"data_dir": str(tmp_path)}, "selfplay": {"workers": 0},
                                         "model": {"channels": 8, "blocks": 1}})
     router = EventRouter()
-    cfg = SelfplaySettings(batch_games=2, simulations=2, rest_s=rest_s).model_dump()
+    cfg = SelfplaySettings(batch_games=2, simulations=2, rest_s=rest_s)
     ctx = DaemonContext(name="selfplay", settings=cfg, router=router, app_settings=settings,
                         stopping=asyncio.Event(), log=None, metrics=router.metrics)
     return pipeline_context(settings), ctx
@@ -150,7 +151,7 @@ def _selfplay_ctx(tmp_path: Path, rest_s: float) -> tuple:
 async def _wait_for_games(pipe, n: int, deadline_s: float = 120) -> None:  # type: ignore[no-untyped-def]
     loop = asyncio.get_running_loop()
     end = loop.time() + deadline_s
-    while await asyncio.to_thread(pipe.newest_game_id) < n:
+    while await asyncio.to_thread(pipe.newest_item_id) < n:
         assert loop.time() < end, f"fewer than {n} games stored"
         await asyncio.sleep(0.05)
 
@@ -177,27 +178,26 @@ async def test_a_stop_ends_a_selfplay_rest_at_once(tmp_path) -> None:
     await _wait_for_games(pipe, 2)  # the first batch is stored; an hour's rest follows
     ctx.stopping.set()
     await asyncio.wait_for(daemon, 30)  # returned on the stop, not after the hour
-    assert await asyncio.to_thread(pipe.newest_game_id) == 2
+    assert await asyncio.to_thread(pipe.newest_item_id) == 2
 
 
 @pytest.mark.timeout(120)
 async def test_a_lone_node_plays_on_its_idle_core_until_its_export_is_due(tmp_path) -> None:
-    """The export daemon tells self-play how many games start a generation; self-play plays on
-    both workers while fewer have arrived, on one for the batch that training will overlap."""
+    """Self-play knows how many games start a generation (the node's export threshold, read
+    once); it plays on both workers while fewer have arrived, on one for the batch that training
+    will overlap."""
     settings = Settings.model_validate({"node": {"data_dir": str(tmp_path)}, "model": {"channels": 8, "blocks": 1},
                                         "selfplay": {"workers": 1, "collect_workers": 2, "concurrent_games": 4}})
-    pipe = pipeline_context(settings)
+    export = ExportSettings(min_new_games=6, poll_s=0.2)
+    pipe = pipeline_context(settings, export=export)
     router = EventRouter()
-    ctx = DaemonContext(name="export", settings=ExportSettings(min_new_games=6, poll_s=0.2).model_dump(),
+    ctx = DaemonContext(name="export", settings=export,
                         router=router, app_settings=settings, stopping=asyncio.Event(), log=None,
                         metrics=router.metrics)
     export = asyncio.create_task(export_daemon(pipe, ctx))
-    batch = SelfplaySettings(batch_games=4, simulations=2).model_dump()
+    batch = SelfplaySettings(batch_games=4, simulations=2)
     try:
-        deadline = asyncio.get_running_loop().time() + 30
-        while pipe.export_threshold != 6:
-            assert asyncio.get_running_loop().time() < deadline, "the export daemon never said its threshold"
-            await asyncio.sleep(0.05)
+        assert pipe.export_threshold == 6
         first = await asyncio.to_thread(pipe.steps.selfplay_batch, pipe, batch, lambda: False)
         second = await asyncio.to_thread(pipe.steps.selfplay_batch, pipe, batch, lambda: False)
         assert (first.items, first.workers) == (4, 2)  # 0 of 6 new games: nothing else to run
@@ -209,4 +209,4 @@ async def test_a_lone_node_plays_on_its_idle_core_until_its_export_is_due(tmp_pa
         ctx.stopping.set()
         export.cancel()
         await asyncio.gather(export, return_exceptions=True)
-        pipe.steps.close_selfplay(pipe)
+        pipe.steps.close_selfplay()

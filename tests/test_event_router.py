@@ -12,7 +12,7 @@ from app.coordination.daemons.events import (
     EventPayloadError,
     EventType,
     ModelPromoted,
-    NewGamesAvailable,
+    NewItemsAvailable,
     event_key,
     validate_payload,
 )
@@ -33,11 +33,11 @@ def test_every_event_type_has_a_schema():
 @pytest.mark.parametrize(
     "event_type, payload, needle",
     [
-        (EventType.NEW_GAMES_AVAILABLE, {"count": 1}, "total: Field required"),
-        (EventType.NEW_GAMES_AVAILABLE, {"count": -1, "total": 3}, "count"),
-        (EventType.NEW_GAMES_AVAILABLE, {"count": 1, "total": 3, "cuont": 1}, "cuont"),
+        (EventType.NEW_ITEMS_AVAILABLE, {"count": 1}, "total: Field required"),
+        (EventType.NEW_ITEMS_AVAILABLE, {"count": -1, "total": 3}, "count"),
+        (EventType.NEW_ITEMS_AVAILABLE, {"count": 1, "total": 3, "cuont": 1}, "cuont"),
         (EventType.MODEL_PROMOTED, {"generation": 1, "sha256": "xyz", "path": "m"}, "sha256"),
-        (EventType.MODEL_PROMOTED, NewGamesAvailable(count=1, total=1), "takes a ModelPromoted payload"),
+        (EventType.MODEL_PROMOTED, NewItemsAvailable(count=1, total=1), "takes a ModelPromoted payload"),
         (EventType.LEADER_ELECTED, ["term", 1], "must be a mapping"),
         ("no_such_event", {}, "unknown event type"),
     ],
@@ -50,11 +50,11 @@ async def test_publish_rejects_payloads_that_do_not_match_the_schema(event_type,
 
 @given(count=st.integers(0, 10**6), total=st.integers(0, 10**6))
 def test_event_key_depends_on_content_not_on_construction(count, total):
-    a = validate_payload(EventType.NEW_GAMES_AVAILABLE, {"total": total, "count": count})
-    b = NewGamesAvailable(count=count, total=total)
-    assert event_key(EventType.NEW_GAMES_AVAILABLE, a) == event_key(EventType.NEW_GAMES_AVAILABLE, b)
-    other = NewGamesAvailable(count=count + 1, total=total)
-    assert event_key(EventType.NEW_GAMES_AVAILABLE, other) != event_key(EventType.NEW_GAMES_AVAILABLE, b)
+    a = validate_payload(EventType.NEW_ITEMS_AVAILABLE, {"total": total, "count": count})
+    b = NewItemsAvailable(count=count, total=total)
+    assert event_key(EventType.NEW_ITEMS_AVAILABLE, a) == event_key(EventType.NEW_ITEMS_AVAILABLE, b)
+    other = NewItemsAvailable(count=count + 1, total=total)
+    assert event_key(EventType.NEW_ITEMS_AVAILABLE, other) != event_key(EventType.NEW_ITEMS_AVAILABLE, b)
 
 
 async def test_duplicate_within_ttl_is_delivered_once_and_again_after_ttl():
@@ -99,15 +99,15 @@ async def test_handlers_are_isolated_from_raising_and_hanging_neighbours():
         await asyncio.sleep(0.3)
         got.append("slow")
 
-    router.subscribe(EventType.NEW_GAMES_AVAILABLE, bad, name="bad")
-    router.subscribe(EventType.NEW_GAMES_AVAILABLE, hangs, name="hangs")
-    router.subscribe(EventType.NEW_GAMES_AVAILABLE, good, name="good")
-    router.subscribe(EventType.NEW_GAMES_AVAILABLE, slow_but_allowed, name="slow", timeout_s=2)
+    router.subscribe(EventType.NEW_ITEMS_AVAILABLE, bad, name="bad")
+    router.subscribe(EventType.NEW_ITEMS_AVAILABLE, hangs, name="hangs")
+    router.subscribe(EventType.NEW_ITEMS_AVAILABLE, good, name="good")
+    router.subscribe(EventType.NEW_ITEMS_AVAILABLE, slow_but_allowed, name="slow", timeout_s=2)
     # the hanging handler (an hour) is cut off at its timeout: publish returns well within the deadline
-    result = await asyncio.wait_for(router.publish(EventType.NEW_GAMES_AVAILABLE, {"count": 2, "total": 10}), 30)
+    result = await asyncio.wait_for(router.publish(EventType.NEW_ITEMS_AVAILABLE, {"count": 2, "total": 10}), 30)
     assert (result.delivered, result.failed) == (2, 2)
     assert sorted(map(str, got)) == ["10", "slow"]
-    t = EventType.NEW_GAMES_AVAILABLE
+    t = EventType.NEW_ITEMS_AVAILABLE
     assert sample(router.metrics, "events_failed_total", t) == 2
     # Handlers of other types are untouched.
     assert router.handlers(EventType.MODEL_PROMOTED) == []

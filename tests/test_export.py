@@ -194,7 +194,8 @@ def test_truncated_npz_is_refused_by_name(two_dbs, tmp_path):
     manifest_path = tmp_path / "ds" / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
     import hashlib
-    manifest["files"]["train.npz"] = {"sha256": hashlib.sha256(train.read_bytes()).hexdigest()}
+    manifest["files"]["train.npz"] = {"sha256": hashlib.sha256(train.read_bytes()).hexdigest(),
+                                      "bytes": train.stat().st_size}
     manifest_path.write_text(json.dumps(manifest))
     with pytest.raises(DatasetError, match=f"{train}.*(truncated|corrupt)"):
         load_dataset(tmp_path / "ds")

@@ -17,10 +17,11 @@ from app.coordination.pipeline.gauntlet_plan import RESULTS_KEY
 from app.coordination.pipeline.shard_board import ShardBoard
 from app.coordination.pipeline.gauntlet_spread import build_request, spread_gauntlet
 from app.coordination.p2p.node import MeshNode
-from app.coordination.pipeline.workloads import pipeline_context
+from app.workloads import pipeline_context
 from app.db.registry import ModelRegistry
 from app.training.gauntlet_shard import ShardGame, ShardResult, play_shard
 from app.coordination.pipeline.state import PipelineState, Stage
+from app.coordination.pipeline.runner_settings import ExportSettings
 from tests.mesh_helpers import free_ports, wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -33,7 +34,7 @@ GAUNTLET = {"games_vs_baseline": 8, "shard_games": 2, "shard_wait_s": 3.0, "net_
 async def test_claimant_takes_published_shards_and_plays_an_unanswered_one_after_the_wait(tmp_path: Path) -> None:
     ports = free_ports(2)
     settings = load_settings(None, node={"node_id": "n0", "data_dir": str(tmp_path / "n0")}, gauntlet=GAUNTLET)
-    pipe = pipeline_context(settings)
+    pipe = pipeline_context(settings, export=ExportSettings(min_new_games=10**9))  # the leader schedules no training
     cand = tmp_path / "cand.safetensors"
     sha = str(save_model(new_model(ARCH, seed=2), ModelMeta(ARCH, "connect4", generation=1), cand).sha256)
     state = PipelineState(generation=1, stage=Stage.TRAINED, candidate_path=str(cand), candidate_sha256=sha)
@@ -41,11 +42,12 @@ async def test_claimant_takes_published_shards_and_plays_an_unanswered_one_after
                   peers=[f"n1@127.0.0.1:{ports[1]}"], voters=["n0"], profile="fast", secret=SECRET)
     n1 = MeshNode(node_id="n1", host="127.0.0.1", port=ports[1], data_dir=tmp_path / "n1",
                   peers=[f"n0@127.0.0.1:{ports[0]}"], voters=["n0"], profile="fast", secret=SECRET)
-    pipe.cluster = ClusterPipeline(n0, pipe, threshold=10**9)
-    n0.set_work_source(pipe.cluster.work_source)
+    cluster = ClusterPipeline(n0, pipe)
+    pipe.cluster = cluster
+    n0.set_work_source(cluster.work_source)
     await n0.start()
     await n1.start()
-    publisher = asyncio.create_task(pipe.cluster.publish_loop(0.2))
+    publisher = asyncio.create_task(cluster.publish_loop(0.2))
     holder: asyncio.Task | None = None
     try:
         await wait_for(lambda: _leader_is(n1, "n0"), 15)

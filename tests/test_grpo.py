@@ -9,9 +9,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.training.lm.batching import TrainSequence, chunk, collate
-from app.training.lm.data_buffer import DataBuffer
-from app.training.lm.grpo import (
+from app.lm.train.batching import TrainSequence, chunk, collate
+from app.lm.data_buffer import DataBuffer
+from app.lm.train.grpo import (
     Batch,
     GRPOConfig,
     group_advantages,

@@ -6,7 +6,7 @@ import pytest
 
 from app.config import Settings
 from app.coordination.daemons.manager import DaemonManager
-from app.coordination.daemons.registry import build_registry
+from app.coordination.daemons.daemon_registry import build_registry
 from app.coordination.daemons.event_router import EventRouter
 from app.coordination.daemons.events import EventType
 from app.coordination.daemons.health_server import HealthServer
@@ -59,10 +59,11 @@ async def test_metrics_are_prometheus_text_with_the_pipeline_series(node):
     before = body.decode()
     # No fake zero: a gauge with no value yet is absent; a counter's 0 is real.
     assert "mesh_training_loss{" not in before and "mesh_model_generation{" not in before
-    assert 'mesh_selfplay_games_total{node="local"} 0.0' in before.splitlines()
-    m.games_total.inc(3)
-    m.positions_total.inc(126)
-    m.positions_per_second.set(1234.5)
+    assert 'mesh_selfplay_items_total{node="local"} 0.0' in before.splitlines()
+    assert 'mesh_selfplay_games_total{node="local"} 0.0' in before.splitlines()  # the deprecated alias
+    m.selfplay_items_total.inc(3)
+    m.selfplay_samples_total.inc(126)
+    m.selfplay_samples_per_second.set(1234.5)
     m.training_loss.set(0.75)
     m.elo.labels(generation="2").set(1510)
     m.generation.set(2)
@@ -74,6 +75,10 @@ async def test_metrics_are_prometheus_text_with_the_pipeline_series(node):
     text = body.decode()
     assert status == 200 and ctype.startswith("text/plain")
     for line in [
+        'mesh_selfplay_items_total{node="local"} 3.0',
+        'mesh_selfplay_samples_total{node="local"} 126.0',
+        'mesh_selfplay_samples_per_second{node="local"} 1234.5',
+        # the deprecated names, the same values (DEPRECATED_ALIASES)
         'mesh_selfplay_games_total{node="local"} 3.0',
         'mesh_selfplay_positions_total{node="local"} 126.0',
         'mesh_selfplay_positions_per_second{node="local"} 1234.5',
@@ -109,7 +114,7 @@ async def test_daemons_endpoint_lists_each_daemon_state(node):
 
 def test_each_metrics_object_has_its_own_registry():
     a, b = Metrics(node="a"), Metrics(node="b")
-    a.games_total.inc()
+    a.selfplay_items_total.inc()
     assert b.value("mesh_selfplay_games_total") == 0.0
     assert a.value("mesh_selfplay_games_total") == 1.0
 

@@ -19,14 +19,21 @@ pytestmark = pytest.mark.timeout(60)
 # Packages on one row stand side by side and do not import each other.
 LAYERS: list[tuple[str, ...]] = [
     ("app.p2p_orchestrator", "app.cli"),
+    ("app.workloads",),  # picks the configured workload's steps
+    ("app.training.workload", "app.lm.workload"),  # each workload's pipeline steps: the seam's two sides
     ("app.coordination.pipeline",),
     ("app.coordination.sync",),
     ("app.coordination.p2p",),
     ("app.coordination.daemons",),
-    ("app.training", "app.analyze"),
+    ("app.training", "app.lm.train", "app.analyze"),
+    ("app.lm.rollout",),
     ("app.ai", "app.lm"),
+    ("app.shared",),  # what both workloads use: torchrun, process group, manifests
     ("app.games", "app.db", "app.config", "app.log", "app.atomic_files", "app.free_ports"),
 ]
+# The two workloads never import each other, at any layer.
+WORKLOADS = {"app.lm": ("app.training", "app.ai", "app.games", "app.analyze"),
+             "app.training": ("app.lm",), "app.ai": ("app.lm",), "app.games": ("app.lm",)}
 NAMESPACES = {"app", "app.coordination"}  # empty package files that only group the layers
 
 
@@ -133,6 +140,25 @@ def test_no_upward_or_sideways_import() -> None:
     assert not bad, "imports that run up or sideways:\n" + "\n".join(sorted(bad))
 
 
+def test_the_workloads_do_not_import_each_other() -> None:
+    bad = [f"{module} -> {target}" for module, targets in import_graph().items() for target in targets
+           for home, foreign in WORKLOADS.items()
+           if (module == home or module.startswith(home + ".")) and any(
+               target == f or target.startswith(f + ".") for f in foreign)]
+    assert not bad, "imports between the workloads:\n" + "\n".join(sorted(bad))
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """One name, one job: `app/ai/model.py` and an LM `model.py` read alike in a traceback.
+    Exceptions: app/config's settings modules (named after what they configure), and the leader's
+    work queue, whose table (db/work_queue.py) and logic (p2p/work_queue.py) are one job."""
+    seen: dict[str, list[str]] = {}
+    for path in APP.rglob("*.py"):
+        if path.name not in ("__init__.py", "__main__.py", "work_queue.py") and path.parent.name != "config":
+            seen.setdefault(path.name, []).append(str(path.relative_to(APP.parent)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
 def test_no_import_circle() -> None:
     circles = find_circles(import_graph())
     assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
@@ -143,4 +169,6 @@ def test_the_checker_sees_circles_and_layers() -> None:
     assert find_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert find_circles({"a": {"b"}, "b": set()}) == []
     assert layer_of("app.games.connect4")[0] > layer_of("app.ai.mcts")[0] > layer_of("app.training.train")[0]
+    assert layer_of("app.lm.tasks")[0] > layer_of("app.lm.rollout.engine")[0] > layer_of("app.lm.train.grpo")[0]
+    assert layer_of("app.coordination.pipeline.runners")[0] > layer_of("app.lm.workload.lm_steps")[0]
     assert layer_of("app.coordination.p2p.node")[0] > layer_of("app.coordination.pipeline.cluster")[0]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-from app.training.launcher import (
+from app.shared.launcher import (
     LaunchError, LaunchSpec, RankStatus, build_torchrun_argv, first_failure, launch, parse_torchrun_failures,
 )
 from tests.train_fixtures import kill_pids, live_pids_with_marker
@@ -53,7 +53,7 @@ def test_argv_single_node_uses_static_port_and_rank_entry():
     assert argv[1:3] == ["-m", "torch.distributed.run"]
     joined = " ".join(argv)
     assert "--nproc-per-node 3" in joined and "--master-port 29555" in joined and "--master-addr 127.0.0.1" in joined
-    assert argv[-6:] == ["-m", "app.training.rank_entry", "-m", "app.training.train", "--x", "1"]
+    assert argv[-6:] == ["-m", "app.shared.rank_entry", "-m", "app.training.train", "--x", "1"]
     assert "--rdzv-endpoint" not in argv
 
 
@@ -141,7 +141,7 @@ def test_cli_passes_arguments_through_and_succeeds(tmp_path):
     script.write_text(OK_WORKER)
     result_file = tmp_path / "seen.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "app.training.launcher", "--nproc", "1", "--log-dir", str(tmp_path / "logs"),
+        [sys.executable, "-m", "app.shared.launcher", "--nproc", "1", "--log-dir", str(tmp_path / "logs"),
          "--script", str(script), "--", str(result_file), "--flag", "value"],
         cwd=ROOT, capture_output=True, text=True, timeout=80,
     )
@@ -163,7 +163,7 @@ def test_nproc_auto_is_one_per_gpu_and_one_without_a_gpu() -> None:
 
     import torch
 
-    from app.training.launcher import build_parser, parse_nproc, resolve_nproc
+    from app.shared.launcher import build_parser, parse_nproc, resolve_nproc
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     assert resolve_nproc("auto") == resolve_nproc(0) == (gpus or 1)
     assert resolve_nproc(3) == 3

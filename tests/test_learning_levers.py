@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from app.ai.evaluators import UniformEvaluator
-from app.ai.mcts import SearchTree, run_searches
+from app.ai.mcts import SearchForest
 from app.config import Settings
 from app.config.pipeline import ExportConfig, SearchConfig, SelfplayConfig
 from app.db.replay_db import GameRecord, MoveRecord, ReplayDB
@@ -26,9 +26,10 @@ GAME = get_game("connect4")
 
 
 def searched_counts(budgets, noise, seed: int = 3) -> list[np.ndarray]:
-    trees = [SearchTree(GAME.initial_state(), GAME.num_actions) for _ in budgets]
-    results = run_searches(trees, UniformEvaluator(GAME), list(budgets), SearchConfig(),
-                           np.random.default_rng(seed), add_noise=list(noise))
+    forest = SearchForest(GAME)
+    slots = [forest.add(GAME.initial_state()) for _ in budgets]
+    results = forest.search(slots, UniformEvaluator(GAME), list(budgets), SearchConfig(),
+                            np.random.default_rng(seed), add_noise=list(noise))
     return [r.counts for r in results]
 
 
@@ -44,12 +45,13 @@ def test_each_tree_gets_its_own_budget_and_noise_only_where_asked() -> None:
     assert np.array_equal(quiet, searched_counts([16], [False])[0])
     assert not np.array_equal(noisy, quiet)  # the noise changed where the visits went
     # the scalar forms are the old API and mean "the same for every tree"
-    trees = [SearchTree(GAME.initial_state(), GAME.num_actions) for _ in range(2)]
-    scalar = run_searches(trees, UniformEvaluator(GAME), 16, SearchConfig(), np.random.default_rng(3), add_noise=True)
+    forest = SearchForest(GAME)
+    slots = [forest.add(GAME.initial_state()) for _ in range(2)]
+    scalar = forest.search(slots, UniformEvaluator(GAME), 16, SearchConfig(), np.random.default_rng(3), add_noise=True)
     assert all(np.array_equal(r.counts, searched_counts([16, 16], [True, True])[i]) for i, r in enumerate(scalar))
     with pytest.raises(ValueError, match="2 budgets and 2 noise flags for 3 trees"):
-        run_searches([SearchTree(GAME.initial_state())] * 3, UniformEvaluator(GAME), [1, 2], SearchConfig(),
-                     np.random.default_rng(0), add_noise=[True, False])
+        forest.search([forest.add(GAME.initial_state()) for _ in range(3)], UniformEvaluator(GAME), [1, 2],
+                      SearchConfig(), np.random.default_rng(0), add_noise=[True, False])
     with pytest.raises(ValueError, match="simulations must be >= 0"):
         searched_counts([4, -1], [False, False])
 

@@ -29,7 +29,7 @@ from app.config import Settings
 from app.db.replay_db import ReplayDB
 from app.games import get_game
 from app.training.export import export_dataset
-from app.training.launcher import LaunchSpec, launch
+from app.shared.launcher import LaunchSpec, launch
 from app.training.selfplay import play_games
 from app.training.solved_eval import default_positions_path, load_positions, random_mover_accuracy, score_model
 from tests.conftest import REPO

@@ -11,28 +11,37 @@ lets partial credit reward each right digit from the first step.
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
 
 import pytest
 import torch
 
-from app.lm.engine import InProcessEngine
-from app.lm.model import LMModelConfig, build_model
+from app.lm.rollout.engine import InProcessEngine
+from app.lm.causal_lm import LMModelConfig, build_model
 from app.lm.tasks import DigitTask
 from app.lm.tokenizer import build_digit_tokenizer
 from app.lm.truncation import RolloutSettings
 from app.log import configure_logging
-from app.training.lm.backend import LocalBackend, OptimConfig
-from app.training.lm.data_buffer import DataBuffer
-from app.training.lm.evaluate import evaluate
-from app.training.lm.grpo import sft_loss
-from app.training.lm.loops import RLConfig, SFTConfig, rl_loop, sft_loop, sft_rows
+from app.lm.train.backend import LocalBackend, OptimConfig
+from app.lm.data_buffer import DataBuffer
+from app.lm.train.evaluate import evaluate
+from app.lm.train.grpo import sft_loss
+from app.lm.train.grpo import GRPOConfig, grpo_loss_fn
+from app.lm.train.rollout_sources import GeneratedGroups
+from app.lm.train.sft_grpo import SFTConfig, grpo_loop, sft_loop, sft_rows
 
 TOK = build_digit_tokenizer()
 COPY = DigitTask("copy", 3, 3, "exact")
 TRAIN = COPY.make_prompts(400, 1, "train")
 TEST = COPY.make_prompts(64, 2, "test")
-RL = RLConfig(steps=150, prompts_per_step=8, rollout=RolloutSettings(n=8, max_new_tokens=8), micro_batch_size=64)
+RL_ROLLOUT = RolloutSettings(n=8, max_new_tokens=8)
+
+
+def online_grpo(backend, engine, task, prompts: DataBuffer, steps: int, rollout: RolloutSettings,
+                shuffle: bool = False) -> list[dict]:
+    """GRPO steps with groups generated as it trains (scripts/sft_rl.py's rollout source)."""
+    source = GeneratedGroups(engine, task, TOK, prompts, seed=0, prompts_per_step=8, rollout=rollout,
+                             micro_batch_size=64, shuffle_advantages=shuffle)
+    return grpo_loop(backend, source, TOK.pad_token_id, grpo_loss_fn(GRPOConfig(), rollout.temperature), steps)
 
 
 def greedy(engine) -> float:
@@ -59,8 +68,7 @@ def after_sft():
 def grpo(after_sft, shuffle: bool) -> tuple[float, float, float]:
     backend, engine, _, before = after_sft
     backend, engine = copy.deepcopy(backend), copy.deepcopy(engine)  # both runs start from the same SFT state
-    rl_loop(backend, engine, COPY, TOK, DataBuffer(TRAIN, 1),
-            replace(RL, shuffle_advantages=shuffle))
+    online_grpo(backend, engine, COPY, DataBuffer(TRAIN, 1), 150, RL_ROLLOUT, shuffle=shuffle)
     return before, sampled(engine), greedy(engine)
 
 
@@ -91,9 +99,8 @@ def test_pure_grpo_from_random_init_learns_three_digit_copy_with_partial_credit(
     model = build_model(LMModelConfig(seed=0), TOK)
     backend = LocalBackend(model, OptimConfig(lr=3e-3), sft_loss)
     engine = InProcessEngine(copy.deepcopy(model), TOK)
-    cfg = RLConfig(steps=400, prompts_per_step=8, micro_batch_size=64,
-                   rollout=RolloutSettings(n=8, max_new_tokens=3, length_is_parse_failure=False))
-    history = rl_loop(backend, engine, task, TOK, DataBuffer(task.make_prompts(400, 1, "train"), 0), cfg)
+    rollout = RolloutSettings(n=8, max_new_tokens=3, length_is_parse_failure=False)
+    history = online_grpo(backend, engine, task, DataBuffer(task.make_prompts(400, 1, "train"), 0), 400, rollout)
     rewards = [h["mean_reward"] for h in history]
     first, last = sum(rewards[:25]) / 25, sum(rewards[-25:]) / 25
     assert first < 0.2  # it really starts from nothing

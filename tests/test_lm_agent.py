@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.lm.agent import PrefixMismatchError, check_append_only, run_episodes
-from app.lm.engine import Completion, InProcessEngine
-from app.lm.model import LMModelConfig, build_model
-from app.lm.rollout import filter_reason, generate_groups
+from app.lm.rollout.agent import PrefixMismatchError, check_append_only, run_episodes
+from app.lm.rollout.engine import Completion, InProcessEngine
+from app.lm.causal_lm import LMModelConfig, build_model
+from app.lm.rollout.groups import filter_reason, generate_groups
 from app.lm.tasks import CalculatorTask, DigitTask, Prompt
 from app.lm.tokenizer import build_digit_tokenizer
 from app.lm.truncation import RolloutSettings

@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.lm.model import LMModelConfig, build_model
+from app.lm.causal_lm import LMModelConfig, build_model
 from app.lm.tokenizer import build_digit_tokenizer
-from app.training.launcher import LaunchSpec, launch
-from app.training.lm.backend import LocalBackend, TrainingBackend, done, wait
-from app.training.lm.checkpoint_dirs import (
+from app.shared.launcher import LaunchSpec, launch
+from app.lm.train.backend import LocalBackend, TrainingBackend, done, wait
+from app.lm.train.checkpoint_dirs import (
     COMPLETE,
     LATEST,
     load_training_checkpoint,
     newest_complete,
 )
-from app.training.lm.hf_io import SAFE_INDEX, load_full_state, load_weight_files
+from app.lm.train.hf_io import SAFE_INDEX, load_full_state, load_weight_files
 from tests import lm_backend_job as job
 
 STEPS, SAVE_AT = 5, 3
@@ -109,7 +109,7 @@ def test_full_state_then_save_pretrained_gives_the_same_logits_after_from_pretra
 
 
 def test_forward_backward_accumulates_until_optim_step():
-    from app.training.lm.batching import collate
+    from app.lm.train.batching import collate
 
     pad = build_digit_tokenizer().pad_token_id
     rows = job.global_rows(1)

@@ -12,13 +12,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from app.lm.engine import InProcessEngine
-from app.lm.model import LMModelConfig, build_model
+from app.lm.rollout.engine import InProcessEngine
+from app.lm.causal_lm import LMModelConfig, build_model
 from app.lm.tasks import DigitTask
 from app.lm.tokenizer import build_digit_tokenizer
 from app.lm.truncation import RolloutSettings
-from app.training.lm.backend import LocalBackend, OptimConfig
-from app.training.lm.checkpoint_dirs import (
+from app.lm.train.backend import LocalBackend, OptimConfig
+from app.lm.train.checkpoint_dirs import (
     COMPLETE,
     LATEST,
     CheckpointDirError,
@@ -29,10 +29,12 @@ from app.training.lm.checkpoint_dirs import (
     read_latest,
     read_trainer_state,
 )
-from app.training.lm.grpo import sft_loss
-from app.training.lm.hf_io import WeightsFormatError, load_weight_files
-from app.training.lm.loops import RLConfig, SFTConfig
-from app.training.lm.sft_rl import NoSFTCheckpoint, RunConfig, run
+from app.lm.train.grpo import sft_loss
+from app.lm.train.hf_io import WeightsFormatError, load_weight_files
+from app.lm.data_buffer import DataBuffer
+from app.lm.train.grpo import GRPOConfig, grpo_loss_fn
+from app.lm.train.rollout_sources import GeneratedGroups
+from app.lm.train.sft_grpo import NoSFTCheckpoint, RunPlan, SFTConfig, run, sft_rows
 
 
 def make_step(root: Path, name: str, complete: bool) -> Path:
@@ -102,39 +104,50 @@ def test_weight_loaders_read_all_four_layouts(tmp_path):
         load_weight_files(tmp_path)
 
 
+SMALL = RunPlan(SFTConfig(steps=4, batch_size=8, micro_batch_size=8), 2e-3, 2, 2e-3, checkpoint_every=2)
+PLANS = {"sft": replace(SMALL, rl_steps=0), "rl": replace(SMALL, sft=None), "sft+rl": SMALL}
+
+
 def small_run(tmp_path: Path):
     tok = build_digit_tokenizer()
     model = build_model(LMModelConfig(seed=1), tok)
     backend = LocalBackend(model, OptimConfig(lr=2e-3), sft_loss)
     engine = InProcessEngine(copy.deepcopy(model), tok)
-    cfg = RunConfig(sft=SFTConfig(steps=4, batch_size=8, micro_batch_size=8), prompts=40, checkpoint_every=2,
-                    rl=RLConfig(steps=2, prompts_per_step=2, rollout=RolloutSettings(n=2, max_new_tokens=4)))
-    return backend, engine, DigitTask("copy", 3, 3), tok, cfg
+    return backend, engine, DigitTask("copy", 3, 3), tok, SMALL
+
+
+def online(backend, engine, task, tok, run_dir: Path, plan: RunPlan) -> dict:
+    """scripts/sft_rl.py's run, small: groups generated as it trains."""
+    prompts = task.make_prompts(40, 0, "train")
+    rollout = RolloutSettings(n=2, max_new_tokens=4)
+    source = GeneratedGroups(engine, task, tok, DataBuffer(prompts, 1), seed=0, prompts_per_step=2, rollout=rollout)
+    return run(backend, tok, run_dir, plan, demonstrations=sft_rows(task, tok, prompts), source=source,
+               loss_fn=grpo_loss_fn(GRPOConfig(), rollout.temperature))
 
 
 @pytest.mark.timeout(240)
 def test_sft_then_rl_starts_from_the_newest_complete_sft_checkpoint(tmp_path):
     backend, engine, task, tok, cfg = small_run(tmp_path)
     with pytest.raises(NoSFTCheckpoint, match="none"):
-        run(backend, engine, task, tok, tmp_path / "none", replace(cfg, sft=SFTConfig(steps=0)), mode="sft+rl")
-    report = run(backend, engine, task, tok, tmp_path / "r", cfg, mode="sft")
+        online(backend, engine, task, tok, tmp_path / "none", replace(cfg, sft=SFTConfig(steps=0)))
+    report = online(backend, engine, task, tok, tmp_path / "r", PLANS["sft"])
     assert report == {"sft": {"from": 0, "to": 4}}
     assert [s for s, _ in complete_checkpoints(tmp_path / "r" / "sft")] == [2, 4]
     # a later, torn SFT directory (no marker) must not be picked; nor may RL start from memory
     (tmp_path / "r" / "sft" / "step_00000010").mkdir()
     step4 = {k: v.clone() for k, v in backend.get_weights().items()}
     backend2, engine2, *_ = small_run(tmp_path)
-    report = run(backend2, engine2, task, tok, tmp_path / "r", cfg, mode="sft+rl")
+    report = online(backend2, engine2, task, tok, tmp_path / "r", PLANS["sft+rl"])
     assert report["sft"] == {"from": 4, "to": 4}  # nothing left to do: resumed at the end
     assert report["rl_base"].endswith("step_00000004") and report["rl"] == {"from": 0, "to": 2}
     # resuming the RL phase continues after its newest complete checkpoint
     backend3, engine3, *_ = small_run(tmp_path)
-    assert run(backend3, engine3, task, tok, tmp_path / "r", cfg, mode="rl")["rl"] == {"from": 2, "to": 2}
+    assert online(backend3, engine3, task, tok, tmp_path / "r", PLANS["rl"])["rl"] == {"from": 2, "to": 2}
     lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert [(m["phase"], m["step"]) for m in lines] == [("sft", 1), ("sft", 2), ("sft", 3), ("sft", 4),
                                                         ("rl", 1), ("rl", 2)]
     fresh = LocalBackend(build_model(LMModelConfig(seed=9), tok), OptimConfig(), sft_loss)
-    from app.training.lm.checkpoint_dirs import load_training_checkpoint
+    from app.lm.train.checkpoint_dirs import load_training_checkpoint
 
     load_training_checkpoint(fresh, tmp_path / "r" / "sft" / "step_00000004")
     for key, value in fresh.get_weights().items():

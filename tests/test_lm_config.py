@@ -13,10 +13,11 @@ import yaml
 
 from app.config import ConfigError, Settings, load_settings
 from app.config.lm import CONNECT4_SECTIONS, SHARED_TRAIN_KEYS
-from app.lm.model import count_parameters
+from app.lm.causal_lm import count_parameters
 from app.lm.tasks import DigitTask
-from app.training.lm_setup import (
-    build_engine, build_task, build_tokenizer, greedy_settings, heldout_prompts, initial_model, rollout_settings,
+from app.lm.rollout.engine_config import build_engine
+from app.lm.setup import (
+    build_task, build_tokenizer, greedy_settings, heldout_prompts, initial_model, rollout_settings,
     train_prompts,
 )
 from tests.orchestrator_helpers import ROOT

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from app.lm.calculator import CalculatorError, evaluate
-from app.lm.engine import InProcessEngine
-from app.lm.model import (
+from app.lm.rollout.engine import InProcessEngine
+from app.lm.causal_lm import (
     LMModelConfig,
     build_model,
     count_parameters,
@@ -181,7 +181,7 @@ def test_in_process_engine_stops_on_marker_and_loads_weights(tok, model):
 def test_fresh_offline_process_loads_the_same_model_and_tokenizer(tok, model, tmp_path):
     save_model(model, tok, tmp_path / "m")
     code = ("import sys, torch; torch.set_num_threads(1)\n"
-            "from app.lm.model import load_model\nfrom app.lm.tokenizer import load_tokenizer\n"
+            "from app.lm.causal_lm import load_model\nfrom app.lm.tokenizer import load_tokenizer\n"
             "tok = load_tokenizer(sys.argv[1]); m = load_model(sys.argv[1])\n"
             "ids = tok('rev:4711=')['input_ids']\n"
             "print(ids); print(m(torch.tensor([ids])).logits[0, -1].tolist())\n")

@@ -12,10 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.config.lm import LMConfig
-from app.training.lm_eval import evaluate_pair
-from app.training.lm_gate import paired_gate, reward_interval, sign_test_p
-from app.training.lm_setup import (
-    build_engine, build_task, build_tokenizer, greedy_settings, heldout_prompts, initial_model, train_prompts,
+from app.lm.workload.heldout import evaluate_pair
+from app.lm.workload.gate import paired_gate, reward_interval, sign_test_p
+from app.lm.rollout.engine_config import build_engine
+from app.lm.setup import (
+    build_task, build_tokenizer, greedy_settings, heldout_prompts, initial_model, train_prompts,
 )
 
 pytestmark = pytest.mark.timeout(240)

@@ -10,11 +10,11 @@ import pytest
 import torch
 from aiohttp import web
 
-from app.lm.engine import InProcessEngine
-from app.lm.http_engines import EngineError, SGLangEngine, VLLMEngine
-from app.lm.model import LMModelConfig, build_model, save_model
+from app.lm.rollout.engine import InProcessEngine
+from app.lm.rollout.http_engines import EngineError, SGLangEngine, VLLMEngine
+from app.lm.causal_lm import LMModelConfig, build_model, save_model
 from app.lm.tokenizer import build_digit_tokenizer
-from app.lm.weight_sync import WeightSyncError, sync_weights
+from app.lm.rollout.weight_sync import WeightSyncError, sync_weights
 
 pytestmark = pytest.mark.timeout(60)
 EOS = 2

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from app.atomic_files import atomic_write_json
-from app.lm.engine import InProcessEngine
-from app.lm.model import LMModelConfig, build_model
-from app.lm.rollout import engine_producer
-from app.lm.rollout_manager import (
+from app.lm.rollout.engine import InProcessEngine
+from app.lm.causal_lm import LMModelConfig, build_model
+from app.lm.rollout.groups import engine_producer
+from app.lm.rollout.rollout_manager import (
     CyclingPrompts,
     FilterStarvationError,
     ManagerSettings,

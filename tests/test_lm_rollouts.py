@@ -21,14 +21,15 @@ from app.coordination.sync.dataset_fetch import fetch_manifest_dir
 from app.coordination.sync.dataset_server import dataset_routes
 from app.coordination.sync.replica_server import replica_routes
 from app.coordination.sync.replication import Replicator
-from app.coordination.sync.rollout_replica import STORE_NAME, RolloutReplicaStore
+from app.lm.workload.rollout_replica import STORE_NAME, RolloutReplicaStore
 from app.db.rollout_store import RolloutGroupRecord, RolloutStore, RolloutStoreError
-from app.training.lm_export import (
+from app.lm.rollout.rollout_dataset import (
     RolloutDatasetError, export_rollouts, load_rollout_dataset, read_rollout_manifest, verify_rollout_dataset,
 )
-from app.training.lm_selfplay import batch_prompts, group_uid, rollout_batch, to_group, to_record
-from app.training.lm_setup import (
-    build_engine, build_task, build_tokenizer, initial_model, rollout_settings, train_prompts,
+from app.lm.rollout.batches import batch_prompts, group_uid, rollout_batch, to_group, to_record
+from app.lm.rollout.engine_config import build_engine
+from app.lm.setup import (
+    build_task, build_tokenizer, initial_model, rollout_settings, train_prompts,
 )
 from tests import lm_rollout_writer_job as writer_job
 from tests.lm_rollout_writer_job import CONFIG

@@ -1,4 +1,4 @@
-"""The LM workload's steps the daemons call (app/coordination/pipeline/lm_steps.py), against real
+"""The LM workload's steps the daemons call (app/lm/workload/lm_steps.py), against real
 files and loopback engine servers: the switch to a promoted model weight-syncs every HTTP
 engine and /status shows each engine's version (a failed one with its reason); the decision
 is recomputed from the stored per-prompt rewards, so a restart decides the same."""
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from app.config import Settings
-from app.coordination.pipeline.lm_steps import LMSteps
+from app.lm.workload.lm_steps import LMSteps
 from app.coordination.pipeline.state import PipelineState
-from app.coordination.pipeline.workloads import pipeline_context
+from app.workloads import pipeline_context
 from tests.test_lm_http_engines import FakeServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -35,7 +35,7 @@ async def test_a_switch_syncs_every_http_engine_and_status_shows_each_version(tm
         assert {name: e["weight_version"] for name, e in before.items()} == {"local": 0, "sg": 0, "sg2": 0}
 
         model_dir = tmp_path / "models" / ("a" * 64)
-        await pipe.steps.switched(pipe, "a" * 64, model_dir, 3)
+        await pipe.steps.models.switched("a" * 64, model_dir, 3)
     finally:
         await good.stop()
         await bad.stop()

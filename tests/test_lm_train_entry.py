@@ -1,4 +1,4 @@
-"""The LM workload's training entry point under real torchrun (app.training.launcher): generation 1
+"""The LM workload's training entry point under real torchrun (app.shared.launcher): generation 1
 (SFT on demonstrations, then GRPO on random-init rollouts) at one rank, generation 2 from its
 candidate on that candidate's own rollouts at two FSDP2 ranks on gloo, a finished run left
 alone, and a corrupt dataset refused by its path.
@@ -23,13 +23,13 @@ import yaml
 
 from app.config import load_settings
 from app.db.rollout_store import RolloutStore
-from app.lm.engine import InProcessEngine
-from app.lm.model import load_model
-from app.training.lm_eval import greedy_scores
-from app.training.lm_export import export_rollouts
-from app.training.lm_model_dir import verify_model_dir
-from app.training.lm_selfplay import rollout_batch
-from app.training.lm_setup import (
+from app.lm.rollout.engine import InProcessEngine
+from app.lm.causal_lm import load_model
+from app.lm.workload.heldout import greedy_scores
+from app.lm.rollout.rollout_dataset import export_rollouts
+from app.lm.model_dir import verify_model_dir
+from app.lm.rollout.batches import rollout_batch
+from app.lm.setup import (
     build_task,
     build_tokenizer,
     greedy_settings,
@@ -38,7 +38,7 @@ from app.training.lm_setup import (
     rollout_settings,
     train_prompts,
 )
-from app.training.lm_train import CANDIDATE_NAME, RESULT_NAME
+from app.lm.train.generation import CANDIDATE_NAME, RESULT_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # real torchrun runs
@@ -71,8 +71,8 @@ def make_dataset(config: Path, model, out: Path, seed: int) -> Path:
 
 def train(config: Path, dataset: Path, run_dir: Path, generation: int, nproc: int,
           parent: Path | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "app.training.launcher", "--nproc", str(nproc), "--log-dir", str(run_dir / "logs"),
-           "--status-every", "0", "--timeout-s", "200", "--module", "app.training.lm_train", "--",
+    cmd = [sys.executable, "-m", "app.shared.launcher", "--nproc", str(nproc), "--log-dir", str(run_dir / "logs"),
+           "--status-every", "0", "--timeout-s", "200", "--module", "app.lm.train.generation", "--",
            "--dataset", str(dataset), "--run-dir", str(run_dir), "--resume", "auto",
            "--generation", str(generation), "--config", str(config)]
     if parent is not None:

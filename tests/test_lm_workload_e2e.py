@@ -23,7 +23,7 @@ import yaml
 
 from app.db.registry import ModelRegistry
 from app.db.rollout_store import RolloutStore
-from app.training.lm_model_dir import verify_model_dir
+from app.lm.model_dir import verify_model_dir
 from tests.orchestrator_helpers import (
     BUSY_CPU_TIMING, ROOT, NodeFiles, get_json, kill_group, leader_of, start_node, start_voter, stop_nodes, tail,
     wait_until, write_node_files,

@@ -1,4 +1,6 @@
-"""PUCT search on real positions: wins, blocks, terminal states, noise, reuse, batching."""
+"""PUCT search on real positions: wins, blocks, terminal states, noise, reuse, batching
+(the array search, app/ai/search_forest.py; its equality with the per-tree search it replaced:
+tests/test_search_equivalence.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +13,10 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from app.ai.evaluators import NetworkEvaluator, RolloutEvaluator, UniformEvaluator
-from app.ai.mcts import SearchResult, SearchTree, choose_action, run_searches, search, temperature_for_ply
+from app.ai.mcts import SearchForest, SearchResult, choose_action, search, temperature_for_ply
 from app.ai.model import Architecture, new_model
 from app.config import SearchConfig
-from app.games import get_game, result_scale
+from app.games import IllegalMoveError, get_game, result_scale
 from app.training.solved_eval import ScoredPosition, load_positions
 from tests.conftest import PONS_DIR
 
@@ -114,8 +116,9 @@ def test_with_a_length_discount_proven_values_are_the_solvers_scores() -> None:
     node on its own, so whatever the search proves is exact, not a bound."""
     cfg = SearchConfig(length_discount=0.5)
     late = [p for p in load_positions(PONS_DIR / "move_scores.txt") if p.ply >= 30]
-    trees = [SearchTree(GAME.parse(p.moves), GAME.num_actions, cfg.length_discount) for p in late]
-    results = run_searches(trees, UniformEvaluator(GAME), 4000, cfg, np.random.default_rng(0))
+    forest = SearchForest(GAME, cfg.length_discount)  # no threat check: proofs from the search alone
+    slots = [forest.add(GAME.parse(p.moves)) for p in late]
+    results = forest.search(slots, UniformEvaluator(GAME), 4000, cfg, np.random.default_rng(0))
     proven = [(p, r) for p, r in zip(late, results) if r.proven is not None]
     assert len(proven) >= len(late) // 2, f"only {len(proven)} of {len(late)} late positions proven"
     assert {p.best > 0 for p, _ in proven} == {True, False}, "both won and lost positions must be proven"
@@ -132,8 +135,9 @@ def test_the_threat_check_proves_more_and_every_proof_is_the_solvers_score() -> 
     proven_by = {}
     for threat_check in (False, True):
         cfg = SearchConfig(length_discount=0.75, threat_check=threat_check)
-        trees = [SearchTree.for_search(GAME.parse(p.moves), cfg) for p in late]
-        results = run_searches(trees, UniformEvaluator(GAME), 300, cfg, np.random.default_rng(0))
+        forest = SearchForest.for_search(GAME, cfg)
+        slots = [forest.add(GAME.parse(p.moves)) for p in late]
+        results = forest.search(slots, UniformEvaluator(GAME), 300, cfg, np.random.default_rng(0))
         proven = [(p, r) for p, r in zip(late, results) if r.proven is not None]
         for p, r in proven:
             assert r.proven == pytest.approx(solver_value(p, cfg.length_discount)), p.moves
@@ -213,45 +217,68 @@ def test_visits_are_a_distribution_over_legal_moves(seed: int, plies: int, sims:
 def test_noise_changes_the_root_only_and_is_never_stored() -> None:
     state = GAME.parse("44")
     noisy_cfg = SearchConfig(dirichlet_alpha=0.05, dirichlet_fraction=0.9)
-    plain = search(SearchTree(state), UniformEvaluator(GAME), 64, noisy_cfg, np.random.default_rng(0))
-    tree = SearchTree(state)
-    noisy = run_searches([tree], UniformEvaluator(GAME), 64, noisy_cfg, np.random.default_rng(0), add_noise=True)[0]
+    plain = search(state, UniformEvaluator(GAME), 64, noisy_cfg, np.random.default_rng(0))
+    forest = SearchForest(GAME)
+    slot = forest.add(state)
+    noisy = forest.search([slot], UniformEvaluator(GAME), 64, noisy_cfg, np.random.default_rng(0), add_noise=True)[0]
     uniform = state.legal_mask() / state.legal_mask().sum()
     assert np.allclose(noisy.prior, uniform) and np.allclose(plain.prior, uniform)
+    assert not np.allclose(forest.noisy_root_prior(slot), uniform)
     assert not np.array_equal(noisy.counts, plain.counts)  # the root was steered by the noise
     action = int(np.argmax(noisy.counts))
-    tree.advance(action)
-    child = tree.root_state
-    assert np.allclose(tree.root_prior(), child.legal_mask() / child.legal_mask().sum())
+    forest.advance(slot, action)
+    child = forest.root_state(slot)
+    assert forest.noisy_root_prior(slot) is None
+    assert np.allclose(forest.root_prior(slot), child.legal_mask() / child.legal_mask().sum())
 
 
 def test_tree_reuse_keeps_the_subtree_visits() -> None:
-    tree = SearchTree(GAME.parse("4"))
+    forest = SearchForest(GAME, capacity=32)  # small: the tree grows its arrays on the way
+    slot = forest.add(GAME.parse("4"))
     evaluator = UniformEvaluator(GAME)
-    first = run_searches([tree], evaluator, 100, CFG, np.random.default_rng(0))[0]
+    first = forest.search([slot], evaluator, 100, CFG, np.random.default_rng(0))[0]
     action = first.best_action
-    tree.advance(action)
-    kept = tree.root_counts().sum()
+    nodes = forest.node_count(slot)
+    forest.advance(slot, action)
+    kept = forest.root_counts(slot).sum()
     assert kept == first.counts[action] - 1  # every visit but the one that expanded the child
-    second = run_searches([tree], evaluator, 30, CFG, np.random.default_rng(0))[0]
+    assert forest.node_count(slot) < nodes  # the rest of the old tree is gone from the arrays
+    second = forest.search([slot], evaluator, 30, CFG, np.random.default_rng(0))[0]
     assert second.counts.sum() == kept + 30
-    assert tree.root_state.to_text() == "4" + GAME.action_to_text(action)
+    assert forest.root_state(slot).to_text() == "4" + GAME.action_to_text(action)
+    with pytest.raises(IllegalMoveError):
+        forest.advance(slot, 9)
+    assert forest.root_state(slot).to_text() == "4" + GAME.action_to_text(action)
+
+
+def test_slots_are_released_and_reused_and_one_slot_is_searched_once_a_call() -> None:
+    forest = SearchForest.for_search(GAME, CFG, trees=1)
+    a, b = forest.add(GAME.parse("4")), forest.add(GAME.parse("44"))  # the arrays grow to two trees
+    assert forest.slots() == [a, b]
+    forest.release(a)
+    assert forest.add(GAME.parse("1")) == a and forest.root_state(a).to_text() == "1"
+    with pytest.raises(ValueError, match="once a call"):
+        forest.search([a, a], UniformEvaluator(GAME), 4, CFG, np.random.default_rng(0))
+    forest.release(b)
+    with pytest.raises(ValueError, match="not in use"):
+        forest.root_state(b)
 
 
 def test_leaves_of_many_trees_share_one_evaluator_call_per_round() -> None:
     class Recording(UniformEvaluator):
         sizes: list[int] = []
 
-        def evaluate(self, states):
-            self.sizes.append(len(states))
-            return super().evaluate(states)
+        def evaluate_batch(self, words):
+            self.sizes.append(len(words))
+            return super().evaluate_batch(words)
 
     evaluator = Recording(GAME)
-    trees = [SearchTree(GAME.parse(text)) for text in ["", "4", "44", "443", "4433", "12", "7", "1"]]
-    results = run_searches(trees, evaluator, 20, CFG, np.random.default_rng(0))
-    assert evaluator.sizes[0] == len(trees)  # roots, together
+    forest = SearchForest(GAME)
+    slots = [forest.add(GAME.parse(text)) for text in ["", "4", "44", "443", "4433", "12", "7", "1"]]
+    results = forest.search(slots, evaluator, 20, CFG, np.random.default_rng(0))
+    assert evaluator.sizes[0] == len(slots)  # roots, together
     assert len(evaluator.sizes) <= 20 + 1
-    assert max(evaluator.sizes) == len(trees)
+    assert max(evaluator.sizes) == len(slots)
     assert all(r.counts.sum() == 20 for r in results)
 
 
@@ -302,16 +329,17 @@ def test_forced_playouts_visit_every_noisy_move_and_the_target_gives_them_back()
     state = GAME.parse("4453")
     forced_seen = False
     for seed in range(6):
-        tree = SearchTree.for_search(state, cfg)
-        [result] = run_searches([tree], RolloutEvaluator(GAME, 4, np.random.default_rng(seed)), 200, cfg,
-                                np.random.default_rng(seed), add_noise=True)
-        prior = np.array(tree._root_prior)
+        forest = SearchForest.for_search(GAME, cfg)
+        slot = forest.add(state)
+        [result] = forest.search([slot], RolloutEvaluator(GAME, 4, np.random.default_rng(seed)), 200, cfg,
+                                 np.random.default_rng(seed), add_noise=True)
+        prior = forest.noisy_root_prior(slot)
         total = result.counts.sum()
         assert total == 200
         # forced: each move was chosen while below its floor, so it ends at least one short of it
         floors = np.sqrt(2.0 * prior * total)
         assert np.all(result.counts >= np.floor(floors) - 1), (result.counts, floors)
-        pruned = tree.pruned_counts(cfg.c_puct)
+        pruned = forest.pruned_counts(slot, cfg.c_puct)
         assert np.allclose(result.visits, pruned / pruned.sum())
         best = int(np.argmax(result.counts))
         assert np.all(pruned <= result.counts) and pruned[best] == result.counts[best]
@@ -320,10 +348,8 @@ def test_forced_playouts_visit_every_noisy_move_and_the_target_gives_them_back()
         forced_seen |= bool(np.any(pruned < result.counts))
     assert forced_seen, "pruning never took a visit back in six searches"
 
-    plain = SearchTree.for_search(state, cfg)
-    [quiet] = run_searches([plain], UniformEvaluator(GAME), 64, cfg, np.random.default_rng(0))
-    [base] = run_searches([SearchTree.for_search(state, CFG)], UniformEvaluator(GAME), 64, CFG,
-                          np.random.default_rng(0))
+    quiet = search(state, UniformEvaluator(GAME), 64, cfg, np.random.default_rng(0))
+    base = search(state, UniformEvaluator(GAME), 64, CFG, np.random.default_rng(0))
     assert np.array_equal(quiet.counts, base.counts) and np.allclose(quiet.visits, quiet.counts / 64)
     with pytest.raises(ValueError):
         SearchConfig(forced_playouts=-1.0)

@@ -84,15 +84,16 @@ def test_net_player_plays_legal_moves_and_reuses_its_tree(tiny_model: Path) -> N
     player = NetMCTSPlayer(tiny_model, simulations=16, rng=np.random.default_rng(0))
     state = GAME.initial_state()
     move = player.select_move(state)
-    tree = player.tree
-    nodes_after_first = tree.node_count
+    tree, forest = player.tree, player.forest
+    kept = forest.root_counts(tree).sum()  # the chosen move's subtree, kept
+    assert 1 <= kept <= 15  # the chosen move's visits but the one that made its node
     state = state.play(move).play(0)
-    player.select_move(state)  # two plies on: the same tree, advanced, keeps growing
-    assert player.tree is tree
-    assert tree.node_count > nodes_after_first
-    assert tree.root_state.ply == state.ply + 1
-    player.select_move(GAME.parse("7777"))  # unrelated position: a fresh tree
-    assert player.tree is not tree
+    player.select_move(state)  # two plies on: the same tree, advanced
+    assert player.tree == tree
+    assert forest.root_state(tree).ply == state.ply + 1
+    assert forest.root_state(tree).to_text().startswith(state.to_text())
+    player.select_move(GAME.parse("7777"))  # unrelated position: the slot rooted afresh
+    assert forest.root_state(player.tree).to_text()[:4] == "7777"
     player.reset()
     assert player.tree is None
     winner, moves = play_out(player, RandomPlayer(np.random.default_rng(3)))
@@ -112,11 +113,10 @@ def test_select_moves_keeps_one_tree_a_game_and_answers_as_one_game_at_a_time(ti
         assert alone.select_move(state) == move
     assert set(together.trees) == {"a", "b", "c", "d"}
     tree_b = together.trees["b"]
-    nodes = tree_b.node_count
     after_b = positions[1].play(moves[1]).play(0)
     together.select_moves([after_b], ["b"])  # game b two plies on: its tree, advanced
-    assert together.trees["b"] is tree_b and tree_b.node_count > nodes
-    assert tree_b.root_state.ply == after_b.ply + 1
+    assert together.trees["b"] == tree_b
+    assert together.forest.root_state(tree_b).ply == after_b.ply + 1
     with pytest.raises(ValueError, match="different game"):
         together.select_moves(positions[:2], ["a", "a"])
     raw = NetMCTSPlayer(tiny_model, simulations=0)

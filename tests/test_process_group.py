@@ -15,9 +15,9 @@ import torch
 
 from app.config import Settings, load_settings
 from app.coordination.daemons.dlq_retry import INFRA_RUNNERS
-from app.coordination.daemons.registry import load_registry
+from app.coordination.daemons.daemon_registry import load_registry
 from app.coordination.pipeline.runners import pipeline_runners
-from app.training.process_group import DeviceChoiceError, choose_device, network_device
+from app.shared.process_group import DeviceChoiceError, choose_device, network_device
 from tests.conftest import REPO
 
 

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.training.lm.batching import rank_share
-from app.training.lm.ticket_rollout import HANG_ENV, read_rollouts
+from app.shared.process_group import rank_share
+from app.lm.rollout.tickets import HANG_ENV, read_rollouts
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "scripts" / "rollout.py")

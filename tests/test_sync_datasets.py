@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from app.coordination.p2p.client import MeshClient
-from app.coordination.p2p.node import MeshNode
 from app.coordination.sync.dataset_fetch import DatasetFetchError, fetch_dataset, verify_dataset
 from app.coordination.sync.dataset_server import dataset_routes
 from app.training.dataset import load_dataset
 from app.training.export import export_dataset
 from tests.mesh_helpers import refused_both_ways
 from tests.train_fixtures import make_db
+from tests.sync_helpers import serving, signed_client
 
 pytestmark = pytest.mark.timeout(60)
 SECRET = b"dataset-sync-secret"
@@ -39,27 +39,14 @@ async def servers(tmp_path: Path, source: tuple[Path, str]):  # type: ignore[no-
     data = bytearray(npz.read_bytes())
     data[len(data) // 2] ^= 0xFF
     npz.write_bytes(bytes(data))
-    nodes: dict[str, MeshNode] = {}
-    try:
-        for name, store in (("good", datasets), ("corrupt", corrupt)):
-            node = MeshNode(node_id=name, host="127.0.0.1", port=0, data_dir=tmp_path / name, profile="fast",
-                            secret=SECRET)
-            node.add_routes(dataset_routes(store))
-            await node.start()
-            nodes[name] = node
+    async with serving(tmp_path, {"good": dataset_routes(datasets), "corrupt": dataset_routes(corrupt)}, SECRET) as nodes:
         yield nodes
-    finally:
-        for node in nodes.values():
-            await node.stop()
 
 
 @pytest.fixture
 async def client():  # type: ignore[no-untyped-def]
-    c = MeshClient(SECRET, timeout=5.0)
-    try:
+    async with signed_client(SECRET) as c:
         yield c
-    finally:
-        await c.close()
 
 
 async def test_a_verified_copy_is_installed_under_its_sha256(tmp_path, source, servers, client) -> None:

@@ -18,6 +18,8 @@ from app.coordination.sync import GameSyncServer, PeerCursor, SyncError, pull_ga
 from app.coordination.sync.wire import MAX_FETCH_UIDS, MAX_MANIFEST_LIMIT
 from app.db.replay_db import GameRecord, MoveRecord, ReplayDB
 from tests.mesh_helpers import free_ports, wait_for
+from tests import sync_helpers
+from tests.sync_helpers import signed_client
 
 pytestmark = pytest.mark.timeout(60)
 SECRET = b"sync-test-secret"
@@ -36,19 +38,13 @@ def fill(path: Path, uids: list[str]) -> None:
 
 
 async def start_node(tmp: Path, node_id: str, routes: list[web.RouteDef]) -> MeshNode:
-    node = MeshNode(node_id=node_id, host="127.0.0.1", port=0, data_dir=tmp / node_id, profile="fast", secret=SECRET)
-    node.add_routes(routes)
-    await node.start()
-    return node
+    return await sync_helpers.start_node(tmp, node_id, routes, SECRET)
 
 
 @pytest.fixture
 async def client():  # type: ignore[no-untyped-def]
-    c = MeshClient(SECRET, timeout=5.0)
-    try:
+    async with signed_client(SECRET) as c:
         yield c
-    finally:
-        await c.close()
 
 
 def local_uids(path: Path) -> list[str]:

@@ -11,15 +11,15 @@ import pytest
 import torch
 
 from app.coordination.p2p.client import MeshClient
-from app.coordination.p2p.node import MeshNode
-from app.coordination.sync.lm_model_fetch import ROUTE, LMModelFetchError, fetch_lm_model, lm_model_routes
-from app.lm.model import LMModelConfig, build_model, load_model, save_model
+from app.lm.workload.lm_model_fetch import ROUTE, LMModelFetchError, fetch_lm_model, lm_model_routes
+from app.lm.causal_lm import LMModelConfig, build_model, load_model, save_model
 from app.lm.tokenizer import build_digit_tokenizer
 from app.training.dataset import MANIFEST_NAME
-from app.training.lm_model_dir import (
+from app.lm.model_dir import (
     ModelDirError, install_model_dir, manifest_bytes, read_model_manifest, verify_model_dir, write_manifest,
 )
 from tests.mesh_helpers import refused_both_ways
+from tests.sync_helpers import serving, signed_client
 
 pytestmark = pytest.mark.timeout(120)
 SECRET = b"lm-model-sync-secret"
@@ -90,27 +90,15 @@ async def peers(tmp_path: Path, saved):  # type: ignore[no-untyped-def]
     data = bytearray((bad / "model.safetensors").read_bytes())
     data[len(data) // 2] ^= 0xFF
     (bad / "model.safetensors").write_bytes(bytes(data))
-    nodes: dict[str, MeshNode] = {}
-    try:
-        for name, root in (("good", path.parent), ("corrupt", bad_root)):
-            node = MeshNode(node_id=name, host="127.0.0.1", port=0, data_dir=tmp_path / name, profile="fast",
-                            secret=SECRET)
-            node.add_routes(lm_model_routes(root))
-            await node.start()
-            nodes[name] = node
+    async with serving(tmp_path, {"good": lm_model_routes(path.parent), "corrupt": lm_model_routes(bad_root)},
+                       SECRET) as nodes:
         yield sha, nodes
-    finally:
-        for node in nodes.values():
-            await node.stop()
 
 
 @pytest.fixture
 async def client():  # type: ignore[no-untyped-def]
-    c = MeshClient(SECRET, timeout=5.0)
-    try:
+    async with signed_client(SECRET) as c:
         yield c
-    finally:
-        await c.close()
 
 
 async def test_a_peer_fetches_the_promoted_model_verified_and_whole(tmp_path: Path, saved, peers, client) -> None:

@@ -18,6 +18,7 @@ from app.coordination.p2p.node import ClusterView, MeshNode
 from app.coordination.p2p.schemas import NodeState
 from app.coordination.sync import ModelFetchError, fetch_model, installed_models, model_routes, peers_with_model
 from tests.mesh_helpers import free_ports
+from tests.sync_helpers import serving, signed_client
 
 pytestmark = pytest.mark.timeout(60)
 SECRET = b"model-sync-secret"
@@ -71,30 +72,16 @@ async def peers(tmp_path: Path, model: tuple[Path, str]):  # type: ignore[no-unt
     stock(stores["mislabelled"], model, sidecar={**side, "sha256": "0" * 64})
     stores["empty"].mkdir(parents=True)
     stock(stores["good"], model)
-    nodes: dict[str, MeshNode] = {}
-    try:
-        for name, store in stores.items():
-            node = MeshNode(node_id=name, host="127.0.0.1", port=0, data_dir=tmp_path / name, profile="fast",
-                            secret=SECRET)
-            routes = model_routes(store)
-            if name == "cutoff":
-                routes = [cut_off_route(good), *[r for r in routes if r.path.endswith("/meta")]]  # type: ignore[attr-defined]
-            node.add_routes(routes)
-            await node.start()
-            nodes[name] = node
+    routes = {name: model_routes(store) for name, store in stores.items()}
+    routes["cutoff"] = [cut_off_route(good), *[r for r in routes["cutoff"] if r.path.endswith("/meta")]]  # type: ignore[attr-defined]
+    async with serving(tmp_path, routes, SECRET) as nodes:
         yield nodes
-    finally:
-        for node in nodes.values():
-            await node.stop()
 
 
 @pytest.fixture
 async def client():  # type: ignore[no-untyped-def]
-    c = MeshClient(SECRET, timeout=5.0)
-    try:
+    async with signed_client(SECRET) as c:
         yield c
-    finally:
-        await c.close()
 
 
 def leftovers(models_dir: Path) -> list[str]:

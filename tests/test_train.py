@@ -25,7 +25,7 @@ from app.ai.model import load_model, read_meta
 from app.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from app.training.dataset import dataset_sha256
 from app.training.export import export_dataset
-from app.training.launcher import LaunchSpec, launch
+from app.shared.launcher import LaunchSpec, launch
 from app.training.train_schedule import (
     EarlyStop, ScheduleError, early_stop_update, effective_batch, epoch_permutation, rank_slices,
     resolve_micro_batches,

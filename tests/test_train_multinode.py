@@ -38,7 +38,7 @@ def test_two_launchers_rendezvous_and_train_as_one_job(tmp_path) -> None:
             run_dir.mkdir()
             with open(run_dir / "launcher.out", "w") as out:  # files, not pipes: nothing blocks on a full pipe
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "app.training.launcher", "--nproc", "1", "--nnodes", "2",
+                    [sys.executable, "-m", "app.shared.launcher", "--nproc", "1", "--nnodes", "2",
                      "--node-rank", str(node_rank), "--master-addr", "127.0.0.1", "--master-port", str(port),
                      "--timeout-s", "150", "--log-dir", str(run_dir / "logs"), "--module", "app.training.train",
                      "--", "--dataset", str(dataset), "--run-dir", str(run_dir), "--max-steps", "6",

@@ -31,7 +31,7 @@ from app.ai.model import load_model, new_model, predict
 from app.config import Settings
 from app.games import GameState, get_game
 from app.training.export import export_dataset
-from app.training.launcher import LaunchSpec, launch
+from app.shared.launcher import LaunchSpec, launch
 from app.training.selfplay import run_selfplay
 
 GAMES = 300

@@ -14,11 +14,12 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from app.config import load_settings
-from app.coordination.daemons.registry import DaemonContext
+from app.coordination.daemons.daemon_registry import DaemonContext
 from app.coordination.daemons.event_router import EventRouter
 from app.coordination.daemons.metrics import Metrics
 from app.coordination.pipeline.context import PipelineContext
-from app.coordination.pipeline.workloads import pipeline_context
+from app.coordination.pipeline.runner_settings import TrainSettings
+from app.workloads import pipeline_context
 from app.coordination.pipeline.training_job import train_spanned
 from app.log import get_logger
 from app.training.export import export_dataset
@@ -42,7 +43,7 @@ def _pipe(tmp_path: Path) -> PipelineContext:
 
 def _ctx(pipe: PipelineContext) -> DaemonContext:
     metrics = Metrics(CollectorRegistry())
-    return DaemonContext(name="train", settings={}, router=EventRouter(metrics=metrics), app_settings=pipe.settings,
+    return DaemonContext(name="train", settings=TrainSettings(), router=EventRouter(metrics=metrics), app_settings=pipe.settings,
                          stopping=asyncio.Event(), log=get_logger("test.train"), metrics=metrics)
 
 
@@ -94,7 +95,7 @@ async def test_a_stopped_joiner_tears_its_ranks_down(tmp_path: Path) -> None:
     host_dir.mkdir()
     with open(host_dir / "launcher.out", "w") as out:  # rank 0: trains "forever" (far more steps than the test waits)
         host = subprocess.Popen(
-            [sys.executable, "-m", "app.training.launcher", "--nproc", "1", "--nnodes", "2", "--node-rank", "0",
+            [sys.executable, "-m", "app.shared.launcher", "--nproc", "1", "--nnodes", "2", "--node-rank", "0",
              "--master-port", str(port), "--join-timeout-s", "60", "--log-dir", str(host_dir / "logs"),
              "--", "--dataset", str(dataset.path), "--run-dir", str(host_dir), "--max-steps", "100000",
              "--epochs", "100000", "--channels", "8", "--blocks", "1", "--batch-size", "32"],

@@ -102,7 +102,7 @@ def test_the_queue_never_hands_a_join_item_to_the_claimant(tmp_path) -> None:
 
 
 def test_only_a_multi_node_static_launch_gets_the_join_deadline(tmp_path) -> None:
-    from app.training.launcher import LaunchSpec, build_torchrun_argv
+    from app.shared.launcher import LaunchSpec, build_torchrun_argv
 
     spanned = build_torchrun_argv(LaunchSpec(["-m", "x"], 1, tmp_path, nnodes="2", node_rank=1,
                                              master_addr="10.0.0.1", master_port=29555, join_timeout_s=7.5), 29555)

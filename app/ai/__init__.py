@@ -1,9 +1,13 @@
 """How a model plays a game: the network, the search, and the players built from them.
 
-    model.py        the residual policy/value net; safetensors + JSON sidecar (sha256 = identity)
-    search_tree.py  one game's PUCT tree: selection, expansion, backup, reuse
-    mcts.py         PUCT search batched across many trees per evaluator call
-    evaluators.py   leaf evaluators: network, uniform prior, random rollouts
-    heuristic.py    the heuristic baseline: win now, block now, shallow negamax
-    players.py      random, heuristic, rollout MCTS and network MCTS players for gauntlets
+    model.py           the residual policy/value net; safetensors + JSON sidecar (sha256 = identity)
+    mcts.py            the search's public face: SearchForest, SearchResult, choose_action, search()
+    search_forest.py   every tree of a batch in one set of arrays; the round loop against one evaluator
+    search_kernel.py   the compiled steps (numba): selection, virtual loss, expansion, backup, proofs,
+                       threat check at node creation, noise at the root, reuse after a move
+    search_result.py   what a search says about its root; choosing a move from visits
+    evaluators.py      leaf evaluators on the game's batch form: network, uniform prior, random rollouts
+    network_server.py  one network serving several search processes, their batches merged
+    heuristic.py       the heuristic baseline: win now, block now, shallow negamax
+    players.py         random, heuristic, rollout MCTS and network MCTS players for gauntlets
 """

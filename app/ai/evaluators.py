@@ -1,20 +1,24 @@
 """Leaf evaluators for the search: a network, a uniform prior, random rollouts.
 
 Every evaluator answers one batch at a time, because the search gathers one leaf from each
-of many concurrent games and asks once:
+of many concurrent games and asks once, with the positions in the game's batch form (a
+uint64 array of words, `Game.state_words`), so its input is made by array operations:
 
-    priors, values = evaluator.evaluate(states)   # (N, A) over legal moves, (N,) side to move
+    priors, values = evaluator.evaluate_batch(words)   # (N, A) over legal moves, (N,) side to move
+    priors, values = evaluator.evaluate(states)        # the same for GameState objects
 
 Priors are zero on illegal moves and sum to 1 over legal ones; values are in [-1, 1] from
-the view of the side to move in each state. States passed in are never terminal (the
+the view of the side to move in each state. Positions passed in are never finished (the
 search values those exactly itself).
 
 - `NetworkEvaluator(net, game)`: one batched forward pass (`app.ai.model.predict`), its
-  input made by the game in one batch (`Game.stacked_planes`, `Game.stacked_legal_masks`).
+  input made by the game from the words (`Game.words_planes`, `Game.words_legal_masks`).
 - `UniformEvaluator(game)`: uniform prior, value 0 -- the bootstrap before any model exists;
   the search then learns only from terminal states it reaches.
 - `RolloutEvaluator(game, rollouts_per_leaf, rng)`: uniform prior, value = mean of random
-  playouts; vectorised numpy bitboards for Connect Four, a slow generic loop otherwise.
+  playouts on the vectorised Connect Four bitboards.
+- `SharedNetworkClient` (app/ai/network_server.py): the same answers from a network served
+  to several search processes at once.
 """
 
 from __future__ import annotations
@@ -24,32 +28,41 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from app.ai.model import PolicyValueNet, predict
-from app.games import Game, GameState
+from app.games import Game, GameState, get_game
 
 
 class Evaluator(Protocol):
-    def evaluate(self, states: Sequence[GameState]) -> tuple[np.ndarray, np.ndarray]:
+    positions: int
+    batches: int
+
+    def evaluate_batch(self, words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(N, A) priors over legal moves and (N,) values from each side to move's view."""
         ...
 
-
-def legal_masks(states: Sequence[GameState]) -> np.ndarray:
-    return np.stack([s.legal_mask() for s in states])
+    def evaluate(self, states: Sequence[GameState]) -> tuple[np.ndarray, np.ndarray]: ...
 
 
-def uniform_priors(states: Sequence[GameState]) -> np.ndarray:
-    legal = legal_masks(states).astype(np.float64)
-    counts = legal.sum(axis=1, keepdims=True)
-    return legal / np.maximum(counts, 1.0)
+class _FromStates:
+    """`evaluate(states)` through the batch form, so each evaluator has one code path."""
+
+    game: Game
+
+    def evaluate(self, states: Sequence[GameState]) -> tuple[np.ndarray, np.ndarray]:
+        return self.evaluate_batch(self.game.state_words(states))  # type: ignore[attr-defined]
 
 
-class NetworkEvaluator:
+def uniform_priors(game: Game, words: np.ndarray) -> np.ndarray:
+    legal = game.words_legal_masks(words).astype(np.float64)
+    return legal / np.maximum(legal.sum(axis=1, keepdims=True), 1.0)
+
+
+class NetworkEvaluator(_FromStates):
     """Evaluates a batch with one forward pass of a policy/value network.
 
     Counts `positions` and `batches` evaluated, so callers can report throughput. The network
     may live on a GPU (`selfplay.device`); `predict` moves each batch there and back. The
-    game makes the batch's planes and legal masks at once: one state at a time they cost
-    ~13 us a leaf, a quarter of a simulation where the network runs on a GPU.
+    game makes the batch's planes and legal masks from the words at once: one state at a time
+    they cost ~13 us a leaf, a quarter of a simulation where the network runs on a GPU.
     """
 
     def __init__(self, net: PolicyValueNet, game: Game) -> None:
@@ -58,62 +71,43 @@ class NetworkEvaluator:
         self.positions = 0
         self.batches = 0
 
-    def evaluate(self, states: Sequence[GameState]) -> tuple[np.ndarray, np.ndarray]:
-        planes = self.game.stacked_planes(states)
-        legal = self.game.stacked_legal_masks(states)
-        self.positions += len(states)
+    def evaluate_batch(self, words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        self.positions += len(words)
         self.batches += 1
-        return predict(self.net, planes, legal)
+        return predict(self.net, self.game.words_planes(words), self.game.words_legal_masks(words))
 
 
-class UniformEvaluator:
+class UniformEvaluator(_FromStates):
     """Uniform prior over legal moves and value 0: search guided by terminal states only."""
 
     def __init__(self, game: Game | None = None) -> None:
-        self.game = game
+        self.game = game or get_game("connect4")
         self.positions = 0
         self.batches = 0
 
-    def evaluate(self, states: Sequence[GameState]) -> tuple[np.ndarray, np.ndarray]:
-        self.positions += len(states)
+    def evaluate_batch(self, words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        self.positions += len(words)
         self.batches += 1
-        return uniform_priors(states), np.zeros(len(states), dtype=np.float64)
+        return uniform_priors(self.game, words), np.zeros(len(words), dtype=np.float64)
 
 
-class RolloutEvaluator:
+class RolloutEvaluator(_FromStates):
     """Uniform prior; value = mean result of `rollouts_per_leaf` uniformly random games."""
 
     def __init__(self, game: Game, rollouts_per_leaf: int = 16, rng: np.random.Generator | None = None) -> None:
         if rollouts_per_leaf < 1:
             raise ValueError(f"rollouts_per_leaf must be >= 1, got {rollouts_per_leaf}")
+        if game.name != "connect4":
+            raise ValueError(f"random playouts are written for connect4's bitboards, not {game.name!r}")
         self.game = game
         self.rollouts_per_leaf = rollouts_per_leaf
         self.rng = rng if rng is not None else np.random.default_rng()
         self.positions = 0
         self.batches = 0
-        if game.name == "connect4":
-            from app.games.connect4_playouts import playout_values
 
-            self._values = lambda states: playout_values(states, self.rollouts_per_leaf, self.rng)
-        else:
-            self._values = self._generic_values
+    def evaluate_batch(self, words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        from app.games.connect4_playouts import playout_values
 
-    def evaluate(self, states: Sequence[GameState]) -> tuple[np.ndarray, np.ndarray]:
-        self.positions += len(states)
+        self.positions += len(words)
         self.batches += 1
-        return uniform_priors(states), self._values(states)
-
-    def _generic_values(self, states: Sequence[GameState]) -> np.ndarray:
-        """Any game through its GameState interface: correct, but a Python loop per move."""
-        out = np.zeros(len(states), dtype=np.float64)
-        for i, start in enumerate(states):
-            total = 0.0
-            for _ in range(self.rollouts_per_leaf):
-                state = start
-                while not state.is_terminal:
-                    moves = state.legal_moves()
-                    state = state.play(moves[int(self.rng.integers(len(moves)))])
-                if state.winner is not None:
-                    total += 1.0 if state.winner == start.to_move else -1.0
-            out[i] = total / self.rollouts_per_leaf
-        return out
+        return uniform_priors(self.game, words), playout_values(words, self.rollouts_per_leaf, self.rng)

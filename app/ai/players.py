@@ -21,7 +21,7 @@ import numpy as np
 
 from app.ai.evaluators import NetworkEvaluator, RolloutEvaluator
 from app.ai.heuristic import heuristic_move
-from app.ai.mcts import SearchTree, run_searches
+from app.ai.mcts import SearchForest
 from app.ai.model import load_model, read_meta
 from app.config.pipeline import GauntletConfig, SearchConfig
 from app.games import GameState, get_game
@@ -83,45 +83,54 @@ class HeuristicPlayer(_OneAtATime):
 
 
 class _TreePlayer:
-    """Shared by the MCTS players: one tree per game, reused across the player's own
-    consecutive moves in that game; `select_move` plays the game named None."""
+    """Shared by the MCTS players: one tree per game, all of them in one forest (one set of
+    arrays), each reused across the player's own consecutive moves in its game; `select_move`
+    plays the game named None."""
 
     def __init__(self, evaluator, simulations: int, search_cfg: SearchConfig, rng: np.random.Generator) -> None:
         self.evaluator = evaluator
         self.simulations = simulations
         self.search_cfg = search_cfg
         self.rng = rng
-        self.trees: dict[Hashable, SearchTree] = {}
+        self.forest = SearchForest.for_search(evaluator.game, search_cfg)
+        self.trees: dict[Hashable, int] = {}  # game -> its slot in the forest
 
     @property
-    def tree(self) -> SearchTree | None:
-        """The tree of the game `select_move` plays."""
+    def tree(self) -> int | None:
+        """The slot of the game `select_move` plays."""
         return self.trees.get(None)
 
     def reset(self) -> None:
+        for slot in self.trees.values():
+            self.forest.release(slot)
         self.trees = {}
 
-    def _tree_for(self, state: GameState, tree: SearchTree | None) -> SearchTree:
-        """`tree` advanced to `state` when it is at most two plies below its root, else a new one."""
-        if tree is not None:
-            root = tree.root_state
-            target = state.key()
-            if root.key() == target and root.ply == state.ply:
-                return tree
-            if state.ply - root.ply in (1, 2):
-                for a in root.legal_moves():
-                    child = root.play(a)
-                    if state.ply == child.ply:
-                        if child.key() == target:
-                            tree.advance(a)
-                            return tree
-                        continue
-                    for b in child.legal_moves():
-                        if child.play(b).key() == target:
-                            tree.advance(a)
-                            tree.advance(b)
-                            return tree
-        return SearchTree.for_search(state, self.search_cfg)
+    def _tree_for(self, state: GameState, game: Hashable) -> int:
+        """The game's tree advanced to `state` when it is at most two plies below its root,
+        else a new one."""
+        slot = self.trees.get(game)
+        if slot is None:
+            slot = self.trees[game] = self.forest.add(state)
+            return slot
+        root = self.forest.root_state(slot)
+        target = state.key()
+        if root.key() == target and root.ply == state.ply:
+            return slot
+        if state.ply - root.ply in (1, 2):
+            for a in root.legal_moves():
+                child = root.play(a)
+                if state.ply == child.ply:
+                    if child.key() == target:
+                        self.forest.advance(slot, a)
+                        return slot
+                    continue
+                for b in child.legal_moves():
+                    if child.play(b).key() == target:
+                        self.forest.advance(slot, a)
+                        self.forest.advance(slot, b)
+                        return slot
+        self.forest.reset(slot, state)
+        return slot
 
     def select_move(self, state: GameState) -> int:
         return self.select_moves([state], [None])[0]
@@ -129,13 +138,12 @@ class _TreePlayer:
     def select_moves(self, states: Sequence[GameState], games: Sequence[Hashable]) -> list[int]:
         if len(set(games)) != len(games):
             raise ValueError("select_moves: each position must belong to a different game")
-        trees = [self._tree_for(state, self.trees.get(g)) for state, g in zip(states, games)]
-        results = run_searches(trees, self.evaluator, max(self.simulations, 1), self.search_cfg, self.rng)
+        slots = [self._tree_for(state, g) for state, g in zip(states, games)]
+        results = self.forest.search(slots, self.evaluator, max(self.simulations, 1), self.search_cfg, self.rng)
         actions = []
-        for g, tree, result in zip(games, trees, results):
+        for slot, result in zip(slots, results):
             action = result.best_action
-            tree.advance(action)
-            self.trees[g] = tree
+            self.forest.advance(slot, action)
             actions.append(action)
         return actions
 

@@ -43,19 +43,23 @@ class Settings(StrictModel):
     lm: LMConfig = LMConfig()
 
 
+def read_yaml_mapping(path: Path, what: str) -> dict:
+    """A YAML file whose top level is a mapping (a node config, daemons.yaml); every problem is
+    a ConfigError naming the file."""
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: {what} file not found") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    return data
+
+
 def load_settings(path: str | Path | None = None, **overrides: object) -> Settings:
     """Settings from a YAML file (or defaults when `path` is None), then top-level overrides."""
-    data: dict = {}
-    if path is not None:
-        path = Path(path)
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: config file not found") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping")
+    data = read_yaml_mapping(Path(path), "config") if path is not None else {}
     data.update({k: v for k, v in overrides.items() if v is not None})
     try:
         settings = Settings.model_validate(data)

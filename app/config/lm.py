@@ -6,8 +6,8 @@ lm` trains a language model with GRPO on a task with a verifiable reward. The `l
 holds everything the LM workload reads: the model's shape, the tokenizer, the task, the
 inference engines, rollouts, the GRPO and SFT steps, the rollout window of a generation and
 the held-out evaluation with its gate. The names mirror the library's own settings
-(`app/lm/model.py` LMModelConfig, `app/lm/truncation.py` RolloutSettings,
-`app/training/lm/grpo.py` GRPOConfig) so a value means the same thing in both places.
+(`app/lm/causal_lm.py` LMModelConfig, `app/lm/truncation.py` RolloutSettings,
+`app/lm/train/grpo.py` GRPOConfig) so a value means the same thing in both places.
 
 The rule (`workload_problems`): a setting of the other workload is an error, never ignored.
 A key counts as set when the file (or the caller) gives it, whatever its value: writing
@@ -33,10 +33,9 @@ CONNECT4_SECTIONS = ("model", "search", "selfplay", "export", "gauntlet", "promo
 SHARED_TRAIN_KEYS = frozenset({"nproc", "max_nodes", "span_cpu_nodes", "join_timeout_s"})
 
 
-class LMModelSettings(StrictModel):
-    """The model: a random-init Llama of this shape, or a local Hugging Face directory (`path`)."""
+class LMModelShape(StrictModel):
+    """The shape of a random-init Llama (app/lm/causal_lm.py builds it)."""
 
-    path: Path | None = None  # a save_pretrained directory; None = build from the shape below
     hidden_size: int = Field(64, gt=0)
     layers: int = Field(2, gt=0)
     heads: int = Field(4, gt=0)
@@ -47,11 +46,17 @@ class LMModelSettings(StrictModel):
     attn_implementation: str = "sdpa"
 
     @model_validator(mode="after")
-    def _heads_divide(self) -> LMModelSettings:
+    def _heads_divide(self) -> LMModelShape:
         if self.hidden_size % self.heads or self.heads % self.kv_heads:
             raise ValueError(f"hidden_size {self.hidden_size} must divide by heads {self.heads} "
                              f"and heads by kv_heads {self.kv_heads}")
         return self
+
+
+class LMModelSettings(LMModelShape):
+    """The model: a random-init Llama of this shape, or a local Hugging Face directory (`path`)."""
+
+    path: Path | None = None  # a save_pretrained directory; None = build from the shape
 
 
 class LMTokenizerSettings(StrictModel):
@@ -91,7 +96,7 @@ class LMTaskSettings(StrictModel):
 
 class LMEngineSettings(StrictModel):
     """One inference engine. The first engine of `lm.engines` generates the rollouts; every one
-    is weight-synced to each promoted model (app/lm/weight_sync.py)."""
+    is weight-synced to each promoted model (app/lm/rollout/weight_sync.py)."""
 
     name: str = Field("local", min_length=1, max_length=64)
     kind: Literal["in_process", "sglang", "vllm"] = "in_process"
@@ -134,7 +139,7 @@ class LMSFTSettings(StrictModel):
 
 
 class LMGRPOSettings(StrictModel):
-    """One generation's GRPO run (app/training/lm/grpo.py)."""
+    """One generation's GRPO run (app/lm/train/grpo.py)."""
 
     mode: Literal["rl", "sft+rl"] = "sft+rl"
     steps: int = Field(50, ge=1)  # optimizer steps per generation
@@ -162,7 +167,7 @@ class LMExportSettings(StrictModel):
 
 class LMEvalSettings(StrictModel):
     """The gate: candidate and best, greedy on the same held-out prompts, paired per prompt
-    (app/training/lm_eval.py). Promote only when the candidate is better with `confidence`."""
+    (app/lm/workload/heldout.py). Promote only when the candidate is better with `confidence`."""
 
     method: Literal["sign", "bootstrap"] = "sign"
     confidence: float = Field(0.95, gt=0.5, lt=1.0)

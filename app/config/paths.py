@@ -56,7 +56,7 @@ class NodePaths:
 
     @property
     def lm_models_dir(self) -> Path:
-        """The LM workload's models: Hugging Face directories `<sha256>/` (app/training/lm_model_dir.py)."""
+        """The LM workload's models: Hugging Face directories `<sha256>/` (app/lm/model_dir.py)."""
         return self.data_dir / "lm_models"
 
     @property

@@ -30,12 +30,12 @@ class SearchConfig(StrictModel):
     # +0.04-0.15 raw exact-move accuracy over 0 at equal CPU; 0.75 (a win on the last ply still
     # worth 0.25, clear of a draw) a further ~+0.02 over 0.5 and the 0.80 raw exact aim.
     length_discount: float = Field(0.75, ge=0.0, lt=1.0)
-    # Each new node looked at one ply deep by the rules (app/ai/search_tree.py): a win on the
+    # Each new node looked at one ply deep by the rules (app/ai/search_kernel.py): a win on the
     # spot proves it, no safe move proves it lost, and only safe moves are searched otherwise.
     threat_check: bool = True
     # KataGo's forced playouts with policy target pruning, in searches with root noise
     # (self-play): a root move with noisy prior p gets at least sqrt(k * p * N) of N visits, and
-    # the policy target gives them back (SearchTree.pruned_counts). k = 2 in KataGo; 0 = off.
+    # the policy target gives them back (SearchForest.pruned_counts). k = 2 in KataGo; 0 = off.
     forced_playouts: float = Field(0.0, ge=0.0, le=16.0)
 
 
@@ -60,6 +60,11 @@ class SelfplayConfig(StrictModel):
     # Where a worker's network evaluates the search's leaves: "cpu", "cuda" (every worker shares
     # the node's first GPU; refused where there is none) or "auto" (the GPU when there is one).
     device: Literal["cpu", "cuda", "auto"] = "cpu"
+    # One network process for all of a node's self-play workers (app/ai/network_server.py): each
+    # worker's search sends its leaves there and the server evaluates every waiting request in
+    # one batch, so one GPU is fed by all the cores (a GPU node's profile). Off: each worker
+    # holds its own copy of the network (a CPU node, where a network process would take a core).
+    shared_network: bool = False
 
 
 class ExportConfig(StrictModel):

@@ -2,7 +2,7 @@
 stores it (app/db/rollout_store.py) and replication sends it.
 
 Plain pydantic models rather than app/lm's Sample/Group: the database layer sits below the
-language-model package (app/training/lm_selfplay.py converts), and the same models parse the
+language-model package (app/lm/rollout/batches.py converts), and the same models parse the
 records a peer sends, so a malformed one is refused, naming the field, before any write.
 The checks are those of app/lm/samples.py: per-token lists of one length, a 0/1 loss mask,
 `truncated` exactly when there is a `truncation_reason`, never terminated and truncated at

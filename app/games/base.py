@@ -156,10 +156,25 @@ class Game(ABC):
         """Every symmetric image of (planes, policy), the identity first: of one sample, or
         of a batch of them (a leading axis on both, as export passes a game's samples)."""
 
+    # -- the batch form: many positions as one array (the search and the evaluators use it) --
+
+    def state_words(self, states: Sequence[GameState]) -> np.ndarray:
+        """The positions of `states` as the game's batch form: a uint64 array (N, words), the
+        input of `words_planes`, `words_legal_masks` and the array search."""
+        raise NotImplementedError(f"{self.name} has no batch form")
+
+    def words_planes(self, words: np.ndarray) -> np.ndarray:
+        """The network input of a batch (N, *plane_shape) float32, as `GameState.planes`."""
+        raise NotImplementedError(f"{self.name} has no batch form")
+
+    def words_legal_masks(self, words: np.ndarray) -> np.ndarray:
+        """(N, num_actions) bool of a batch, as `GameState.legal_mask` (all False when over)."""
+        raise NotImplementedError(f"{self.name} has no batch form")
+
     def stacked_planes(self, states: Sequence[GameState]) -> np.ndarray:
-        """The `planes` of many states, stacked (N, *plane_shape). A game may do it in one
-        batch: export calls this for every position of every game in its window, and the
-        network evaluator for every leaf the search expands."""
+        """The `planes` of many states, stacked (N, *plane_shape). A game with a batch form
+        makes them in one batch: export calls this for every position of every game in its
+        window."""
         return np.stack([state.planes() for state in states])
 
     def stacked_legal_masks(self, states: Sequence[GameState]) -> np.ndarray:

@@ -12,6 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
+from app.games import connect4_arrays
 from app.games.base import Game, GameState, IllegalMoveError, ParseError
 
 WIDTH = 7
@@ -19,7 +20,6 @@ HEIGHT = 6
 _COLUMN_BITS = HEIGHT + 1
 _BOTTOM = [1 << (c * _COLUMN_BITS) for c in range(WIDTH)]
 _TOP = [1 << (HEIGHT - 1 + c * _COLUMN_BITS) for c in range(WIDTH)]
-_TOP_BITS = np.array(_TOP, dtype="<u8")
 _CELL_BITS = np.array(
     [[c * _COLUMN_BITS + r for c in range(WIDTH)] for r in range(HEIGHT)], dtype=np.int64
 )  # [row, col] -> bit index, row 0 at the bottom
@@ -224,18 +224,18 @@ class Connect4(Game):
         """Identity and the left-right mirror: the only symmetry of the board."""
         return [(planes, policy), (planes[..., ::-1].copy(), policy[..., ::-1].copy())]
 
+    def state_words(self, states: Sequence[GameState]) -> np.ndarray:
+        return connect4_arrays.words_of(states)
+
+    def words_planes(self, words: np.ndarray) -> np.ndarray:
+        return connect4_arrays.planes(words)
+
+    def words_legal_masks(self, words: np.ndarray) -> np.ndarray:
+        return connect4_arrays.legal_masks(words)
+
     def stacked_planes(self, states: Sequence[GameState]) -> np.ndarray:
         """Every state's `planes` from one unpacking of all their bitboards."""
-        own = np.array([s.position for s in states], dtype="<u8")
-        other = np.array([s.position ^ s.mask for s in states], dtype="<u8")
-        bits = np.unpackbits(np.stack([own, other], axis=1).view(np.uint8).reshape(len(states), 2, 8),
-                             axis=-1, bitorder="little")  # (N, 2, 64), bit i of each board at [..., i]
-        out = np.ones((len(states), *self.plane_shape), dtype=np.float32)
-        out[:, :2] = bits[:, :, _CELL_BITS]
-        return out
+        return connect4_arrays.planes(connect4_arrays.words_of(states))
 
     def stacked_legal_masks(self, states: Sequence[GameState]) -> np.ndarray:
-        """Every state's `legal_mask` at once: a column is open while its top cell is empty."""
-        masks = np.array([s.mask for s in states], dtype="<u8")
-        live = np.array([not s.is_terminal for s in states], dtype=bool)
-        return ((masks[:, None] & _TOP_BITS) == 0) & live[:, None]
+        return connect4_arrays.legal_masks(connect4_arrays.words_of(states))

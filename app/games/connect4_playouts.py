@@ -12,27 +12,16 @@ in app/ai/evaluators.py dispatches here by game name.
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import numpy as np
 
-from app.games.connect4 import HEIGHT, WIDTH, Connect4State
+from app.games.connect4 import HEIGHT, WIDTH
+from app.games.connect4_arrays import has_four_many
 
 _COLUMN_BITS = HEIGHT + 1
 _BOTTOM = np.array([1 << (c * _COLUMN_BITS) for c in range(WIDTH)], dtype=np.uint64)
 _TOP = np.array([1 << (HEIGHT - 1 + c * _COLUMN_BITS) for c in range(WIDTH)], dtype=np.uint64)
 _COLUMN = np.array([((1 << HEIGHT) - 1) << (c * _COLUMN_BITS) for c in range(WIDTH)], dtype=np.uint64)
 _FULL = np.uint64(sum(((1 << HEIGHT) - 1) << (c * _COLUMN_BITS) for c in range(WIDTH)))
-_SHIFTS = tuple((np.uint64(s), np.uint64(2 * s)) for s in (_COLUMN_BITS, HEIGHT, _COLUMN_BITS + 1, 1))
-
-
-def has_four_many(stones: np.ndarray) -> np.ndarray:
-    """Vectorised `connect4.has_four`: bool per bitboard in a uint64 array."""
-    found = np.zeros(stones.shape, dtype=bool)
-    for shift, double in _SHIFTS:
-        pairs = stones & (stones >> shift)
-        found |= (pairs & (pairs >> double)) != 0
-    return found
 
 
 def random_playouts(position: np.ndarray, mask: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -69,13 +58,10 @@ def random_playouts(position: np.ndarray, mask: np.ndarray, rng: np.random.Gener
     return result
 
 
-def playout_values(
-    states: Sequence[Connect4State], rollouts: int, rng: np.random.Generator
-) -> np.ndarray:
-    """Mean result of `rollouts` random games from each state (side to move's view), float64."""
+def playout_values(words: np.ndarray, rollouts: int, rng: np.random.Generator) -> np.ndarray:
+    """Mean result of `rollouts` random games from each position of a batch (the (N, 2) words
+    of `connect4_arrays`), from its side to move's view, float64."""
     if rollouts < 1:
         raise ValueError(f"rollouts must be >= 1, got {rollouts}")
-    position = np.fromiter((s.position for s in states), dtype=np.uint64, count=len(states))
-    mask = np.fromiter((s.mask for s in states), dtype=np.uint64, count=len(states))
-    outcomes = random_playouts(np.repeat(position, rollouts), np.repeat(mask, rollouts), rng)
-    return outcomes.reshape(len(states), rollouts).mean(axis=1, dtype=np.float64)
+    outcomes = random_playouts(np.repeat(words[:, 0], rollouts), np.repeat(words[:, 1], rollouts), rng)
+    return outcomes.reshape(len(words), rollouts).mean(axis=1, dtype=np.float64)

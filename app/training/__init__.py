@@ -1,15 +1,13 @@
-"""How models improve: self-play, export, distributed training, gauntlets, promotion gates.
+"""The game workload: how a game-playing network improves: self-play, export, distributed training, gauntlets, promotion gates.
 
     selfplay.py        worker processes play many games; one writer stores them
     export.py          replay DBs -> NPZ dataset with manifest (dataset.py: the layout)
-    launcher.py        torchrun wrapped for daemons (rank_entry.py, rank_watch.py: per-rank
-                       logs, exits, teardown)
     train.py           the torchrun target; trainer.py the step loop, train_schedule.py its pure
                        decisions, train_task.py the swappable training step, checkpoint.py
     gauntlet.py        candidate vs baselines and best; gauntlet_shard.py a slice played anywhere
     sprt.py, elo.py    early stopping of matches; Elo by maximum likelihood
     promotion.py       the gate decision (pure) and the registry actions around it
-    lm/                the language-model workload's training side (GRPO, SFT, backends)
+    workload/          this workload's pipeline steps (the seam's Connect Four side)
 
 Knows no daemon and no mesh: app/coordination calls these functions.
 """

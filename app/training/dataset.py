@@ -8,14 +8,13 @@ name is refused by its path instead of training a model on the wrong data.
 
 from __future__ import annotations
 
-import hashlib
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from app.training.manifest_file import MANIFEST_NAME, read_manifest_file
+from app.shared.manifests import MANIFEST_NAME, read_manifest_file, verify_dir
 
 TRAIN_NAME = "train.npz"
 HOLDOUT_NAME = "holdout.npz"
@@ -58,14 +57,6 @@ class Dataset:
     @property
     def game(self) -> str:
         return str(self.manifest["game"])
-
-
-def file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def read_manifest(path: str | Path) -> tuple[dict, str]:
@@ -115,21 +106,11 @@ def load_dataset(
         raise DatasetError(f"{path}: dataset is for game {manifest['game']!r}, expected {expect_game!r}")
     plane_shape = tuple(int(x) for x in manifest["plane_shape"])
     num_actions = int(manifest["num_actions"])
-    splits: dict[str, Arrays] = {}
     for name in (TRAIN_NAME, HOLDOUT_NAME):
-        entry = manifest["files"].get(name)
-        file_path = path / name
-        if not isinstance(entry, dict) or "sha256" not in entry:
-            raise DatasetError(f"{path / MANIFEST_NAME}: no sha256 recorded for {name}")
-        if not file_path.exists():
-            raise DatasetError(f"{file_path}: dataset file not found")
-        size = file_path.stat().st_size
-        if "bytes" in entry and size != int(entry["bytes"]):
-            raise DatasetError(f"{file_path}: truncated or altered: {size} bytes, manifest says {entry['bytes']}")
-        actual = file_digest(file_path)
-        if actual != entry["sha256"]:
-            raise DatasetError(
-                f"{file_path}: sha256 {actual[:12]} does not match the manifest ({str(entry['sha256'])[:12]}): corrupt or replaced"
-            )
-        splits[name] = load_arrays(file_path, plane_shape, num_actions)
+        if name not in manifest["files"]:
+            raise DatasetError(f"{path / MANIFEST_NAME}: {name} is not listed")
+    problem = verify_dir(path, sha, read_manifest)
+    if problem is not None:
+        raise DatasetError(problem)
+    splits = {name: load_arrays(path / name, plane_shape, num_actions) for name in (TRAIN_NAME, HOLDOUT_NAME)}
     return Dataset(path, manifest, sha, splits[TRAIN_NAME], splits[HOLDOUT_NAME])

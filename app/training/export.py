@@ -26,12 +26,12 @@ from typing import Iterable, Sequence
 import numpy as np
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.atomic_files import fsync_dir
+from app.atomic_files import replace_dir
 from app.db.engines import display_name, is_url
 from app.db.replay_db import GameRecord, ReplayDB, ReplayDBError
 from app.games import Game, GameError, GameState, get_game, result_scale
-from app.training.dataset import DATASET_FORMAT, HOLDOUT_NAME, MANIFEST_NAME, TRAIN_NAME, Arrays, file_digest
-from app.training.manifest_file import bytes_sha256
+from app.training.dataset import DATASET_FORMAT, HOLDOUT_NAME, MANIFEST_NAME, TRAIN_NAME, Arrays
+from app.shared.manifests import bytes_sha256, file_digest
 
 
 class ExportError(RuntimeError):
@@ -267,16 +267,9 @@ def _write_npz(path: Path, arrays: Arrays) -> None:
 def _install_dir(tmp: Path, out: Path, overwrite: bool) -> None:
     """Rename the finished temp dir into place; an existing dataset is swapped out only when
     `overwrite`, and removed after the new one is in place."""
-    old: Path | None = None
-    if out.exists():
-        if not overwrite:
-            raise ExportError(f"{out}: already exists (pass overwrite to replace it)")
-        old = out.with_name(f".{out.name}.old{os.getpid()}")
-        os.replace(out, old)
-    os.replace(tmp, out)
-    fsync_dir(out.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    if out.exists() and not overwrite:
+        raise ExportError(f"{out}: already exists (pass overwrite to replace it)")
+    replace_dir(tmp, out)
 
 
 def export_dataset(
@@ -385,7 +378,6 @@ def export_dataset(
             fh.write(raw)
             fh.flush()
             os.fsync(fh.fileno())
-        fsync_dir(tmp)
         _install_dir(tmp, out, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

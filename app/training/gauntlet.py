@@ -27,7 +27,7 @@ from app.training.elo import Rating, fit_elo
 from app.training.match_games import (
     GameOutcome, GameTask, InlineExecutor, cut_waves, match_executor, match_tasks, run_wave,
 )
-from app.training.process_group import network_device
+from app.shared.process_group import network_device
 from app.training.sprt import SprtDecision, SprtResult, sprt_decision
 
 ProgressCallback = Callable[[dict], None]

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence, TypeVar
 
 from app.ai.model import ModelFormatError, file_sha256, read_meta
-from app.training.lm_model_dir import verify_model_dir
 from app.config import Settings
+from app.shared.manifests import verify_stored_model
 from app.config.pipeline import PromotionConfig
 from app.db.registry import ModelEntry, ModelRegistry, ModelStatus, RegistryError
 from app.training.gauntlet import GauntletReport, ProgressCallback, run_gauntlet
 from app.training.sprt import SprtDecision, SprtResult
 
 PROGRESS_FORMAT = 1
+T = TypeVar("T")
 
 
 class PromotionError(RuntimeError):
@@ -134,21 +135,11 @@ def decide_promotion(results: Sequence[MatchResult], gates: Gates, has_best: boo
 
 
 def verify_model_file(entry: ModelEntry) -> None:
-    """Refuse a model whose file is gone or no longer hashes to its registry sha256 (a
-    language model's directory: whose files no longer match the manifest it is known by)."""
-    path = Path(entry.path)
-    if path.is_dir():
-        problem = verify_model_dir(path, entry.sha256)
-        if problem is not None:
-            raise PromotionError(f"refusing model {entry.sha256[:12]}: {problem}")
-        return
-    if not path.is_file():
-        raise PromotionError(f"model {entry.sha256[:12]}: file {path} is missing")
-    actual = file_sha256(path)
-    if actual != entry.sha256:
-        raise PromotionError(
-            f"refusing model {entry.sha256[:12]}: file {path} has sha256 {actual[:12]}, "
-            f"not the registry's {entry.sha256[:12]} (file replaced or corrupt)")
+    """Refuse a model whose stored copy is gone or no longer what its registry sha256 names (a
+    model file, or a model directory with its manifest: app/shared/manifests.py)."""
+    problem = verify_stored_model(entry.path, entry.sha256)
+    if problem is not None:
+        raise PromotionError(f"refusing model {entry.sha256[:12]}: {problem}")
 
 
 def register_candidate(registry: ModelRegistry, model_path: str | Path) -> ModelEntry:
@@ -167,27 +158,24 @@ def register_candidate(registry: ModelRegistry, model_path: str | Path) -> Model
 
 
 def promote_model(registry: ModelRegistry, sha256: str, reason: str) -> ModelEntry:
-    entry = registry.require(sha256)
-    verify_model_file(entry)
-    try:
-        return registry.promote(sha256, reason)
-    except RegistryError as exc:
-        raise PromotionError(str(exc)) from None
+    verify_model_file(registry.require(sha256))
+    return _refusal_as_promotion_error(registry.promote, sha256, reason)
 
 
 def reject_model(registry: ModelRegistry, sha256: str, reason: str) -> ModelEntry:
-    try:
-        return registry.reject(sha256, reason)
-    except RegistryError as exc:
-        raise PromotionError(str(exc)) from None
+    return _refusal_as_promotion_error(registry.reject, sha256, reason)
 
 
 def rollback_model(registry: ModelRegistry, to_sha256: str, reason: str) -> list[str]:
     """Make an earlier promoted model current again (its file verified); returns those rolled back."""
-    entry = registry.require(to_sha256)
-    verify_model_file(entry)
+    verify_model_file(registry.require(to_sha256))
+    return _refusal_as_promotion_error(registry.rollback, to_sha256, reason)
+
+
+def _refusal_as_promotion_error(action: Callable[[str, str], T], sha256: str, reason: str) -> T:
+    """The registry's state machine refusing (RegistryError) is the caller's PromotionError."""
     try:
-        return registry.rollback(to_sha256, reason)
+        return action(sha256, reason)
     except RegistryError as exc:
         raise PromotionError(str(exc)) from None
 

@@ -15,12 +15,12 @@ from typing import Callable, Iterator
 import numpy as np
 
 from app.ai.evaluators import Evaluator, NetworkEvaluator, UniformEvaluator
-from app.ai.mcts import SearchTree, choose_action, run_searches, temperature_for_ply
+from app.ai.mcts import SearchForest, choose_action, temperature_for_ply
 from app.ai.model import load_model
 from app.config import Settings
 from app.db.replay_db import GameRecord, MoveRecord
 from app.games import Game, GameState, get_game
-from app.training.process_group import network_device
+from app.shared.process_group import network_device
 
 
 def search_settings(settings: Settings, simulations: int, evaluator: str) -> dict:
@@ -98,13 +98,15 @@ def play_games(
     started = 0
     slots: list[_Slot] = []
 
+    forest = SearchForest.for_search(game, settings.search, trees=concurrent)  # every game's tree, one set of arrays
+
     def new_slot() -> _Slot:
         nonlocal started
         started += 1
         opening, state = random_opening(game, settings.selfplay.random_opening_plies, rng)
         # recorded so the game replays; one-hot visits, never a training target (export skips them)
         moves = [MoveRecord(move, np.eye(game.num_actions, dtype=np.float32)[move].tolist(), 0.0) for move in opening]
-        return _Slot(SearchTree.for_search(state, settings.search, game.num_actions), moves, time.time(), opening_plies=len(opening))
+        return _Slot(forest.add(state), moves, time.time(), opening_plies=len(opening))
 
     slots = [new_slot() for _ in range(concurrent)]
     while slots:
@@ -112,7 +114,7 @@ def play_games(
             return
         budgets, full = search_budgets(len(slots), simulations, settings.selfplay.full_search_prob,
                                        settings.selfplay.fast_simulations, rng)
-        results = run_searches([s.tree for s in slots], evaluator, budgets, settings.search, rng, add_noise=full)
+        results = forest.search([s.tree for s in slots], evaluator, budgets, settings.search, rng, add_noise=full)
         still: list[_Slot] = []
         for slot, result, is_full in zip(slots, results, full):
             ply = len(slot.moves)
@@ -120,11 +122,12 @@ def play_games(
                 slot.fast_plies.append(ply)
             action = choose_action(result.visits, temperature_for_ply(ply, settings.search.temperature_moves), rng)
             slot.moves.append(MoveRecord(action, result.visits.astype(np.float32).tolist(), result.root_value))
-            slot.tree.advance(action)
-            final = slot.tree.root_state
+            forest.advance(slot.tree, action)
+            final = forest.root_state(slot.tree)
             if not final.is_terminal:
                 still.append(slot)
                 continue
+            forest.release(slot.tree)
             # fast_plies: moves of a fast search, which export leaves out of the training data;
             # opening_plies: the random moves the game started with, also left out
             record_search = {**search, "fast_plies": slot.fast_plies} if "full_search_prob" in search else search
@@ -142,7 +145,7 @@ def play_games(
 
 @dataclass
 class _Slot:
-    tree: SearchTree
+    tree: int  # the game's slot in the forest
     moves: list[MoveRecord]
     started_at: float
     fast_plies: list[int] = field(default_factory=list)

@@ -23,9 +23,11 @@ import time
 import traceback
 from typing import Any, Callable
 
+from app.ai.network_server import NetworkServer
 from app.config import Settings
 from app.db.replay_db import GameRecord
 from app.log import get_logger
+from app.shared.process_group import network_device
 
 log = get_logger(__name__)
 
@@ -56,6 +58,7 @@ class WorkerPool:
         self._closed = False
         self._lock = threading.Lock()
         self.started = 0  # worker processes started over the pool's life (a test and a metric read it)
+        self.server: NetworkServer | None = None  # with selfplay.shared_network: the workers' one network
 
     def play(self, shares: list[int], seeds: list, simulations: int, model_path: str | None,
              model_sha256: str | None, node_id: str, settings: Settings,
@@ -70,14 +73,33 @@ class WorkerPool:
             batch = self._batch
             self._stop.clear()
             settings_data = settings.model_dump(mode="json", exclude_unset=True)
+            server = self._network_server(model_path, model_sha256, settings)
             active: set[int] = set()
             for i, (share, seq) in enumerate(zip(shares, seeds)):
                 if share == 0:
                     continue
                 self._ensure_worker(i)
-                self._tasks[i].put((batch, share, seq, simulations, model_path, model_sha256, node_id, settings_data))
+                self._tasks[i].put((batch, share, seq, simulations, model_path, model_sha256, node_id, settings_data,
+                                    server))
                 active.add(i)
             return self._collect(batch, active, store, should_stop)
+
+    def _network_server(self, model_path: str | None, model_sha256: str | None,
+                        settings: Settings) -> tuple[str, bytes] | None:
+        """With `selfplay.shared_network` and a model: the server the workers connect to
+        (started once, told of a new model on a promotion); its (address, key)."""
+        if not settings.selfplay.shared_network or model_path is None:
+            return None
+        if self.server is not None and not self.server.alive():
+            log.warning("network_server_restarted", reason="the server process died")
+            self.server.close()
+            self.server = None
+        if self.server is None:
+            device = str(network_device(settings.selfplay.device))
+            self.server = NetworkServer(model_path, model_sha256, settings.node.game, device)
+        else:
+            self.server.load(model_path, model_sha256)
+        return self.server.address, self.server.authkey
 
     def _collect(self, batch: int, active: set[int], store: Callable[[GameRecord], None],
                  should_stop: Callable[[], bool] | None) -> tuple[bool, list[str]]:
@@ -150,6 +172,8 @@ class WorkerPool:
             if proc is not None:
                 proc.join(max(0.0, deadline - time.monotonic()))
                 self._kill(i)
+        if self.server is not None:
+            self.server.close()
 
 
 def _pool_worker_main(worker: int, tasks, results, stop, parent_pid: int) -> None:
@@ -158,6 +182,7 @@ def _pool_worker_main(worker: int, tasks, results, stop, parent_pid: int) -> Non
     import numpy as np
     import torch
 
+    from app.ai.network_server import SharedNetworkClient
     from app.training.selfplay_games import make_evaluator, play_games
 
     torch.set_num_threads(1)
@@ -173,19 +198,24 @@ def _pool_worker_main(worker: int, tasks, results, stop, parent_pid: int) -> Non
             continue
         if task is None:
             return
-        batch, n_games, seed_seq, simulations, model_path, model_sha256, node_id, settings_data = task
+        batch, n_games, seed_seq, simulations, model_path, model_sha256, node_id, settings_data, server = task
+        client = None
         try:
             settings = Settings.model_validate(settings_data)
-            key = (model_path, model_sha256, settings.node.game, settings.model.channels, settings.model.blocks)
-            if cached is None or cached[0] != key:
-                cached = (key, make_evaluator(model_path, model_sha256, settings))
+            if server is not None:  # the node's one network process evaluates every worker's leaves
+                evaluator = client = SharedNetworkClient.connect(*server, settings.node.game, f"selfplay-{worker}")
+            else:
+                key = (model_path, model_sha256, settings.node.game, settings.model.channels, settings.model.blocks)
+                if cached is None or cached[0] != key:
+                    cached = (key, make_evaluator(model_path, model_sha256, settings))
+                evaluator = cached[1]
             rng = np.random.default_rng(seed_seq)
 
             def should_stop() -> bool:
                 return stop.is_set() or orphaned()
 
             config = {"worker": worker, "seed_entropy": str(seed_seq.entropy)}
-            for record in play_games(n_games, cached[1], settings, simulations, rng, model_sha256,
+            for record in play_games(n_games, evaluator, settings, simulations, rng, model_sha256,
                                      node_id, config, should_stop):
                 results.put((batch, "game", worker, record.to_json()))
                 if should_stop():
@@ -193,4 +223,7 @@ def _pool_worker_main(worker: int, tasks, results, stop, parent_pid: int) -> Non
             results.put((batch, "done", worker, None))
         except BaseException:  # noqa: BLE001 - reported to the parent, which raises it
             results.put((batch, "error", worker, traceback.format_exc()))
+        finally:
+            if client is not None:
+                client.close()
     results.cancel_join_thread()  # nobody reads the queue any more: do not hang on a full pipe

@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from app.ai.evaluators import NetworkEvaluator
-from app.ai.mcts import SearchTree, run_searches
+from app.ai.mcts import SearchForest
 from app.ai.model import PolicyValueNet
 from app.config.pipeline import SearchConfig
 from app.games import Game, GameError, GameState, get_game
@@ -253,11 +253,13 @@ def mcts_choices(net: PolicyValueNet, positions: Sequence[ScoredPosition], simul
     evaluator = NetworkEvaluator(net, game)
     rng = np.random.default_rng(seed)
     choices: list[int] = []
+    forest = SearchForest.for_search(game, cfg, trees=min(batch, len(positions)))
     for start in range(0, len(positions), batch):
-        trees = [SearchTree.for_search(game.parse(p.moves), cfg, game.num_actions)
-                 for p in positions[start:start + batch]]
-        results = run_searches(trees, evaluator, simulations, cfg, rng, add_noise=False)
+        slots = [forest.add(game.parse(p.moves)) for p in positions[start:start + batch]]
+        results = forest.search(slots, evaluator, simulations, cfg, rng, add_noise=False)
         choices += [r.best_action for r in results]
+        for slot in slots:
+            forest.release(slot)
     return choices
 
 

@@ -1,6 +1,6 @@
 """The torchrun target: train a policy/value network on an exported dataset.
 
-    python -m app.training.launcher --nproc 2 --log-dir runs/r1/logs -- \
+    python -m app.shared.launcher --nproc 2 --log-dir runs/r1/logs -- \
         --dataset data/datasets/d1 --run-dir runs/r1 [--parent best.safetensors] [--resume auto]
 
 Also runs as a plain process (`python -m app.training.train ...`): one rank, gloo on a free
@@ -29,7 +29,7 @@ from app.config import ConfigError, load_settings
 from app.games import get_game
 from app.training.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from app.training.dataset import DatasetError, load_dataset
-from app.training.process_group import DeviceChoiceError, DistContext, init_distributed, shutdown
+from app.shared.process_group import DistContext, run_rank
 from app.training.train_schedule import ScheduleError, resolve_micro_batches
 from app.training.train_task import PolicyValueTask
 from app.training.trainer import Trainer, set_global_seed
@@ -251,21 +251,7 @@ def run(args: argparse.Namespace, ctx: DistContext) -> dict[str, Any]:
 @record
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        ctx = init_distributed(args.device)
-    except DeviceChoiceError as exc:
-        print(f"training input error: {exc}", file=sys.stderr, flush=True)
-        return 2
-    try:
-        run(args, ctx)
-        ctx.barrier()  # leave together: no rank tears gloo down while rank 0 still writes the candidate
-    except TrainInputError as exc:
-        print(f"training input error: {exc}", file=sys.stderr, flush=True)
-        return 2
-    finally:
-        shutdown()
-    return 0
-
+    return run_rank(lambda ctx: run(args, ctx), args.device, (TrainInputError,), "training")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from app.training.dataset import Arrays
-from app.training.process_group import DistContext
+from app.shared.process_group import DistContext
 from app.training.train_schedule import (
     EarlyStop, calibration_indices, early_stop_update, effective_batch, epoch_permutation,
     micro_batch_bounds, rank_slices, steps_per_epoch,

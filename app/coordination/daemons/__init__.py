@@ -1,6 +1,6 @@
 """Daemon supervision on one node: which daemons run, how they are kept alive, how they talk.
 
-    registry.py       DaemonSpec/RunnerEntry from daemons.yaml + the code's runner table, DaemonContext
+    daemon_registry.py DaemonSpec/RunnerEntry from daemons.yaml + the code's runner table, DaemonContext
     manager.py        start in dependency order, health loop, restart with backoff, crash-loop give-up
     backoff.py        pure timing decisions (restart delays, retry delays)
     events.py         the typed events and their payload schemas

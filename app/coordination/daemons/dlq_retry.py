@@ -7,7 +7,7 @@ from pydantic import Field
 
 from app.config.base import StrictModel
 from app.coordination.daemons.event_router import RetryPolicy
-from app.coordination.daemons.registry import DaemonContext, RunnerEntry
+from app.coordination.daemons.daemon_registry import DaemonContext, RunnerEntry
 
 
 class DlqRetrySettings(StrictModel):
@@ -17,26 +17,21 @@ class DlqRetrySettings(StrictModel):
     max_attempts: int | None = Field(None, ge=1)
 
 
-async def dlq_retry_runner(ctx: DaemonContext) -> None:
+async def dlq_retry_runner(ctx: DaemonContext[DlqRetrySettings]) -> None:
     """Daemon: retry due dead letters every `interval_s` until stopped."""
-    interval = float(ctx.settings["interval_s"])
+    cfg = ctx.settings
     default = ctx.router.retry_policy
-
-    def pick(key: str, fallback: float) -> float:
-        value = ctx.settings.get(key)
-        return fallback if value is None else value
-
     policy = RetryPolicy(
-        base_s=float(pick("base_s", default.base_s)),
-        cap_s=float(pick("cap_s", default.cap_s)),
-        max_attempts=int(pick("max_attempts", default.max_attempts)),
+        base_s=default.base_s if cfg.base_s is None else cfg.base_s,
+        cap_s=default.cap_s if cfg.cap_s is None else cfg.cap_s,
+        max_attempts=default.max_attempts if cfg.max_attempts is None else cfg.max_attempts,
     )
     while not ctx.stopping.is_set():
         report = await ctx.router.retry_due(policy)
         if report.retried:
             ctx.log.info("dead_letters_retried", **report.__dict__)
         ctx.mark_healthy()
-        await ctx.sleep(interval)
+        await ctx.sleep(cfg.interval_s)
 
 
 # Runner-table entries of the infrastructure daemons, merged by the orchestrator with the

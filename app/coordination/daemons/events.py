@@ -23,7 +23,7 @@ class EventPayloadError(ValueError):
 
 
 class EventType(str, enum.Enum):
-    NEW_GAMES_AVAILABLE = "new_games_available"
+    NEW_ITEMS_AVAILABLE = "new_items_available"  # self-play stored games (or rollout groups)
     TRAINING_THRESHOLD_REACHED = "training_threshold_reached"
     TRAINING_STARTED = "training_started"
     TRAINING_COMPLETED = "training_completed"
@@ -35,15 +35,25 @@ class EventType(str, enum.Enum):
     LEADER_ELECTED = "leader_elected"
     QUORUM_CHANGED = "quorum_changed"
     DAEMON_CRASH_LOOP = "daemon_crash_loop"
+    # Deprecated alias, kept for one release: the same member as NEW_ITEMS_AVAILABLE.
+    NEW_GAMES_AVAILABLE = "new_items_available"
+
+    @classmethod
+    def _missing_(cls, value: object) -> EventType | None:
+        """An event of the previous release (a dead letter, a journal line) still parses."""
+        return cls.NEW_ITEMS_AVAILABLE if value == "new_games_available" else None
 
 
 class Payload(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class NewGamesAvailable(Payload):
-    count: NonNegative  # games added since the previous event
-    total: NonNegative  # games in the replay DB now
+class NewItemsAvailable(Payload):
+    count: NonNegative  # items (games or rollout groups) added since the previous event
+    total: NonNegative  # the newest item's row id now (the export's counter)
+
+
+NewGamesAvailable = NewItemsAvailable  # deprecated alias, kept for one release
 
 
 class TrainingThresholdReached(Payload):
@@ -128,7 +138,7 @@ class DaemonCrashLoop(Payload):
 
 
 PAYLOAD_SCHEMAS: dict[EventType, type[Payload]] = {
-    EventType.NEW_GAMES_AVAILABLE: NewGamesAvailable,
+    EventType.NEW_ITEMS_AVAILABLE: NewItemsAvailable,
     EventType.TRAINING_THRESHOLD_REACHED: TrainingThresholdReached,
     EventType.TRAINING_STARTED: TrainingStarted,
     EventType.TRAINING_COMPLETED: TrainingCompleted,

@@ -19,7 +19,7 @@ from typing import Any
 
 from app.config import Settings
 from app.coordination.daemons.backoff import is_crash_loop, restart_delay, should_reset_backoff
-from app.coordination.daemons.registry import DaemonContext, DaemonSpec
+from app.coordination.daemons.daemon_registry import DaemonContext, DaemonSpec
 from app.coordination.daemons.event_router import EventRouter
 from app.coordination.daemons.events import EventType
 from app.coordination.daemons.metrics import Metrics
@@ -213,7 +213,7 @@ class DaemonManager:
 
         return DaemonContext(
             name=st.spec.name,
-            settings=dict(st.spec.settings),
+            settings=st.spec.settings,
             router=self.router,
             app_settings=self.settings,
             stopping=st.stopping,

@@ -52,6 +52,22 @@ class _NodeBound:
         self._metric.labels(self._node).observe(value)
 
 
+class _Both:
+    """A series under its name and, for one release, under the name it had before: the same
+    value exported twice, so dashboards and alerts can move to the new name at their pace."""
+
+    def __init__(self, current: _NodeBound, deprecated: _NodeBound) -> None:
+        self._pair = (current, deprecated)
+
+    def set(self, value: float) -> None:
+        for metric in self._pair:
+            metric.set(value)
+
+    def inc(self, amount: float = 1.0) -> None:
+        for metric in self._pair:
+            metric.inc(amount)
+
+
 class _Views(Collector):
     """Series computed at scrape time from callbacks (daemon states, mesh view)."""
 
@@ -79,6 +95,13 @@ class _Views(Collector):
             fam.add_metric([self.node], float(value))
             yield fam
 
+
+# Old name -> new name: exported with the same value for one release, then removed.
+DEPRECATED_ALIASES = {
+    "mesh_selfplay_games_total": "mesh_selfplay_items_total",
+    "mesh_selfplay_positions_total": "mesh_selfplay_samples_total",
+    "mesh_selfplay_positions_per_second": "mesh_selfplay_samples_per_second",
+}
 
 # What the orchestrator's mesh view may report (name without namespace -> help).
 MESH_VIEW_HELP = {
@@ -114,10 +137,17 @@ class Metrics:
             return _NodeBound(Gauge(f"{n}_{name}", doc, ["node", *labels], registry=r), node)
 
         # Pipeline. (Counter names are given without `_total`: prometheus-client appends it.)
-        self.games_total = counter("selfplay_games", "Self-play games finished on this node.")
-        self.positions_total = counter("selfplay_positions", "Self-play positions generated on this node.")
-        self.positions_per_second = gauge("selfplay_positions_per_second",
-                                          "Self-play positions per second over the latest batch.")
+        # Self-play counts items (games, or rollout groups) and samples (positions, or
+        # completions); the game names are deprecated aliases with the same values (DEPRECATED_ALIASES).
+        self.selfplay_items_total = _Both(
+            counter("selfplay_items", "Self-play items (games or rollout groups) stored on this node."),
+            counter("selfplay_games", "Deprecated alias of mesh_selfplay_items_total (one release)."))
+        self.selfplay_samples_total = _Both(
+            counter("selfplay_samples", "Self-play samples (positions or completions) generated on this node."),
+            counter("selfplay_positions", "Deprecated alias of mesh_selfplay_samples_total (one release)."))
+        self.selfplay_samples_per_second = _Both(
+            gauge("selfplay_samples_per_second", "Self-play samples per second over the latest batch."),
+            gauge("selfplay_positions_per_second", "Deprecated alias of mesh_selfplay_samples_per_second (one release)."))
         self.selfplay_workers = gauge("selfplay_workers", "Self-play worker processes that played the latest batch.")
         self.training_loss = gauge("training_loss", "Held-out loss of the latest training run on this node.")
         self.elo = gauge("model_elo", "Estimated Elo rating of a model generation.", "generation")

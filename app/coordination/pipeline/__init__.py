@@ -2,6 +2,8 @@
 daemons on one node and as claims and decisions across the mesh.
 
     state.py              PipelineState: the persisted stage machine (resume, not repeat)
+    steps.py              the seam: what a workload provides (WorkloadSteps and its parts, optional
+                          capabilities) and what it reads of the pipeline (Pipe, Cluster)
     context.py            PipelineContext: what the daemons of one node share
     runners.py            one async runner per pipeline daemon (the runner table)
     runner_settings.py    each daemon's typed settings with their one default

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -30,6 +29,7 @@ from app.coordination.p2p.schemas import Token
 from app.coordination.p2p.server import BadRequest, parse_body, same_sender
 from app.coordination.p2p.worker import Claim, WorkClient
 from app.coordination.pipeline.context import PipelineContext
+from app.coordination.pipeline.steps import GenerationClaim, ReportsStatus
 from app.coordination.pipeline.dashboard_feed import generation_stats
 from app.coordination.pipeline.rollback import (
     ROLLBACK_PREFIX, RollbackLog, RollbackRecord, effective_records, rollback_routes,
@@ -51,18 +51,10 @@ class DecisionRequest(BaseModel):
     record: dict[str, Any]
 
 
-@dataclass
-class GenerationClaim:
-    claim: Claim
-    generation: int
-    games_mark: int
-
-
 class ClusterPipeline:
-    def __init__(self, node: MeshNode, pipe: PipelineContext, threshold: int) -> None:
+    def __init__(self, node: MeshNode, pipe: PipelineContext) -> None:
         self.node = node
         self.pipe = pipe
-        self.threshold = threshold
         self.generations = GenerationLog(pipe.paths.data_dir / "generations.json")
         self.rollbacks = RollbackLog(pipe.paths.data_dir / "rollbacks.json")  # quorum-decided (rollback.py)
         self.work: WorkClient | None = None
@@ -78,12 +70,12 @@ class ClusterPipeline:
         steps = self.pipe.steps
         state = self.pipe.state
         return {
-            **steps.created_counts(self.pipe),  # games_created, positions_created, games_max_id
-            **steps.node_status(self.pipe),  # lm: the inference engines' weight versions
+            **steps.items.created_counts(self.pipe.node_id),  # games_created, positions_created, games_max_id
+            **(steps.node_status(self.pipe) if isinstance(steps, ReportsStatus) else {}),  # lm: its engines
             "quorum_level": self.node.quorum_level.value,  # for other nodes' dashboards
             "gen_stats": generation_stats(self.pipe.paths),  # Elo interval and loss per model sha
             **({"work": self.node.queue.summary()} if self.node.is_leader else {}),
-            "models": steps.installed_models(self.pipe),
+            "models": steps.models.installed(),
             "best_sha256": state.best_sha256, "best_generation": state.best_generation,
             "generations": self.generations.to_json()[-RECORDS_GOSSIPED:],
             "rollbacks": self.rollbacks.to_json()[-RECORDS_GOSSIPED:],
@@ -140,7 +132,7 @@ class ClusterPipeline:
                     if record.promoted and router is not None:
                         await router.publish(EventType.MODEL_PROMOTED, {
                             "generation": generation, "sha256": record.sha256,
-                            "path": str(self.pipe.steps.installed_path(self.pipe, record.sha256))})
+                            "path": str(self.pipe.steps.models.installed_path(record.sha256))})
             except Exception:  # noqa: BLE001 - gossip content must never stop the node
                 log.exception("inventory_publish_failed")
             await asyncio.sleep(interval_s)
@@ -150,7 +142,7 @@ class ClusterPipeline:
         self.absorb(view)
         alive = {s.node_id for s in view.alive()}
         train = self.pipe.settings.train
-        return schedule(summarize(view.nodes, alive), self.effective_records(), self.threshold,
+        return schedule(summarize(view.nodes, alive), self.effective_records(), self.pipe.export_threshold,
                         ttl=self.node.timing.claim_ttl, max_nodes=train.max_nodes,
                         span_cpu_nodes=train.span_cpu_nodes) + gauntlet_specs(
             {nid: s.inventory for nid, s in view.nodes.items()}, alive, self.effective_records(),

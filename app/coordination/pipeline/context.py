@@ -1,8 +1,10 @@
-"""What the pipeline daemons of one node share: file layout, the persisted stage, wake-ups.
+"""What the pipeline daemons of one node share: the workload, file layout, the persisted
+stage, the export threshold, wake-ups.
 
 The daemons never call each other. They share this object only for reading the persisted
 `PipelineState` and applying pure transitions to it under one lock, so two daemons cannot
 interleave a read-modify-write; everything else between them goes over the event router.
+Everything else on it is fixed when the node starts.
 """
 
 from __future__ import annotations
@@ -13,23 +15,23 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
-
 from app.config import Settings
 from app.config.paths import NodePaths
-from app.coordination.daemons.registry import DaemonContext
+from app.coordination.daemons.daemon_registry import DaemonContext
 from app.coordination.daemons.event_router import Event
 from app.coordination.daemons.events import EventType
 from app.coordination.pipeline.state import PipelineState, PipelineStateStore
+from app.coordination.pipeline.steps import Cluster, WorkloadSteps
 
 TEST_HOLD_ENV = "SELFPLAY_MESH_TEST_HOLD_STAGE"  # see PipelineContext._test_hold; unset in production
 
 
 class PipelineContext:
-    """One per node process; created by the orchestrator (steps.pipeline_context) and handed to
-    the pipeline runners."""
+    """One per node process; created by the orchestrator (app/workloads.py: pipeline_context)
+    and handed to the pipeline runners. It is the `steps.Pipe` a workload's steps read."""
 
-    def __init__(self, settings: Settings, steps: Any, config_path: Path | None = None) -> None:
+    def __init__(self, settings: Settings, steps: WorkloadSteps, export_threshold: int,
+                 config_path: Path | None = None) -> None:
         self.settings = settings
         self.config_path = config_path  # handed to training subprocesses (model/train sections)
         self.paths = NodePaths(Path(settings.node.data_dir), settings.node.db_url)
@@ -38,16 +40,18 @@ class PipelineContext:
         self._state = self._store.load()
         self._lock = asyncio.Lock()
         self._changed = asyncio.Condition()
-        self.cluster: Any = None  # a ClusterPipeline when the node is part of a mesh with peers
-        # what each stage does for this node's workload: a steps.WorkloadSteps (pipeline_context
-        # in steps.py builds both; the steps module reads this one, so it cannot be named here)
-        self.steps = steps
+        self.cluster: Cluster | None = None  # a ClusterPipeline when the node is part of a mesh with peers
+        self.steps = steps  # what each stage does for this node's workload
+        # new items (games, rollout groups) that start a generation on a lone node, and where the
+        # leader schedules one in a cluster: the workload's reading of its setting, made once
+        self._export_threshold = export_threshold
         # the node's drain has begun (the orchestrator hands in DaemonManager.wait_draining); only
         # the test fault point `_test_hold` waits on it
         self.wait_draining: Callable[[], Awaitable[None]] | None = None
-        # new games that start a generation on a lone node: the export daemon sets it when it
-        # starts; self-play reads it to know when the trainer is about to need a core
-        self.export_threshold: int | None = None
+
+    @property
+    def export_threshold(self) -> int:
+        return self._export_threshold
 
     @property
     def node_id(self) -> str:
@@ -114,9 +118,9 @@ class PipelineContext:
             return len(self.cluster.generations.records)
         return self._state.decided
 
-    def newest_game_id(self) -> int:
+    def newest_item_id(self) -> int:
         """The newest stored game's (or rollout group's) row id: the export's counter."""
-        return self.steps.newest_item_id(self)
+        return self.steps.items.newest_id()
 
 
 def wake_on(ctx: DaemonContext, *event_types: EventType) -> asyncio.Event:

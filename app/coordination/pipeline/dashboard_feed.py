@@ -119,13 +119,13 @@ class DashboardFeed:
     def _read_disk(self) -> _Cache:
         paths = self.pipe.paths
         cache = _Cache(local_stats=generation_stats(paths))
-        counts = self.pipe.steps.created_counts(self.pipe)
+        counts = self.pipe.steps.items.created_counts(self.pipe.node_id)
         cache.local_games = counts["games_created"]
         cache.local_positions = counts["positions_created"]
         best = self.pipe.state.best_sha256
         if best is not None:
             try:
-                cache.best_installed_at = os.stat(self.pipe.steps.installed_path(self.pipe, best)).st_mtime
+                cache.best_installed_at = os.stat(self.pipe.steps.models.installed_path(best)).st_mtime
             except OSError:
                 cache.best_installed_at = None
         if self.pipe.cluster is None and paths.registry_db.exists():

@@ -46,7 +46,7 @@ async def show_progress(pipe: PipelineContext, metrics: Metrics, interval_s: flo
         state = pipe.state
         if state.evaluation:
             last_gauntlet = summarize_evaluation(state.evaluation)
-        games = await asyncio.to_thread(pipe.newest_game_id)
+        games = await asyncio.to_thread(pipe.newest_item_id)
         loss = metrics.value("mesh_training_loss")
         line = describe(state, games, loss or None, last_gauntlet)
         if line != last_line:

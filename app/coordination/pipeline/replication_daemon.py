@@ -2,7 +2,7 @@
 
 Two loops. The push loop (app/coordination/sync/replica_push.py) sends each game this node
 finishes to its holders the moment it is stored: it looks every `push_poll_s` (and at once when
-self-play publishes NEW_GAMES_AVAILABLE), so a node that dies loses at most what it made in
+self-play publishes NEW_ITEMS_AVAILABLE), so a node that dies loses at most what it made in
 the last instant. Anti-entropy rounds (app/coordination/sync/replication.py) are the repair:
 each pulls from the alive peers the games this node should hold (and, with `prefetch`, the
 rest, so a claimant exports without a long pull), then publishes what it found: the node's
@@ -23,8 +23,8 @@ from typing import Any
 from pydantic import Field
 
 from app.config import StrictModel
+from app.coordination.daemons.daemon_registry import DaemonContext
 from app.coordination.daemons.events import EventType
-from app.coordination.daemons.registry import DaemonContext
 from app.coordination.p2p.node import MeshNode
 from app.coordination.pipeline.context import PipelineContext, wake_on
 from app.coordination.sync.ranges import effective_factor
@@ -48,8 +48,8 @@ class ReplicationSettings(StrictModel):
     push_max_bytes: int = Field(512 * 1024, ge=4096, le=1 << 20)  # games' JSON per push request
 
 
-async def replication_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
-    cfg = ReplicationSettings.model_validate(ctx.settings)
+async def replication_daemon(pipe: PipelineContext, ctx: DaemonContext[ReplicationSettings]) -> None:
+    cfg = ctx.settings
     cluster = pipe.cluster
     if cluster is None:  # lone node: one copy is the factor
         ctx.metrics.games_under_replicated.set(0)
@@ -59,7 +59,7 @@ async def replication_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
                 return
     node = cluster.node
     factor = effective_factor(pipe.settings.replication.factor, clustered=True)
-    store_name, store = await asyncio.to_thread(pipe.steps.replica_store, pipe)  # games, or LM rollouts
+    store_name, store = await asyncio.to_thread(pipe.steps.items.replica)  # games, or LM rollouts
     replicator = Replicator(
         pipe.node_id, node.client, store, factor=factor, store_name=store_name, prefetch=cfg.prefetch,
         batch=cfg.batch_games,
@@ -70,7 +70,7 @@ async def replication_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
                     max_bytes=cfg.push_max_bytes, timeout=cfg.timeout_s)
     pusher.on_replicated = ctx.metrics.replication_lag_seconds.observe
     pushing = asyncio.create_task(push_loop(node, pusher, replicator, cfg.push_poll_s,
-                                            wake_on(ctx, EventType.NEW_GAMES_AVAILABLE), ctx,
+                                            wake_on(ctx, EventType.NEW_ITEMS_AVAILABLE), ctx,
                                             cluster)) if cfg.push else None
     ctx.mark_healthy()
     try:

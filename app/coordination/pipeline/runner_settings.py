@@ -22,7 +22,7 @@ class Polled(StrictModel):
 
 
 class SelfplaySettings(StrictModel):
-    batch_games: int = Field(64, ge=1)  # games per self-play call (the NEW_GAMES_AVAILABLE granularity)
+    batch_games: int = Field(64, ge=1)  # games per self-play call (the NEW_ITEMS_AVAILABLE granularity; lm: lm.rollout.batch_groups)
     simulations: int = Field(0, ge=0)  # 0: search.simulations of the node config
     pause_while_evaluating: bool = True  # two cores: leave them to the gauntlet
     # seconds of rest after each batch: 0 keeps a core playing; a machine shared with other

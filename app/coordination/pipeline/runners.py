@@ -15,7 +15,7 @@ import asyncio
 import functools
 from pathlib import Path
 
-from app.coordination.daemons.registry import DaemonContext, RunnerEntry
+from app.coordination.daemons.daemon_registry import DaemonContext, RunnerEntry
 from app.coordination.daemons.events import EventType
 from app.coordination.pipeline.shard_worker import gauntlet_shards_daemon
 from app.coordination.pipeline.generation_log import GenerationRecord
@@ -31,11 +31,12 @@ from app.coordination.pipeline.runner_settings import (
     ClaimPolled, ExportSettings, Polled, SelfplaySettings, TrainSettings,
 )
 from app.coordination.pipeline.state import Stage
+from app.coordination.pipeline.steps import Cluster, PullsBeforeExport, ReportsStatus, Verdict
 from app.training.promotion import PromotionError, promote_model, reject_model, rollback_model
 from app.log import get_logger
 
 
-async def selfplay_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
+async def selfplay_daemon(pipe: PipelineContext, ctx: DaemonContext[SelfplaySettings]) -> None:
     """Plays batches of games (or rollout groups) with the current best model (the untrained
     one before the first)."""
     cfg = ctx.settings
@@ -43,67 +44,66 @@ async def selfplay_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
     try:
         while not ctx.stopping.is_set():
             state = pipe.state
-            if cfg["pause_while_evaluating"] and state.stage is Stage.TRAINED:
+            if cfg.pause_while_evaluating and state.stage is Stage.TRAINED:
                 await pipe.wait_for_change(1.0)  # two cores: leave them to the gauntlet
                 ctx.mark_healthy()
                 continue
             summary = await asyncio.to_thread(pipe.steps.selfplay_batch, pipe, cfg, ctx.stopping.is_set)
-            total = await asyncio.to_thread(pipe.newest_game_id)
-            ctx.metrics.games_total.inc(summary.items)
-            ctx.metrics.positions_total.inc(summary.positions)
-            ctx.metrics.positions_per_second.set(summary.positions_per_second)
+            total = await asyncio.to_thread(pipe.newest_item_id)
+            ctx.metrics.selfplay_items_total.inc(summary.items)
+            ctx.metrics.selfplay_samples_total.inc(summary.samples)
+            ctx.metrics.selfplay_samples_per_second.set(summary.samples_per_second)
             ctx.metrics.selfplay_workers.set(summary.workers)
             if summary.items:
-                await ctx.router.publish(EventType.NEW_GAMES_AVAILABLE, {"count": summary.items, "total": total})
+                await ctx.router.publish(EventType.NEW_ITEMS_AVAILABLE, {"count": summary.items, "total": total})
             ctx.mark_healthy()
-            if cfg["rest_s"] and await ctx.sleep(cfg["rest_s"]):
+            if cfg.rest_s and await ctx.sleep(cfg.rest_s):
                 break
     finally:
-        pipe.steps.close_selfplay(pipe)  # takes no lock: returns within seconds even mid-batch
+        pipe.steps.close_selfplay()  # takes no lock: returns within seconds even mid-batch
 
 
-async def export_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
+async def export_daemon(pipe: PipelineContext, ctx: DaemonContext[ExportSettings]) -> None:
     """Turns the newest games into a dataset when a generation is due: enough new local games
     on a lone node; a training claim from the leader in a cluster (after pulling peers' games).
     A decided generation wakes it too: the games that arrived while the last one trained are
     often enough already, and waiting for the next batch or the poll left the node idle."""
-    wake = wake_on(ctx, EventType.NEW_GAMES_AVAILABLE, EventType.LEADER_ELECTED, EventType.QUORUM_CHANGED,
+    wake = wake_on(ctx, EventType.NEW_ITEMS_AVAILABLE, EventType.LEADER_ELECTED, EventType.QUORUM_CHANGED,
                    EventType.MODEL_PROMOTED, EventType.PROMOTION_REJECTED)
-    threshold = pipe.steps.export_threshold(pipe, ctx.settings)
-    pipe.export_threshold = threshold
     if pipe.cluster is not None and pipe.state.stage is not Stage.COLLECTING and pipe.cluster.current is None:
         await pipe.update(ps.abandoned)  # a restart lost the claim: the leader reschedules it
     ctx.mark_healthy()
     while True:
         if pipe.state.stage is Stage.COLLECTING:
             if pipe.cluster is not None:
-                await _export_claimed_generation(pipe, ctx)
+                await _export_claimed_generation(pipe, pipe.cluster, ctx)
             else:
-                await _export_if_due(pipe, ctx, threshold)
+                await _export_if_due(pipe, ctx)
         ctx.mark_healthy()
-        if await wait_for_wake(ctx, wake, ctx.settings["poll_s"]):
+        if await wait_for_wake(ctx, wake, ctx.settings.poll_s):
             return
 
 
-async def _export_if_due(pipe: PipelineContext, ctx: DaemonContext, threshold: int) -> None:
-    newest = await asyncio.to_thread(pipe.newest_game_id)
+async def _export_if_due(pipe: PipelineContext, ctx: DaemonContext[ExportSettings]) -> None:
+    newest = await asyncio.to_thread(pipe.newest_item_id)
     state = pipe.state
-    if ps.should_export(state, newest, threshold):
-        await _export(pipe, ctx, state.generation, newest, newest - state.export_mark, threshold)
+    if ps.should_export(state, newest, pipe.export_threshold):
+        await _export(pipe, ctx, state.generation, newest, newest - state.export_mark, pipe.export_threshold)
 
 
-async def _export_claimed_generation(pipe: PipelineContext, ctx: DaemonContext) -> None:
-    claim = await pipe.cluster.claim_generation()
+async def _export_claimed_generation(pipe: PipelineContext, cluster: Cluster, ctx: DaemonContext[ExportSettings]) -> None:
+    claim = await cluster.claim_generation()
     if claim is None:
         return
-    synced = await pipe.steps.sync_before_export(pipe, float(ctx.settings["sync_budget_s"]))
-    ctx.log.info("games_synced", generation=claim.generation, **synced)
-    newest = await asyncio.to_thread(pipe.newest_game_id)
+    if isinstance(pipe.steps, PullsBeforeExport):  # else the items arrive by replication alone
+        synced = await pipe.steps.sync_before_export(cluster.node, ctx.settings.sync_budget_s)
+        ctx.log.info("games_synced", generation=claim.generation, **synced)
+    newest = await asyncio.to_thread(pipe.newest_item_id)
     await pipe.update(lambda s: ps.adopt_generation(s, claim.generation))
     await _export(pipe, ctx, claim.generation, newest, claim.games_mark, 0)
 
 
-async def _export(pipe: PipelineContext, ctx: DaemonContext, generation: int, newest: int,
+async def _export(pipe: PipelineContext, ctx: DaemonContext[ExportSettings], generation: int, newest: int,
                   new_games: int, threshold: int) -> None:
     out = pipe.paths.datasets_dir / f"gen_{generation:04d}"
     sha, items = await asyncio.to_thread(pipe.steps.export, pipe, generation, out)
@@ -113,7 +113,7 @@ async def _export(pipe: PipelineContext, ctx: DaemonContext, generation: int, ne
         "generation": state.generation, "new_games": max(0, new_games), "threshold": threshold})
 
 
-async def train_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
+async def train_daemon(pipe: PipelineContext, ctx: DaemonContext[TrainSettings]) -> None:
     """Trains the candidate of an exported generation; resumes an interrupted run."""
     wake = wake_on(ctx, EventType.TRAINING_THRESHOLD_REACHED)
     failures = 0
@@ -130,7 +130,7 @@ async def train_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
                 return  # interrupted: the run dir keeps its checkpoint for the restart
             if outcome.error is None:
                 failures = 0
-                sha = await asyncio.to_thread(pipe.steps.register_candidate, pipe, outcome.candidate_path)
+                sha = await asyncio.to_thread(_register_candidate, pipe, outcome.candidate_path, state.generation)
                 state = await pipe.update(lambda s: ps.trained(s, outcome.candidate_path, sha))
                 if outcome.final_loss is not None:
                     ctx.metrics.training_loss.set(outcome.final_loss)
@@ -143,17 +143,17 @@ async def train_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
                 await pipe.update(ps.training_failed)
                 await ctx.router.publish(EventType.TRAINING_FAILED, {
                     "generation": state.generation, "node_id": pipe.node_id, "error": outcome.error[-2000:]})
-                if failures >= ctx.settings["max_failures"]:
+                if failures >= ctx.settings.max_failures:
                     raise RuntimeError(f"training of generation {state.generation} failed {failures} times: {outcome.error[-500:]}")
                 if await ctx.sleep(min(60.0, 2.0 ** failures)):
                     return
                 continue
         ctx.mark_healthy()
-        if await wait_for_wake(ctx, wake, ctx.settings["poll_s"]):
+        if await wait_for_wake(ctx, wake, ctx.settings.poll_s):
             return
 
 
-async def gauntlet_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
+async def gauntlet_daemon(pipe: PipelineContext, ctx: DaemonContext[Polled]) -> None:
     """Evaluates a trained candidate: the gauntlet against baselines and the current best, or
     (language models) held-out prompts paired against the best."""
     wake = wake_on(ctx, EventType.TRAINING_COMPLETED)
@@ -170,11 +170,11 @@ async def gauntlet_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
                 "generation": state.generation, "candidate_sha256": state.candidate_sha256,
                 "passed": evaluation.passed, "results": evaluation.results})
         ctx.mark_healthy()
-        if await wait_for_wake(ctx, wake, ctx.settings["poll_s"]):
+        if await wait_for_wake(ctx, wake, ctx.settings.poll_s):
             return
 
 
-async def promote_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
+async def promote_daemon(pipe: PipelineContext, ctx: DaemonContext[Polled]) -> None:
     """Applies the promotion gates to an evaluated candidate and records the decision; in a
     cluster the decision counts only once the leader committed it through a voter quorum."""
     wake = wake_on(ctx, EventType.EVALUATION_COMPLETED, EventType.QUORUM_CHANGED)
@@ -190,8 +190,8 @@ async def promote_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
             generation, sha, path = state.generation, state.candidate_sha256, state.candidate_path
             if pipe.cluster is not None:
                 if decision.promote:  # installed first, so peers can fetch it once it is committed
-                    await asyncio.to_thread(pipe.steps.install, pipe, path, sha)
-                committed, why = await pipe.cluster.propose(cluster_record(pipe, state, decision))
+                    await asyncio.to_thread(pipe.steps.models.install, path, sha)
+                committed, why = await pipe.cluster.propose(cluster_record(pipe, pipe.cluster, state, decision))
                 if not committed:
                     ctx.log.warning("decision_not_committed", generation=generation, why=why)
                     await asyncio.to_thread(_record_decision, pipe, sha, False, f"not committed: {why}")
@@ -208,17 +208,25 @@ async def promote_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
                     "generation": generation, "candidate_sha256": sha, "reason": decision.summary()})
             ctx.log.info("generation_decided", generation=generation, promoted=decision.promote, why=decision.summary())
         ctx.mark_healthy()
-        if await wait_for_wake(ctx, wake, ctx.settings["poll_s"]):
+        if await wait_for_wake(ctx, wake, ctx.settings.poll_s):
             return
 
 
-def cluster_record(pipe: PipelineContext, state: ps.PipelineState, decision) -> GenerationRecord:
-    claim = pipe.cluster.current
+def cluster_record(pipe: PipelineContext, cluster: Cluster, state: ps.PipelineState,
+                   decision: Verdict) -> GenerationRecord:
+    claim = cluster.current
+    steps = pipe.steps
     return GenerationRecord(
         generation=state.generation, sha256=state.candidate_sha256, promoted=decision.promote,
         games_mark=claim.games_mark if claim is not None else 0, trained_by=pipe.node_id,
-        reason=decision.summary()[:500], heldout=pipe.steps.heldout(state.evaluation),
+        reason=decision.summary()[:500],
+        heldout=steps.heldout(state.evaluation) if isinstance(steps, ReportsStatus) else None,
     )
+
+
+def _register_candidate(pipe: PipelineContext, path: str, generation: int) -> str:
+    with ModelRegistry(pipe.paths.registry_db) as registry:
+        return pipe.steps.models.register_candidate(registry, path, generation)
 
 
 def _record_decision(pipe: PipelineContext, sha256: str, promote: bool, reason: str) -> None:
@@ -230,7 +238,7 @@ def _record_decision(pipe: PipelineContext, sha256: str, promote: bool, reason: 
         (promote_model if promote else reject_model)(registry, sha256, reason)
 
 
-async def distribution_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
+async def distribution_daemon(pipe: PipelineContext, ctx: DaemonContext[Polled]) -> None:
     """Installs the current best model in the node's model store and switches self-play to it:
     the registry's best on a lone node; in a cluster the newest committed promotion, fetched by
     sha256 from any peer that has it (a corrupt copy is refused and fetched elsewhere)."""
@@ -245,34 +253,36 @@ async def distribution_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None
         if target is not None:
             sha, path, generation = target
             await pipe.update(lambda s: ps.switched_best(s, sha, str(path), generation))
-            await pipe.steps.switched(pipe, sha, path, generation)
+            await pipe.steps.models.switched(sha, path, generation)
             ctx.metrics.generation.set(generation)
             await ctx.router.publish(EventType.MODEL_DISTRIBUTED, {
                 "generation": generation, "sha256": sha, "node_id": pipe.node_id, "path": str(path)})
             ctx.log.info("model_switched", generation=generation, sha256=sha[:12])
         ctx.mark_healthy()
-        if await wait_for_wake(ctx, wake, ctx.settings["poll_s"]):
+        if await wait_for_wake(ctx, wake, ctx.settings.poll_s):
             return
 
 
 async def _target_best(pipe: PipelineContext) -> tuple[str, Path, int] | None:
     """(sha256, installed path, generation) of the model self-play should use, or None."""
-    switched = lambda sha: pipe.state.best_path == str(pipe.steps.installed_path(pipe, sha))  # noqa: E731
-    if pipe.cluster is None:
+    models = pipe.steps.models
+    switched = lambda sha: pipe.state.best_path == str(models.installed_path(sha))  # noqa: E731
+    cluster = pipe.cluster
+    if cluster is None:
         best = await asyncio.to_thread(_current_best, pipe)
         if best is None or switched(best[0]):
             return None
         sha, src, generation = best
-        return sha, await asyncio.to_thread(pipe.steps.install, pipe, src, sha), generation
-    record = pipe.cluster.target_best()
+        return sha, await asyncio.to_thread(models.install, src, sha), generation
+    record = cluster.target_best()
     # an older target only after a quorum-decided rollback of what this node plays (rollback.py)
-    rolled_back = pipe.state.best_generation in pipe.cluster.rollbacks.records
+    rolled_back = pipe.state.best_generation in cluster.rollbacks.records
     if record is None or (record.generation < pipe.state.best_generation and not rolled_back) \
             or switched(record.sha256):
         return None
-    if not await asyncio.to_thread(pipe.steps.is_installed, pipe, record.sha256):
-        await pipe.steps.fetch(pipe, record.sha256)
-    path = pipe.steps.installed_path(pipe, record.sha256)
+    if not await asyncio.to_thread(models.is_installed, record.sha256):
+        await models.fetch(cluster.node, record.sha256)
+    path = models.installed_path(record.sha256)
     if rolled_back:  # back to an earlier model: the registry follows as a rollback, not a promotion
         await asyncio.to_thread(_registry_rollback, pipe, record.sha256, pipe.state.best_generation)
     else:
@@ -289,7 +299,7 @@ def _current_best(pipe: PipelineContext) -> tuple[str, str, int] | None:
 def _register_promoted(pipe: PipelineContext, path: Path, generation: int, reason: str) -> None:
     """Record a model the cluster promoted in this node's registry, so /progress agrees."""
     with ModelRegistry(pipe.paths.registry_db) as registry:
-        entry = registry.require(pipe.steps.register_installed(registry, path, generation))
+        entry = registry.require(pipe.steps.models.register_installed(registry, path, generation))
         if entry.status is ModelStatus.CANDIDATE:
             promote_model(registry, entry.sha256, f"committed by the cluster: {reason}"[:500])
 

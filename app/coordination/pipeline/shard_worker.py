@@ -21,17 +21,18 @@ from app.coordination.sync import ModelFetchError, fetch_from_mesh
 from app.log import get_logger
 from app.training.gauntlet import GauntletStopped
 from app.training.gauntlet_shard import ShardResult, play_shard
+from app.coordination.pipeline.runner_settings import ClaimPolled
 from app.coordination.pipeline.state import Stage
+from app.coordination.pipeline.steps import Cluster
 
 if TYPE_CHECKING:
-    from app.coordination.pipeline.cluster import ClusterPipeline
-    from app.coordination.daemons.registry import DaemonContext
+    from app.coordination.daemons.daemon_registry import DaemonContext
     from app.coordination.pipeline.context import PipelineContext
 
 log = get_logger(__name__)
 
 
-async def claim_shard(cluster: "ClusterPipeline") -> Claim | None:
+async def claim_shard(cluster: Cluster) -> Claim | None:
     return await cluster.work_client().claim(kinds=[GAUNTLET_KIND])
 
 
@@ -76,7 +77,7 @@ async def play_claimed_shard(pipe: "PipelineContext", claim: Claim, workers: int
     return result
 
 
-async def gauntlet_shards_daemon(pipe: "PipelineContext", ctx: "DaemonContext") -> None:
+async def gauntlet_shards_daemon(pipe: "PipelineContext", ctx: "DaemonContext[ClaimPolled]") -> None:
     """Plays other nodes' gauntlet shards whenever this node has no generation of its own in
     flight (the claimant plays its shards from its gauntlet); nothing to do on a lone node."""
     wake = wake_on(ctx, EventType.LEADER_ELECTED)  # a new leader cut the shards anew
@@ -89,6 +90,6 @@ async def gauntlet_shards_daemon(pipe: "PipelineContext", ctx: "DaemonContext") 
             ctx.mark_healthy()
             continue
         ctx.mark_healthy()
-        if await wait_for_wake(ctx, wake, float(ctx.settings["poll_s"])):
+        if await wait_for_wake(ctx, wake, ctx.settings.poll_s):
             return
     await ctx.stopping.wait()

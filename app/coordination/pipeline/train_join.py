@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from app.atomic_files import atomic_write_json
-from app.coordination.daemons.registry import DaemonContext
+from app.coordination.daemons.daemon_registry import DaemonContext
 from app.coordination.p2p.work_rules import TRAINING_JOIN_KIND
 from app.coordination.p2p.worker import Claim, WorkClient
 from app.coordination.daemons.events import EventType
 from app.coordination.pipeline.context import PipelineContext, wait_for_wake, wake_on
+from app.coordination.pipeline.runner_settings import ClaimPolled
 from app.coordination.pipeline.training_job import SpanArgs, launcher_command, launcher_log_tail, run_launcher
 from app.coordination.pipeline.state import Stage
 
@@ -40,7 +41,7 @@ def join_run_dir(pipe: PipelineContext, generation: int) -> Path:
     return pipe.paths.runs_dir / f"join_gen_{generation:04d}"
 
 
-async def train_join_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
+async def train_join_daemon(pipe: PipelineContext, ctx: DaemonContext[ClaimPolled]) -> None:
     """Claims join items while this node is free (no generation of its own in flight); a new
     leader (LEADER_ELECTED) is asked at once, the poll is the safety net."""
     wake = wake_on(ctx, EventType.LEADER_ELECTED)
@@ -54,7 +55,7 @@ async def train_join_daemon(pipe: PipelineContext, ctx: DaemonContext) -> None:
                 await join_claimed(pipe, ctx, work, claim)
                 continue
         ctx.mark_healthy()
-        if await wait_for_wake(ctx, wake, float(ctx.settings["poll_s"])):
+        if await wait_for_wake(ctx, wake, ctx.settings.poll_s):
             return
 
 
@@ -82,16 +83,18 @@ async def join_claimed(pipe: PipelineContext, ctx: DaemonContext, work: WorkClie
 
 async def join_run(pipe: PipelineContext, ctx: DaemonContext, payload: dict[str, Any]) -> str | None:
     """Fetch what rank k needs and run it; None on success, else why it failed."""
+    if pipe.cluster is None:
+        return "this node left the cluster"
     node = pipe.cluster.node
     generation, rank = int(payload["generation"]), int(payload["node_rank"])
     claimant = str(payload["claimant"])
     addr = node.addr_of(claimant)
     if not addr:
         return f"no address known for the claimant {claimant}"
-    dataset_dir = await pipe.steps.fetch_dataset(pipe, str(payload["dataset_sha256"]), [addr])
+    dataset_dir = await pipe.steps.fetch_dataset(node, str(payload["dataset_sha256"]), [addr])
     parent = payload.get("parent_sha256")
     # fetch_model returns at once when the model is installed and verified
-    parent_path = await pipe.steps.fetch(pipe, parent) if parent else None
+    parent_path = await pipe.steps.models.fetch(node, parent) if parent else None
     run_dir = join_run_dir(pipe, generation)
     span = SpanArgs(int(payload["nnodes"]), rank, str(payload["master_addr"]), int(payload["master_port"]),
                     float(pipe.settings.train.join_timeout_s))

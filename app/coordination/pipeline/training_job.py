@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.coordination.daemons.registry import DaemonContext
+from app.coordination.daemons.daemon_registry import DaemonContext
 from app.coordination.pipeline.context import PipelineContext
 from app.free_ports import free_port
-from app.training.launcher import JOIN_TIMEOUT_EXIT
+from app.shared.launcher import JOIN_TIMEOUT_EXIT
 from app.coordination.pipeline.state import PipelineState
 
 _PR_SET_PDEATHSIG = 1
@@ -66,11 +66,11 @@ def _die_with_parent() -> None:
 def launcher_command(pipe: PipelineContext, *, run_dir: Path, dataset_dir: str | Path, generation: int,
                      parent: str | Path | None, nproc: int, span: SpanArgs | None = None) -> list[str]:
     """The launcher command line of one node's part of a training run (the whole run when alone)."""
-    cmd = [sys.executable, "-m", "app.training.launcher", "--nproc", str(nproc), "--log-dir", str(run_dir / "logs")]
+    cmd = [sys.executable, "-m", "app.shared.launcher", "--nproc", str(nproc), "--log-dir", str(run_dir / "logs")]
     if span is not None:
         cmd += ["--nnodes", str(span.nnodes), "--node-rank", str(span.node_rank), "--master-addr", span.master_addr,
                 "--master-port", str(span.master_port), "--join-timeout-s", str(span.join_timeout_s)]
-    cmd += ["--module", pipe.steps.train_module, "--", "--dataset", str(dataset_dir), "--run-dir", str(run_dir),
+    cmd += ["--module", pipe.steps.training.module, "--", "--dataset", str(dataset_dir), "--run-dir", str(run_dir),
             "--resume", "auto", "--generation", str(generation)]
     if pipe.config_path is not None:
         cmd += ["--config", str(pipe.config_path)]
@@ -123,19 +123,19 @@ async def _train(pipe: PipelineContext, state: PipelineState, ctx: DaemonContext
     run_dir = Path(state.run_dir)
     cmd = training_command(pipe, state, int(pipe.settings.train.nproc), span)
     code = await run_launcher(cmd, run_dir, ctx)
-    candidate = run_dir / pipe.steps.candidate_name
+    candidate = run_dir / pipe.steps.training.candidate_name
     if code != 0 or not candidate.exists():
         return TrainingOutcome(str(candidate), error=f"launcher exit code {code}: {launcher_log_tail(run_dir)}"), code
     final_loss = None
-    result_file = run_dir / pipe.steps.result_name
+    result_file = run_dir / pipe.steps.training.result_name
     if result_file.exists():
-        final_loss = pipe.steps.final_loss(json.loads(result_file.read_text()))
+        final_loss = pipe.steps.training.final_loss(json.loads(result_file.read_text()))
     return TrainingOutcome(str(candidate), final_loss=final_loss), code
 
 
 def claimed_nnodes(pipe: PipelineContext, state: PipelineState) -> int:
     """How many nodes the training claim for this generation asks to span (1 when alone)."""
-    current = getattr(pipe.cluster, "current", None)
+    current = pipe.cluster.current if pipe.cluster is not None else None
     if current is None or current.generation != state.generation:
         return 1
     return max(1, int(current.claim.item.payload.get("nnodes", 1) or 1))
@@ -153,8 +153,8 @@ async def run_training(pipe: PipelineContext, state: PipelineState, ctx: DaemonC
     Path(state.run_dir).mkdir(parents=True, exist_ok=True)
     nnodes = claimed_nnodes(pipe, state)
     ctx.log.info("training_started", generation=state.generation, run_dir=str(state.run_dir), nnodes=nnodes)
-    if nnodes > 1:
-        cluster = pipe.cluster
+    cluster = pipe.cluster
+    if nnodes > 1 and cluster is not None and cluster.current is not None:  # claimed_nnodes: both are
         host = cluster.node.addr.rsplit(":", 1)[0]
         return await train_spanned(pipe, state, ctx, nnodes, host, cluster.announce_rendezvous,
                                    cluster.current.claim.item.item_id)

@@ -15,18 +15,18 @@ import hashlib
 import json
 import os
 import re
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
 
-from app.atomic_files import fsync_dir
+from app.atomic_files import replace_dir
 from app.coordination.p2p.client import MeshClient
 from app.coordination.sync.streaming import CHUNK, FetchError, PeerFailed, download, first_verified_copy
 from app.coordination.sync.wire import is_sha256
 from app.log import get_logger
-from app.training.dataset import MANIFEST_NAME, DatasetError, file_digest, read_manifest
+from app.shared.manifests import MANIFEST_NAME, verify_dir
+from app.training.dataset import read_manifest
 
 log = get_logger(__name__)
 MAX_MANIFEST_BYTES = 1 << 20
@@ -46,21 +46,8 @@ def installed_dataset(datasets_dir: str | Path, sha256: str) -> Path:
 
 
 def verify_dataset(path: Path, sha256: str) -> str | None:
-    """None when `path` holds exactly dataset `sha256` (every listed file's digest checked),
-    else what is wrong, naming the file."""
-    try:
-        manifest, actual = read_manifest(path)
-    except DatasetError as exc:
-        return str(exc)
-    if actual != sha256:
-        return f"{path / MANIFEST_NAME}: hashes to {actual[:16]}, not {sha256[:16]}"
-    for name, entry in manifest["files"].items():
-        file = path / name
-        if not file.is_file():
-            return f"{file}: missing"
-        if file_digest(file) != entry.get("sha256"):
-            return f"{file}: sha256 does not match the manifest ({str(entry.get('sha256'))[:16]})"
-    return None
+    """The one manifest check (app/shared/manifests.verify_dir) with the NPZ dataset's reader."""
+    return verify_dir(path, sha256, read_manifest)
 
 
 async def fetch_dataset(
@@ -94,7 +81,7 @@ async def fetch_manifest_dir(
 
     async def fetch(session: aiohttp.ClientSession, addr: str, staging: Path) -> Path:
         await _fetch_into(client, session, addr, f"{route}/{sha256}", sha256, staging, max_file_bytes)
-        await asyncio.to_thread(_install, staging, final)
+        await asyncio.to_thread(replace_dir, staging, final)  # a bad copy there is moved aside
         return final
 
     return await first_verified_copy(what, sha256, peer_addrs, root, timeout, fetch, client)
@@ -141,14 +128,3 @@ async def _get(client: MeshClient, session: aiohttp.ClientSession, addr: str, pa
         return bytes(data)
 
 
-def _install(staging: Path, final: Path) -> None:
-    """Verified staging dir -> its final name; a bad copy already there is moved aside first."""
-    fsync_dir(staging)
-    old = None
-    if final.exists():
-        old = final.with_name(f".{final.name}.old{os.getpid()}")
-        os.replace(final, old)
-    os.replace(staging, final)
-    fsync_dir(final.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,203 @@
+"""The torchrun target of the LM workload: one generation's training (the game workload's is
+app/training/train.py).
+
+    python -m app.shared.launcher --nproc N --log-dir RUN/logs --module app.lm.train.generation -- \
+        --dataset D --run-dir RUN --resume auto --generation G --config CFG [--parent P]
+
+Every rank runs it; rank 0 alone writes. Generation 1 of `lm.grpo.mode: sft+rl` (no parent)
+first takes `lm.grpo.sft.steps` supervised steps on the task's demonstrations; then
+`lm.grpo.steps` GRPO steps on the groups of the exported rollout dataset (off-policy: against
+the log-probs stored with them): the one run of app/lm/train/sft_grpo.py, its rollouts drawn
+from the dataset (rollout_sources.StoredGroups). Checkpoints go to `RUN/sft` and `RUN/rl`, one
+line per step to `RUN/metrics.jsonl`; the same
+command after a kill continues from the newest complete checkpoint. At the end: the candidate
+`RUN/candidate/` (a Hugging Face directory with its manifest, renamed into place whole) and
+`RUN/result.json`. A run whose candidate already verifies exits 0 at once.
+Exit codes: 0 done, 2 bad input (config, dataset, parent, run dir).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from app.atomic_files import atomic_write_json
+from app.config import ConfigError, load_settings
+from app.config.lm import LMConfig
+from app.lm.causal_lm import load_model
+from app.lm.train.backend import LocalBackend, OptimConfig
+from app.lm.train.checkpoint_dirs import CheckpointDirError
+from app.lm.data_buffer import DataBuffer
+from app.lm.train.dist_env import GROUP_TIMEOUT_S
+from app.lm.train.fsdp_backend import FSDPBackend
+from app.lm.train.grpo import GRPOConfig, grpo_loss_fn, sft_loss
+from app.lm.train.rollout_sources import StoredGroups, dataset_problem, drawn_mean_reward
+from app.lm.train.sft_grpo import RunPlan, SFTConfig, sft_rows
+from app.lm.train.sft_grpo import run as run_phases
+from app.lm.train.candidate import (
+    claim_run_dir,
+    finished,
+    last_logged,
+    parent_sha256,
+    publish_candidate,
+    stage_candidate,
+)
+from app.lm.rollout.rollout_dataset import (
+    RolloutDatasetError,
+    load_rollout_dataset,
+    read_rollout_manifest,
+)
+from app.lm.model_dir import ModelDirError
+from app.lm.setup import (
+    build_task,
+    build_tokenizer,
+    initial_model,
+    train_prompts,
+)
+from app.shared.process_group import DistContext, rank_share, run_rank
+
+CANDIDATE_NAME = "candidate"
+RESULT_NAME = "result.json"
+
+
+class LMTrainInputError(RuntimeError):
+    """Bad input (config, dataset, parent, run dir): exit code 2 with this message."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="app.lm.train.generation", description="One LM generation: SFT and/or GRPO.")
+    p.add_argument("--dataset", required=True, type=Path, help="exported rollout dataset (app/lm/rollout/rollout_dataset.py)")
+    p.add_argument("--run-dir", required=True, type=Path)
+    p.add_argument("--config", required=True, type=Path, help="node config with workload: lm")
+    p.add_argument("--generation", required=True, type=int)
+    p.add_argument("--parent", type=Path, help="Hugging Face directory (with manifest) to start from")
+    p.add_argument("--resume", default="auto", help="only 'auto': continue from the newest complete checkpoint")
+    p.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints (and at each phase's end)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    return p
+
+
+def load_inputs(args: argparse.Namespace) -> tuple[LMConfig, list, str, str | None]:
+    """(lm settings, groups, dataset sha256, parent sha256): every check that needs no model."""
+    if args.resume != "auto":
+        raise LMTrainInputError(f"--resume {args.resume!r}: only 'auto' is supported (resume from the run dir)")
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        raise LMTrainInputError(str(exc)) from None
+    if settings.workload != "lm":
+        raise LMTrainInputError(f"{args.config}: workload is {settings.workload!r}; this trainer needs workload: lm")
+    lm = settings.lm
+    try:
+        manifest, dataset_sha = read_rollout_manifest(args.dataset)
+        groups = load_rollout_dataset(args.dataset, dataset_sha)
+    except RolloutDatasetError as exc:
+        raise LMTrainInputError(str(exc)) from None
+    task_name = build_task(lm.task).name
+    if manifest.get("task") != task_name:
+        raise LMTrainInputError(f"{args.dataset}: rollouts of task {manifest.get('task')!r}, config trains {task_name!r}")
+    try:
+        parent_sha = parent_sha256(args.parent) if args.parent is not None else None
+    except ModelDirError as exc:
+        raise LMTrainInputError(f"--parent: {exc}") from None
+    return lm, groups, dataset_sha, parent_sha
+
+
+def build_model(lm: LMConfig, tok, parent: Path | None):
+    if parent is None:
+        return initial_model(lm.model, tok)
+    try:
+        model = load_model(parent)
+    except (OSError, ValueError) as exc:
+        raise LMTrainInputError(f"--parent {parent}: cannot load the model: {exc}") from None
+    if model.config.vocab_size < len(tok):
+        raise LMTrainInputError(f"--parent {parent}: vocabulary {model.config.vocab_size} < tokenizer's {len(tok)}")
+    return model
+
+
+def say(env: DistContext, text: str) -> None:
+    if env.is_main:
+        print(text, flush=True)
+
+
+def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
+    run_dir: Path = args.run_dir
+    candidate = run_dir / CANDIDATE_NAME
+    if env.broadcast(finished(candidate, run_dir / RESULT_NAME) if env.is_main else None):
+        say(env, f"{candidate} is complete and verified: nothing to do")
+        return None
+    lm, groups, dataset_sha, parent_sha = load_inputs(args)
+    identity = {"dataset_sha256": dataset_sha, "parent_sha256": parent_sha, "generation": args.generation}
+    problem = env.broadcast(claim_run_dir(run_dir, identity) if env.is_main else None)
+    if problem:
+        raise LMTrainInputError(problem)
+    g = lm.grpo
+    tok, task = build_tokenizer(lm.tokenizer), build_task(lm.task)
+    model = build_model(lm, tok, args.parent)
+    bad = dataset_problem(groups, model.config.vocab_size)
+    if bad:
+        raise LMTrainInputError(f"{args.dataset}: {bad}")
+    reference = copy.deepcopy(model).eval().requires_grad_(False) if g.kl_coef else None
+    optim = OptimConfig(lr=g.lr, weight_decay=g.weight_decay, max_grad_norm=g.max_grad_norm)
+    # Ranks on several nodes: each commits checkpoints only where rank 0 runs (no shared file
+    # system is assumed), so a spanned run neither resumes nor reloads between phases; it keeps
+    # its weights in memory and, if killed, trains the generation again from the start. It saves
+    # no checkpoints either: a part-written one would mislead a later run alone in this dir.
+    spans = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size)) < env.world_size
+    backend = (FSDPBackend(model, optim, sft_loss, env) if env.world_size > 1 or g.backend == "fsdp2"
+               else LocalBackend(model, optim, sft_loss, env.device))
+    if reference is not None:
+        reference.to(env.device)
+    started = time.time()
+
+    def progress(phase: str, step: int, stats: dict[str, Any]) -> None:
+        keys = ("loss", "grad_norm", "mean_reward", "mean_ratio", "clip_fraction")
+        say(env, f"{phase} step {step}: " + " ".join(f"{k} {stats[k]:.4g}" for k in keys if k in stats))
+
+    sft_steps = g.sft.steps if g.mode == "sft+rl" and args.parent is None else 0
+    micro = max(1, -(-rank_share(g.sft.batch_size, 0, env.world_size)[1] // g.micro_batches))
+    plan = RunPlan(SFTConfig(steps=sft_steps, batch_size=g.sft.batch_size, micro_batch_size=micro) if sft_steps else None,
+                   g.sft.lr,
+                   g.steps, g.lr, seed=g.seed, checkpoint_every=args.checkpoint_every, save=not spans)
+    source = StoredGroups(DataBuffer(groups, g.seed + 1), g.groups_per_step, micro_batches=g.micro_batches,
+                          scale_by_std=g.scale_by_std, eps=g.eps)
+    demonstrations = sft_rows(task, tok, train_prompts(task, lm.task)) if sft_steps else []
+    what = {"sft": f"{len(demonstrations)} demonstrations", "rl": f"{len(groups)} groups of {args.dataset}"}
+    label = {"sft": "SFT", "rl": "GRPO"}
+    announce = lambda phase, first, last: say(  # noqa: E731
+        env, f"{label[phase]} steps {first}..{last} on {what[phase]}, world {env.world_size}")
+    report = run_phases(backend, tok, run_dir, plan, demonstrations=demonstrations, source=source,
+                        reference=reference, on_step=progress, on_phase=announce,
+                        loss_fn=grpo_loss_fn(GRPOConfig(g.clip_low, g.clip_high, g.kl_coef), lm.rollout.temperature,
+                                             reference))
+    final = report.get("final", {})
+    staged = stage_candidate(backend, tok, run_dir, CANDIDATE_NAME)
+    if staged is None:
+        return None
+    result = {"generation": args.generation, "candidate": str(candidate), "candidate_sha256": staged[1],
+              "parent_sha256": parent_sha, "dataset_sha256": dataset_sha, "sft_steps": sft_steps, "rl_steps": g.steps,
+              "final": final or last_logged(run_dir, "rl"), "world_size": env.world_size, "groups": len(groups),
+              "mean_reward": drawn_mean_reward(groups, g.seed + 1, g.steps, g.groups_per_step),
+              "wall_s": time.time() - started}
+    result["final_loss"] = result["final"].get("loss")
+    atomic_write_json(run_dir / RESULT_NAME, result, indent=2)
+    publish_candidate(staged[0], candidate)
+    say(env, f"done: candidate {candidate} ({staged[1][:12]}), final loss {result['final_loss']}")
+    return result
+
+
+@record
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_rank(lambda env: run(args, env), args.device, (LMTrainInputError, CheckpointDirError),
+                    "lm training", timeout_s=GROUP_TIMEOUT_S)
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The game workload's pipeline steps (the seam: app/coordination/pipeline/steps.py)."""
