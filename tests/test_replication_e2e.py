@@ -93,6 +93,8 @@ def test_a_node_killed_mid_self_play_loses_at_most_its_last_second_and_the_quiet
     try:
         def playing_for_a_while() -> bool:
             nonlocal reported, first_game_at
+            dead = [nid for nid, proc in procs.items() if proc.poll() is not None]
+            assert not dead, f"{dead} exited before the kill (logs below)"
             status = get_json(victim.mesh_port, "/status") or {}
             reported = max(reported, int((status.get("inventory") or {}).get("games_created") or 0))
             if reported and first_game_at is None:
