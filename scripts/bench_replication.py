@@ -41,6 +41,7 @@ from sqlalchemy.orm import Session  # noqa: E402
 
 from app.db.replay_db import GameRow, ReplayDB  # noqa: E402
 from app.free_ports import free_ports  # noqa: E402
+from tests.orchestrator_helpers import signal_children  # noqa: E402
 
 IDS = ["n0", "n1", "n2"]
 FACTOR = 2
@@ -76,28 +77,6 @@ def start(root: Path, push: bool) -> tuple[list[subprocess.Popen], list[Path], l
                                       start_new_session=True))
         dirs.append(data)
     return procs, dirs, mesh
-
-
-def children(pid: int) -> list[int]:
-    """The node's self-play workers (every process whose parent it is)."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
-
-
-def signal_children(procs: list[subprocess.Popen], sig: int) -> None:
-    for p in procs:
-        for child in children(p.pid):
-            try:
-                os.kill(child, sig)
-            except ProcessLookupError:
-                pass
 
 
 def stop(procs: list[subprocess.Popen]) -> None:

@@ -110,15 +110,22 @@ async def _slow_client(port: int, kind: int, hold: asyncio.Event, opened: list[i
         writer.close()
 
 
-async def test_a_thousand_slow_connections_do_not_stop_status(tmp_path: Path) -> None:
+def _solo_node(tmp_path: Path, preexec_fn=None):  # type: ignore[no-untyped-def]
+    """A lone mesh node in its own process (its own session, for cleanup), logging to node.log:
+    (port, process, the open log)."""
     (port,) = free_ports(1)
-    log = open(tmp_path / "node.log", "wb")
+    log = open(tmp_path / "node.log", "wb")  # noqa: SIM115 - closed by the test
     proc = subprocess.Popen(
         [sys.executable, "-m", "app.coordination.p2p", "--node-id", "solo", "--host", "127.0.0.1", "--port", str(port),
          "--data-dir", str(tmp_path / "solo"), "--profile", "fast", "--log-level", "WARNING"],
         cwd=ROOT, env={**os.environ, "MESH_SECRET": SECRET, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=log,
-        preexec_fn=_limit_descriptors, start_new_session=True,
+        preexec_fn=preexec_fn, start_new_session=True,
     )
+    return port, proc, log
+
+
+async def test_a_thousand_slow_connections_do_not_stop_status(tmp_path: Path) -> None:
+    port, proc, log = _solo_node(tmp_path, _limit_descriptors)
     hold = asyncio.Event()
     clients: list[asyncio.Task] = []
     try:
@@ -191,14 +198,7 @@ async def test_bodies_behind_unverified_headers_are_never_buffered(tmp_path: Pat
     a 401 from their headers, cost no memory, and /status answers throughout."""
     from app.coordination.p2p.auth import sign
 
-    (port,) = free_ports(1)
-    log = open(tmp_path / "node.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "app.coordination.p2p", "--node-id", "solo", "--host", "127.0.0.1", "--port", str(port),
-         "--data-dir", str(tmp_path / "solo"), "--profile", "fast", "--log-level", "WARNING"],
-        cwd=ROOT, env={**os.environ, "MESH_SECRET": SECRET, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=log,
-        start_new_session=True,
-    )
+    port, proc, log = _solo_node(tmp_path)
     try:
         async with aiohttp.ClientSession() as s:
             async def status() -> dict | None:

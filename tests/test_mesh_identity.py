@@ -25,6 +25,7 @@ from app.coordination.p2p.node import MeshNode
 from app.coordination.p2p.schemas import state_text
 from tests.mesh_helpers import ROOT, free_ports, wait_for
 from tests.orchestrator_helpers import BUSY_CPU_TIMING
+from tests.test_mesh_node import leader_of
 
 pytestmark = pytest.mark.timeout(120)
 IDS = ["n0", "n1", "n2"]
@@ -52,15 +53,6 @@ def trio_of(root: Path, settings_of, secret: bytes | None = None) -> list[MeshNo
                      timing=TimingProfile(**BUSY_CPU_TIMING), secret=secret) for i in range(3)]
 
 
-async def leader_of(nodes: list[MeshNode], timeout: float = 30.0) -> MeshNode:
-    async def agreed() -> MeshNode | None:
-        leads = [n for n in nodes if n.is_leader]
-        if len(leads) == 1 and all(n.leader_id == leads[0].node_id for n in nodes):
-            return leads[0]
-        return None
-    return await wait_for(agreed, timeout)
-
-
 async def post(node: MeshNode, path: str, raw: bytes, headers: dict[str, str]) -> tuple[int, dict]:
     async with aiohttp.ClientSession() as s:
         async with s.post(f"http://{node.addr}{path}", data=raw, headers=headers,
@@ -78,7 +70,7 @@ async def test_a_node_key_speaks_for_its_own_node_only(tmp_path: Path, certs: Pa
     for n in nodes:
         await n.start()
     try:
-        leader = await leader_of(nodes)
+        leader = await leader_of(nodes, 30.0)
         follower, member = [n for n in nodes if n is not leader]
         assert follower.status()["auth"] == "node_keys"
         mallory = NodeKey(keys(certs, "mallory"))  # a certificate from the cluster CA, but no member
@@ -178,7 +170,7 @@ async def test_answers_not_signed_by_the_voter_asked_are_refused_and_wedge_nothi
     for n in real:
         await n.start()
     try:
-        leader = await leader_of(real)  # two of three voters: a quorum without the fake
+        leader = await leader_of(real, 30.0)  # two of three voters: a quorum without the fake
         assert fake.asked > 0
 
         async def refused_counted() -> bool:
@@ -194,7 +186,7 @@ async def test_answers_not_signed_by_the_voter_asked_are_refused_and_wedge_nothi
         # the leader can still hand over and elect: nothing was wedged
         other = next(n for n in real if n is not leader)
         assert await leader.consensus.transfer_leadership(other.node_id, {n.node_id for n in real}) is None
-        assert (await leader_of(real)).node_id == other.node_id
+        assert (await leader_of(real, 30.0)).node_id == other.node_id
     finally:
         for n in real:
             await n.stop()
@@ -211,7 +203,7 @@ async def test_a_forged_incarnation_is_refused_or_refuted_by_its_owner_under_the
     for n in nodes:
         await n.start()
     try:
-        leader = await leader_of(nodes)
+        leader = await leader_of(nodes, 30.0)
         target, victim = [n for n in nodes if n is not leader]
         forged = {"node_id": victim.node_id, "addr": victim.addr, "incarnation": 2**53, "version": 1,
                   "role": "leader", "term": 2**53, "leader": victim.node_id}

@@ -15,7 +15,6 @@ import secrets
 import shutil
 import signal
 import time
-from pathlib import Path
 
 import pytest
 import yaml
@@ -25,6 +24,7 @@ from tests.orchestrator_helpers import (
     NodeFiles,
     get_json,
     kill_group,
+    signal_children,
     start_voter,
     tail,
     wait_until,
@@ -58,26 +58,6 @@ def _games(files: NodeFiles) -> dict[str, tuple[str, float, int]]:
         with Session(db.engine) as session:
             rows = session.execute(select(GameRow.uid, GameRow.node_id, GameRow.finished_at, GameRow.id)).all()
     return {uid: (origin, at, row) for uid, origin, at, row in rows}
-
-
-def _self_play_workers(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    return out
-
-
-def _signal_workers(procs, sig: int) -> None:  # type: ignore[no-untyped-def]
-    for proc in procs:
-        for child in _self_play_workers(proc.pid):
-            try:
-                os.kill(child, sig)
-            except ProcessLookupError:
-                pass
 
 
 @pytest.mark.timeout(600)
@@ -124,7 +104,7 @@ def test_a_node_killed_mid_self_play_loses_at_most_its_last_second_and_the_quiet
             assert code == 200 and b"mesh_replication_lag_seconds_count" in metrics
 
         # Quiet: the survivors stop playing; the wiped node comes back empty, without self-play.
-        _signal_workers([procs["n0"], procs["n1"]], signal.SIGSTOP)
+        signal_children([procs["n0"], procs["n1"]], signal.SIGSTOP)
         stopped_at = time.time()
         seen: list[set[str]] = []
 
