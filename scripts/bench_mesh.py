@@ -15,9 +15,11 @@
   `unsigned_answers` (the shared secret, with answer signing and checking patched out in the
   bench's processes: the wire before issue 45), `shared` (the shared secret, answers signed
   and checked) and `node_keys` (per-node ECDSA keys from the cluster tool, answers signed and
-  checked): signed requests per second against one node in this process (client and server
-  share the CPU, so this is the whole cost of a request), and the failover of 5 voters on the
-  fast profile (`--signing-kills` leader kills each).
+  checked): signed requests per second against one node in this process, and the CPU
+  milliseconds a request costs (client and server share the process, so this is the whole cost
+  of a request, and CPU time is far less swayed than requests/s by others' work on the
+  machine), the medians of `--signing-rounds` interleaved rounds; and the failover of 5 voters
+  on the fast profile (`--signing-kills` leader kills each).
 
     python scripts/bench_mesh.py --profiles fast,lan,wan --kills 10
     python scripts/bench_mesh.py --profiles "" --gossip-profile "" --sim-nodes --signing-kills 5
@@ -338,7 +340,6 @@ async def bench_requests(variant: str, seconds: float, concurrency: int = 8) -> 
                                                                  {"sender": "bench", "states": []})),
                                ("status", lambda: client.request("GET", node.addr, "/status"))):
                 done = 0
-                end = time.perf_counter() + seconds
 
                 async def worker() -> None:
                     nonlocal done
@@ -347,9 +348,13 @@ async def bench_requests(variant: str, seconds: float, concurrency: int = 8) -> 
                         assert status_code == 200, status_code
                         done += 1
                 await call()  # warm: identify, connection
-                t0 = time.perf_counter()
+                t0, cpu0 = time.perf_counter(), time.process_time()
+                end = t0 + seconds
                 await asyncio.gather(*(worker() for _ in range(concurrency)))
-                out[name] = round(done / (time.perf_counter() - t0), 1)
+                # CPU per request (client and node both in this process): what signing costs,
+                # and far less swayed than requests/s by others' work on a shared machine
+                out[name] = {"per_s": round(done / (time.perf_counter() - t0), 1),
+                             "cpu_ms": round(1000 * (time.process_time() - cpu0) / max(done, 1), 3)}
         finally:
             await client.close()
             await node.stop()
@@ -367,12 +372,19 @@ async def amain(args: argparse.Namespace) -> dict:
         print("gossip: 7 processes ...", file=sys.stderr, flush=True)
         out["gossip"]["processes_7"] = await bench_gossip_processes(args.gossip_profile)
     if args.signing_kills or args.signing_seconds:
-        signing: dict = {"requests_per_s": {}, "failover_fast": {}}
+        signing: dict = {"requests": {}, "failover_fast": {}}
+        if args.signing_seconds:  # rounds with the variants interleaved, a different one first each round
+            rounds: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+            for r in range(args.signing_rounds):
+                for variant in VARIANTS[r % 3:] + VARIANTS[:r % 3]:
+                    print(f"signing: round {r + 1}, {variant} ...", file=sys.stderr, flush=True)
+                    rounds[variant].append(await bench_requests(variant, args.signing_seconds / args.signing_rounds))
+            signing["requests"] = {v: {kind: {m: statistics.median(x[kind][m] for x in rs) for m in ("per_s", "cpu_ms")}
+                                        for kind in ("gossip", "status")} for v, rs in rounds.items()}
+            signing["requests_rounds"] = rounds
         for variant in VARIANTS:
-            print(f"signing: {variant} ...", file=sys.stderr, flush=True)
-            if args.signing_seconds:
-                signing["requests_per_s"][variant] = await bench_requests(variant, args.signing_seconds)
             if args.signing_kills:
+                print(f"signing: {variant}, failover ...", file=sys.stderr, flush=True)
                 signing["failover_fast"][variant] = await bench_failover("fast", args.signing_kills, variant)
         out["signing"] = signing
     lan = PROFILES["lan"]
@@ -392,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gossip-profile", default="lan")
     p.add_argument("--sim-nodes", type=int, nargs="*", default=[100, 250])
     p.add_argument("--signing-seconds", type=float, default=5.0, help="per variant and request kind (0: skip)")
+    p.add_argument("--signing-rounds", type=int, default=5, help="interleaved rounds the signing seconds are split into")
     p.add_argument("--signing-kills", type=int, default=5, help="leader kills per variant (0: skip)")
     args = p.parse_args(argv)
     print(json.dumps(asyncio.run(amain(args)), indent=None))
