@@ -13,7 +13,12 @@ the nodes keep running) and the time until every node reports nothing under-repl
 drain time. Afterwards each game's lag is read from the DBs: from the end of the game (its
 `finished_at`, on the node that played it) to its insertion on the (factor-1)-th other node
 (all nodes share this machine's clock). `--compare` runs it again with the push off (anti-
-entropy only, as before issue 45), side by side.
+entropy only, as before issue 45), side by side; `--no-prefetch` with the push on and prefetch
+off (`factor` copies of each game instead of one on every node). Each run also reports the CPU
+seconds of its production window, the orchestrators' (mesh and replication) apart from the
+self-play workers', since games/s alone moves with others' work on a shared machine.
+
+    python scripts/bench_replication.py --seconds 60 --compare --no-prefetch
 """
 
 from __future__ import annotations
@@ -50,17 +55,17 @@ CONFIG = {"model": {"channels": 8, "blocks": 1}, "search": {"simulations": 8},
           "selfplay": {"concurrent_games": 16, "collect_workers": 1}, "replication": {"factor": FACTOR}}
 
 
-def daemons(push: bool) -> dict:
+def daemons(push: bool, prefetch: bool) -> dict:
     return {"daemons": {
         "selfplay": {"critical": True, "stop_timeout_s": 15,
                      "settings": {"batch_games": 16, "simulations": 8, "rest_s": 0.0}},
-        "replication": {"settings": {"push": push}},
+        "replication": {"settings": {"push": push, "prefetch": prefetch}},
     }}
 
 
-def start(root: Path, push: bool) -> tuple[list[subprocess.Popen], list[Path], list[int]]:
+def start(root: Path, push: bool, prefetch: bool) -> tuple[list[subprocess.Popen], list[Path], list[int]]:
     mesh, health = free_ports(3), free_ports(3)
-    (root / "daemons.yaml").write_text(yaml.safe_dump(daemons(push)))
+    (root / "daemons.yaml").write_text(yaml.safe_dump(daemons(push, prefetch)))
     (root / "config.yaml").write_text(yaml.safe_dump(CONFIG))
     env = {**os.environ, "MESH_SECRET": secrets.token_hex(16)}
     procs, dirs = [], []
@@ -89,6 +94,31 @@ def stop(procs: list[subprocess.Popen]) -> None:
             p.wait(timeout=40)
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
+
+
+def cpu_seconds(procs: list[subprocess.Popen]) -> dict[str, float]:
+    """CPU seconds (user + system) so far of the orchestrator processes themselves (the mesh,
+    replication's pushes, pulls and inserts of other nodes' games) and of their descendants
+    (the self-play workers, kept alive from batch to batch), summed over the nodes."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parent, used = {}, {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        pid = int(stat.parent.name)
+        parent[pid], used[pid] = int(fields[1]), (int(fields[11]) + int(fields[12])) / tick
+    roots = {p.pid for p in procs}
+
+    def root_of(pid: int) -> int | None:
+        seen = 0
+        while pid not in roots and pid in parent and seen < 64:
+            pid, seen = parent[pid], seen + 1
+        return pid if pid in roots else None
+    own = sum(used.get(r, 0.0) for r in roots)
+    workers = sum(t for pid, t in used.items() if pid not in roots and root_of(pid) is not None)
+    return {"orchestrators": own, "selfplay": workers}
 
 
 def replication(port: int) -> dict | None:
@@ -128,9 +158,9 @@ def sample(mesh: list[int], t0: float) -> dict:
             "lag_p99": {nid: (p.get("lag_s") or {}).get("p99") for nid, p in push.items()}}
 
 
-def run(args: argparse.Namespace, push: bool) -> dict:
+def run(args: argparse.Namespace, push: bool, prefetch: bool = True) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench_replication_") as tmp:
-        procs, dirs, mesh = start(Path(tmp), push)
+        procs, dirs, mesh = start(Path(tmp), push, prefetch)
         series: list[dict] = []
         try:
             deadline = time.time() + args.startup_timeout  # start-up: imports, election, first games
@@ -138,10 +168,11 @@ def run(args: argparse.Namespace, push: bool) -> dict:
                 if time.time() > deadline:
                     raise SystemExit(f"no games on every node within {args.startup_timeout} s; logs in {tmp}")
                 time.sleep(1)
-            began = time.time()
+            began, cpu_began = time.time(), cpu_seconds(procs)
             while time.time() < began + args.seconds:
                 series.append(sample(mesh, began))
                 time.sleep(args.sample_s)
+            cpu_ended = cpu_seconds(procs)
             signal_children(procs, signal.SIGSTOP)  # production stops; the nodes replicate on
             ended = time.time()
             drained_after = None
@@ -176,7 +207,7 @@ def run(args: argparse.Namespace, push: bool) -> dict:
     production = [s for s in series if s["t"] <= args.seconds]
     under_max = max((max((v or 0) for v in s["under_replicated"].values()) for s in production), default=None)
     return {
-        "push": push, "window_s": round(ended - began, 1), "games_played": len(window),
+        "push": push, "prefetch": prefetch, "window_s": round(ended - began, 1), "games_played": len(window),
         "games_per_s": round(len(window) / max(1e-9, ended - began), 2),
         "lag_s": {"p50": percentile(lags, 0.5), "p99": percentile(lags, 0.99),
                   "max": round(max(lags), 3) if lags else None, "n": len(lags),
@@ -185,6 +216,10 @@ def run(args: argparse.Namespace, push: bool) -> dict:
         "stored_s": {"p50": percentile(stored, 0.5), "p99": percentile(stored, 0.99)},
         "moved_s": {"p50": percentile(moved, 0.5), "p99": percentile(moved, 0.99)},
         "games_short_of_factor_at_end": short,
+        # CPU of the production window: the orchestrators' (mesh + replication) per game played
+        "cpu_s": {k: round(cpu_ended[k] - cpu_began[k], 1) for k in cpu_began},
+        "orchestrator_cpu_ms_per_game": round(1000 * (cpu_ended["orchestrators"] - cpu_began["orchestrators"])
+                                              / max(1, len(window)), 2),
         "under_replicated_max_while_playing": under_max,
         "drained_to_zero_after_s": drained_after,
         "series": series[:: max(1, len(series) // 40)],  # about 40 samples over time
@@ -198,10 +233,14 @@ def main() -> int:
     p.add_argument("--drain-timeout", type=float, default=60.0)
     p.add_argument("--startup-timeout", type=float, default=240.0)
     p.add_argument("--compare", action="store_true", help="also run with the push off (anti-entropy only)")
+    p.add_argument("--no-prefetch", action="store_true",
+                   help="also run with the push on and prefetch off: `factor` copies of a game, not one on every node")
     args = p.parse_args()
     out = {"bench": "replication", "nodes": len(IDS), "factor": FACTOR, "cores": os.cpu_count(),
            "config": {"simulations": 8, "batch_games": 16, "model": CONFIG["model"]},
            "load_avg_1m": round(os.getloadavg()[0], 2), "runs": [run(args, push=True)]}
+    if args.no_prefetch:
+        out["runs"].append(run(args, push=True, prefetch=False))
     if args.compare:
         out["runs"].append(run(args, push=False))
     print(json.dumps(out))
