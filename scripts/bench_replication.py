@@ -15,8 +15,9 @@ drain time. Afterwards each game's lag is read from the DBs: from the end of the
 (all nodes share this machine's clock). `--compare` runs it again with the push off (anti-
 entropy only, as before issue 45), side by side; `--no-prefetch` with the push on and prefetch
 off (`factor` copies of each game instead of one on every node). Each run also reports the CPU
-seconds of its production window, the orchestrators' (mesh and replication) apart from the
-self-play workers', since games/s alone moves with others' work on a shared machine.
+seconds of its production window, the orchestrators' (storing games, mesh, replication) apart
+from their descendants' (the self-play workers), since games/s alone moves with others' work on
+a shared machine.
 
     python scripts/bench_replication.py --seconds 60 --compare --no-prefetch
 """
@@ -98,8 +99,9 @@ def stop(procs: list[subprocess.Popen]) -> None:
 
 def cpu_seconds(procs: list[subprocess.Popen]) -> dict[str, float]:
     """CPU seconds (user + system) so far of the orchestrator processes themselves (the mesh,
-    replication's pushes, pulls and inserts of other nodes' games) and of their descendants
-    (the self-play workers, kept alive from batch to batch), summed over the nodes."""
+    storing the games their workers send back, replication's pushes, pulls and inserts, the
+    other daemons) and of their descendants (the self-play workers, kept alive from batch to
+    batch, and any run a node starts), summed over the nodes."""
     tick = os.sysconf("SC_CLK_TCK")
     parent, used = {}, {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -118,7 +120,7 @@ def cpu_seconds(procs: list[subprocess.Popen]) -> dict[str, float]:
         return pid if pid in roots else None
     own = sum(used.get(r, 0.0) for r in roots)
     workers = sum(t for pid, t in used.items() if pid not in roots and root_of(pid) is not None)
-    return {"orchestrators": own, "selfplay": workers}
+    return {"orchestrators": own, "descendants": workers}
 
 
 def replication(port: int) -> dict | None:
@@ -216,7 +218,7 @@ def run(args: argparse.Namespace, push: bool, prefetch: bool = True) -> dict:
         "stored_s": {"p50": percentile(stored, 0.5), "p99": percentile(stored, 0.99)},
         "moved_s": {"p50": percentile(moved, 0.5), "p99": percentile(moved, 0.99)},
         "games_short_of_factor_at_end": short,
-        # CPU of the production window: the orchestrators' (mesh + replication) per game played
+        # CPU of the production window; the orchestrators' (storing, mesh, replication) per game played
         "cpu_s": {k: round(cpu_ended[k] - cpu_began[k], 1) for k in cpu_began},
         "orchestrator_cpu_ms_per_game": round(1000 * (cpu_ended["orchestrators"] - cpu_began["orchestrators"])
                                               / max(1, len(window)), 2),
