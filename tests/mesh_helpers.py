@@ -31,9 +31,10 @@ LIVENESS_S = 45.0
 
 def free_ports(n: int) -> list[int]:
     """Ports outside the ephemeral range (app/free_ports.py says why), each xdist worker in
-    its own stretch of it, so two workers' nodes never start on one port."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    return pick_free_ports(n, slot=int(worker[2:]) if worker[2:].isdigit() else 0)
+    its own stretch of it, so two workers' nodes never start on one port; without xdist the
+    process id picks the stretch, so two pytest runs at once (two checkouts) start apart."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return pick_free_ports(n, slot=int(worker[2:]) if worker[2:].isdigit() else None)
 
 
 async def wait_for(cond: Callable[[], Awaitable[Any]], timeout: float, interval: float = 0.05) -> Any:
