@@ -9,7 +9,8 @@
     python -m app.cli registry ...                             registry commands (evaluate, list, ...)
 
 Mesh commands are signed with the cluster secret (MESH_SECRET or MESH_SECRET_FILE, or --config's
-mesh.secret / mesh.secret_file) and sent to any node: a follower's answer names the leader and
+mesh.secret / mesh.secret_file), or with an operator key from the cluster tool (--config's
+mesh.node_keys), and sent to any node: a follower's answer names the leader and
 the command is re-sent there. Exit status: 0 done, 1 refused or unreachable, 2 bad arguments.
 """
 
@@ -26,7 +27,8 @@ import aiohttp
 
 from app.cli.mesh_commands import MeshAdmin, format_status
 from app.config import ConfigError, load_settings
-from app.coordination.p2p.auth import load_secret
+from app.coordination.p2p.auth import load_identity
+from app.coordination.p2p.identity import Identity
 from app.coordination.p2p.client import MeshClient
 
 MESH_COMMANDS = ("status", "progress", "rollback", "drain", "transfer")
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         return registry_commands.main(extra + ["promote", args.sha256, "--reason", args.reason])
     try:
         mesh = load_settings(args.config).mesh
-        secret = load_secret(mesh.secret, mesh.secret_file)
+        secret = load_identity(mesh)  # mesh.node_keys: the operator's own key (`tls init --nodes ...,operator`)
     except (ConfigError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -90,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok else 1
 
 
-async def _run(args: argparse.Namespace, secret: bytes) -> tuple[bool, Any]:
-    admin = MeshAdmin(MeshClient(secret, 10.0))
+async def _run(args: argparse.Namespace, secret: Identity) -> tuple[bool, Any]:
+    admin = MeshAdmin(MeshClient(secret, 10.0, node_id=getattr(secret, "node_id", "operator")))
     try:
         if args.command == "status":
             return True, await admin.cluster_status(args.node)
