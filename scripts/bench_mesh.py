@@ -11,8 +11,18 @@
 * gossip convergence, simulated: `--sim-nodes` Membership tables in one process with the real
   merge code, fanout from the profile; rounds to full membership from a ring, and rounds for
   one node's update to reach everyone.
+* the cost of signed answers (issue 45), side by side in one run, for three variants:
+  `unsigned_answers` (the shared secret, with answer signing and checking patched out in the
+  bench's processes: the wire before issue 45), `shared` (the shared secret, answers signed
+  and checked) and `node_keys` (per-node ECDSA keys from the cluster tool, answers signed and
+  checked): signed requests per second against one node in this process, and the CPU
+  milliseconds a request costs (client and server share the process, so this is the whole cost
+  of a request, and CPU time is far less swayed than requests/s by others' work on the
+  machine), the medians of `--signing-rounds` interleaved rounds; and the failover of 5 voters
+  on the fast profile (`--signing-kills` leader kills each).
 
     python scripts/bench_mesh.py --profiles fast,lan,wan --kills 10
+    python scripts/bench_mesh.py --profiles "" --gossip-profile "" --sim-nodes --signing-kills 5
 """
 
 from __future__ import annotations
@@ -37,10 +47,27 @@ sys.path.insert(0, str(ROOT))
 
 from app.config.mesh import PROFILES  # noqa: E402
 from app.coordination.p2p.membership import Membership  # noqa: E402
+from app.coordination.p2p.tls import init_ca  # noqa: E402
 from app.coordination.p2p.schemas import NodeState  # noqa: E402
 from app.free_ports import free_ports  # noqa: E402
 
 SECRET = "bench-mesh-secret"
+VARIANTS = ("unsigned_answers", "shared", "node_keys")
+# Run in a node process (variant unsigned_answers): the mesh as it answered before issue 45,
+# answers neither signed by the server nor checked by the client.
+UNSIGNED_PATCH = """
+import runpy, sys
+import app.coordination.p2p.client as client
+import app.coordination.p2p.server as server
+from app.coordination.p2p.auth import BOOT_HEADER, NODE_HEADER, TO_HEADER
+server.answer_headers = lambda *a, **k: {}
+def check(self, addr, request_headers, status, headers, body):
+    node, boot = headers.get(NODE_HEADER), headers.get(BOOT_HEADER)
+    if node and boot and boot.isdigit():
+        self.peers[addr] = (node, int(boot))
+    return node or request_headers.get(TO_HEADER) or ""
+client.MeshClient.check = check
+"""
 
 
 class Proc:
@@ -52,14 +79,18 @@ class Proc:
     def addr(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    variant = "shared"
+
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "MESH_SECRET": SECRET, "PYTHONPATH": str(ROOT)}
+        if self.variant == "unsigned_answers":
+            run = UNSIGNED_PATCH + "sys.argv = ['p2p', *sys.argv[1:]]\nrunpy.run_module('app.coordination.p2p', run_name='__main__')"
+            cmd = [sys.executable, "-c", run, *self.args]
+        else:
+            cmd = [sys.executable, "-m", "app.coordination.p2p", *self.args]
         with open(self.data_dir / "node.log", "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "app.coordination.p2p", *self.args],
-                cwd=ROOT, env=env, stdout=log, stderr=log, start_new_session=True,
-            )
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=log, start_new_session=True)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -67,10 +98,12 @@ class Proc:
             self.proc.wait()
 
 
-def make_cluster(root: Path, n: int, profile: str, pinned: bool) -> list[Proc]:
+def make_cluster(root: Path, n: int, profile: str, pinned: bool, variant: str = "shared") -> list[Proc]:
     ports = free_ports(n)
     ids = [f"n{i}" for i in range(n)]
     procs = []
+    if variant == "node_keys":
+        init_ca(root / "certs", ids)
     for i in range(n):
         if pinned:
             peers = ",".join(f"{ids[j]}@127.0.0.1:{ports[j]}" for j in range(n) if j != i)
@@ -81,7 +114,16 @@ def make_cluster(root: Path, n: int, profile: str, pinned: bool) -> list[Proc]:
                 "--profile", profile, "--log-level", "WARNING"]
         if peers:
             args += ["--peers", peers]
-        procs.append(Proc(ids[i], ports[i], root / ids[i], args))
+        if variant == "node_keys":
+            config = root / f"{ids[i]}.yaml"
+            certs = root / "certs"
+            config.write_text(json.dumps({"mesh": {"node_keys": {
+                "ca_file": str(certs / "ca.pem"), "cert_file": str(certs / f"{ids[i]}.pem"),
+                "key_file": str(certs / f"{ids[i]}.key")}}}))
+            args += ["--config", str(config)]
+        proc = Proc(ids[i], ports[i], root / ids[i], args)
+        proc.variant = variant
+        procs.append(proc)
     return procs
 
 
@@ -119,12 +161,12 @@ async def settled(session: aiohttp.ClientSession, procs: list[Proc]) -> tuple[st
     return leaders[0]
 
 
-async def bench_failover(profile: str, kills: int) -> dict:
+async def bench_failover(profile: str, kills: int, variant: str = "shared") -> dict:
     t = PROFILES[profile]
     detection: list[float] = []
     failover: list[float] = []
     with tempfile.TemporaryDirectory(prefix=f"mesh-bench-{profile}-") as tmp:
-        procs = make_cluster(Path(tmp), 5, profile, pinned=True)
+        procs = make_cluster(Path(tmp), 5, profile, pinned=True, variant=variant)
         async with aiohttp.ClientSession() as session:
             try:
                 for p in procs:
@@ -264,14 +306,87 @@ def bench_gossip_simulated(n: int, fanout: int, interval: float, seed: int = 1) 
     }
 
 
+async def bench_requests(variant: str, seconds: float, concurrency: int = 8) -> dict:
+    """Signed requests a second against one lone node in this process: POST /gossip (a signed
+    request, a signed answer carrying the node's signed state) and GET /status (public, its
+    answer signed for our client)."""
+    from app.config import Settings
+    from app.config.mesh import MeshConfig, TlsConfig
+    from app.coordination.p2p import client as client_mod
+    from app.coordination.p2p import server as server_mod
+    from app.coordination.p2p.client import MeshClient
+    from app.coordination.p2p.identity import NodeKey
+    from app.coordination.p2p.node import MeshNode
+
+    saved = (server_mod.answer_headers, client_mod.MeshClient.check)
+    if variant == "unsigned_answers":
+        exec(UNSIGNED_PATCH, {})  # noqa: S102 - the bench's own patch, undone below
+    out: dict = {}
+    with tempfile.TemporaryDirectory(prefix="mesh-bench-requests-") as tmp:
+        settings, key = Settings(), SECRET.encode()
+        if variant == "node_keys":
+            certs = Path(tmp) / "certs"
+            init_ca(certs, ["solo", "bench"])
+            files = lambda nid: TlsConfig(ca_file=certs / "ca.pem", cert_file=certs / f"{nid}.pem",  # noqa: E731
+                                          key_file=certs / f"{nid}.key")
+            settings = Settings().model_copy(update={"mesh": MeshConfig(node_keys=files("solo"))})
+            key = NodeKey(files("bench"))  # type: ignore[assignment]
+        node = MeshNode(settings, node_id="solo", host="127.0.0.1", port=0, data_dir=Path(tmp) / "solo",
+                        profile="fast", secret=SECRET.encode())
+        await node.start()
+        client = MeshClient(key, timeout=5.0, node_id="bench")
+        try:
+            for name, call in (("gossip", lambda: client.request("POST", node.addr, "/gossip",
+                                                                 {"sender": "bench", "states": []})),
+                               ("status", lambda: client.request("GET", node.addr, "/status"))):
+                done = 0
+
+                async def worker() -> None:
+                    nonlocal done
+                    while time.perf_counter() < end:
+                        status_code, _ = await call()
+                        assert status_code == 200, status_code
+                        done += 1
+                await call()  # warm: identify, connection
+                t0, cpu0 = time.perf_counter(), time.process_time()
+                end = t0 + seconds
+                await asyncio.gather(*(worker() for _ in range(concurrency)))
+                # CPU per request (client and node both in this process): what signing costs,
+                # and far less swayed than requests/s by others' work on a shared machine
+                out[name] = {"per_s": round(done / (time.perf_counter() - t0), 1),
+                             "cpu_ms": round(1000 * (time.process_time() - cpu0) / max(done, 1), 3)}
+        finally:
+            await client.close()
+            await node.stop()
+            server_mod.answer_headers, client_mod.MeshClient.check = saved
+    return out
+
+
 async def amain(args: argparse.Namespace) -> dict:
     out: dict = {"bench": "mesh", "host_cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2),
                  "failover": {}, "gossip": {}}
     for profile in [p for p in args.profiles.split(",") if p]:
         print(f"failover: profile {profile}, {args.kills} kills ...", file=sys.stderr, flush=True)
         out["failover"][profile] = await bench_failover(profile, args.kills)
-    print("gossip: 7 processes ...", file=sys.stderr, flush=True)
-    out["gossip"]["processes_7"] = await bench_gossip_processes(args.gossip_profile)
+    if args.gossip_profile:
+        print("gossip: 7 processes ...", file=sys.stderr, flush=True)
+        out["gossip"]["processes_7"] = await bench_gossip_processes(args.gossip_profile)
+    if args.signing_kills or args.signing_seconds:
+        signing: dict = {"requests": {}, "failover_fast": {}}
+        if args.signing_seconds:  # rounds with the variants interleaved, a different one first each round
+            rounds: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+            for r in range(args.signing_rounds):
+                for variant in VARIANTS[r % 3:] + VARIANTS[:r % 3]:
+                    print(f"signing: round {r + 1}, {variant} ...", file=sys.stderr, flush=True)
+                    rounds[variant].append(await bench_requests(variant, args.signing_seconds / args.signing_rounds))
+            signing["requests"] = {v: {kind: {m: statistics.median(x[kind][m] for x in rs) for m in ("per_s", "cpu_ms")}
+                                        for kind in ("gossip", "status")} for v, rs in rounds.items()}
+            signing["requests_rounds"] = rounds
+        for variant in VARIANTS:
+            if args.signing_kills:
+                print(f"signing: {variant}, failover ...", file=sys.stderr, flush=True)
+                signing["failover_fast"][variant] = await bench_failover("fast", args.signing_kills, variant)
+        out["signing"] = signing
     lan = PROFILES["lan"]
     for n in args.sim_nodes:
         print(f"gossip: {n} simulated nodes ...", file=sys.stderr, flush=True)
@@ -280,11 +395,17 @@ async def amain(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from app.log import configure_logging
+
+    configure_logging("bench", "WARNING", json=True)  # the in-process nodes log to stderr: stdout is the JSON
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profiles", default="fast,lan,wan")
     p.add_argument("--kills", type=int, default=10)
     p.add_argument("--gossip-profile", default="lan")
-    p.add_argument("--sim-nodes", type=int, nargs="+", default=[100, 250])
+    p.add_argument("--sim-nodes", type=int, nargs="*", default=[100, 250])
+    p.add_argument("--signing-seconds", type=float, default=5.0, help="per variant and request kind (0: skip)")
+    p.add_argument("--signing-rounds", type=int, default=5, help="interleaved rounds the signing seconds are split into")
+    p.add_argument("--signing-kills", type=int, default=5, help="leader kills per variant (0: skip)")
     args = p.parse_args(argv)
     print(json.dumps(asyncio.run(amain(args)), indent=None))
     return 0

@@ -1,14 +1,25 @@
 #!/usr/bin/env python
-"""Replication lag and bytes moved per game on three local orchestrator nodes.
+"""Replication lag and `under_replicated` over time, three local orchestrator nodes at the
+fastest self-play config; prints ONE JSON object.
 
-    python scripts/bench_replication.py --seconds 120
+    python scripts/bench_replication.py --seconds 60 --compare
 
-Three real nodes play (self-play and the replication daemon with its shipped settings:
-factor 2, a round per second, prefetch on). Afterwards each game's lag is read from the DBs:
-the time from its insertion on the node that played it to its insertion on the (factor-1)-th
-other node, i.e. until it exists on `factor` nodes (all nodes share this machine's clock).
-Bytes are what the replication daemons received (`mesh_replication_received_bytes_total`,
-digests, id lists and games), per game played. Prints one JSON object.
+Three real nodes play with the fastest self-play settings (8 simulations, 16-game batches, no
+rest, a tiny net) and the replication daemon's shipped settings (factor 2, prefetch, a round a
+second, games pushed as they finish). Every `--sample-s` each node's `/status`
+(`inventory.replication`) is read: `under_replicated`, the push's pending games and its lag
+p50/p99. After `--seconds` production stops (the self-play workers are paused with SIGSTOP,
+the nodes keep running) and the time until every node reports nothing under-replicated is the
+drain time. Afterwards each game's lag is read from the DBs: from the end of the game (its
+`finished_at`, on the node that played it) to its insertion on the (factor-1)-th other node
+(all nodes share this machine's clock). `--compare` runs it again with the push off (anti-
+entropy only, as before issue 45), side by side; `--no-prefetch` with the push on and prefetch
+off (`factor` copies of each game instead of one on every node). Each run also reports the CPU
+seconds of its production window, the orchestrators' (storing games, mesh, replication) apart
+from their descendants' (the self-play workers), since games/s alone moves with others' work on
+a shared machine.
+
+    python scripts/bench_replication.py --seconds 60 --compare --no-prefetch
 """
 
 from __future__ import annotations
@@ -31,26 +42,31 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy import select  # noqa: E402
+from sqlalchemy.orm import Session  # noqa: E402
 
-from app.db.replay_db import GameRow, ReplayDB
-from app.free_ports import free_ports
+from app.db.replay_db import GameRow, ReplayDB  # noqa: E402
+from app.free_ports import free_ports  # noqa: E402
+from tests.orchestrator_helpers import signal_children  # noqa: E402
 
 IDS = ["n0", "n1", "n2"]
 FACTOR = 2
-CONFIG = {"model": {"channels": 16, "blocks": 1}, "search": {"simulations": 4},
-          "selfplay": {"concurrent_games": 8}, "replication": {"factor": FACTOR}}
-DAEMONS = {"daemons": {
-    "selfplay": {"critical": True, "stop_timeout_s": 15, "settings": {"batch_games": 8}},
-    "replication": {},
-}}
-SETTLE_S = 5.0  # games younger than this at the end are not counted (they may still be in flight)
+# The fastest self-play config: 8 simulations, 16-game batches, no rest, a tiny net.
+CONFIG = {"model": {"channels": 8, "blocks": 1}, "search": {"simulations": 8},
+          "selfplay": {"concurrent_games": 16, "collect_workers": 1}, "replication": {"factor": FACTOR}}
 
 
-def start(root: Path) -> tuple[list[subprocess.Popen], list[Path], list[int]]:
+def daemons(push: bool, prefetch: bool) -> dict:
+    return {"daemons": {
+        "selfplay": {"critical": True, "stop_timeout_s": 15,
+                     "settings": {"batch_games": 16, "simulations": 8, "rest_s": 0.0}},
+        "replication": {"settings": {"push": push, "prefetch": prefetch}},
+    }}
+
+
+def start(root: Path, push: bool, prefetch: bool) -> tuple[list[subprocess.Popen], list[Path], list[int]]:
     mesh, health = free_ports(3), free_ports(3)
-    (root / "daemons.yaml").write_text(yaml.safe_dump(DAEMONS))
+    (root / "daemons.yaml").write_text(yaml.safe_dump(daemons(push, prefetch)))
     (root / "config.yaml").write_text(yaml.safe_dump(CONFIG))
     env = {**os.environ, "MESH_SECRET": secrets.token_hex(16)}
     procs, dirs = [], []
@@ -61,15 +77,16 @@ def start(root: Path) -> tuple[list[subprocess.Popen], list[Path], list[int]]:
         cmd = [sys.executable, "-m", "app.p2p_orchestrator", "--config", str(root / "config.yaml"),
                "--daemons", str(root / "daemons.yaml"), "--data-dir", str(data), "--node-id", nid,
                "--port", str(mesh[i]), "--health-port", str(health[i]), "--profile", "fast",
-               "--priority", str(i), "--voters", ",".join(IDS), "--peers", peers]
+               "--priority", str(i), "--voters", ",".join(IDS), "--peers", peers, "--log-level", "WARNING"]
         log = open(data / "node.log", "wb")  # noqa: SIM115 - the child owns it
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                       start_new_session=True))
         dirs.append(data)
-    return procs, dirs, health
+    return procs, dirs, mesh
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
+    signal_children(procs, signal.SIGCONT)
     for p in procs:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGTERM)
@@ -80,19 +97,44 @@ def stop(procs: list[subprocess.Popen]) -> None:
             os.killpg(p.pid, signal.SIGKILL)
 
 
-def metric(port: int, name: str) -> float:
+def cpu_seconds(procs: list[subprocess.Popen]) -> dict[str, float]:
+    """CPU seconds (user + system) so far of the orchestrator processes themselves (the mesh,
+    storing the games their workers send back, replication's pushes, pulls and inserts, the
+    other daemons) and of their descendants (the self-play workers, kept alive from batch to
+    batch, and any run a node starts), summed over the nodes."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parent, used = {}, {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        pid = int(stat.parent.name)
+        parent[pid], used[pid] = int(fields[1]), (int(fields[11]) + int(fields[12])) / tick
+    roots = {p.pid for p in procs}
+
+    def root_of(pid: int) -> int | None:
+        seen = 0
+        while pid not in roots and pid in parent and seen < 64:
+            pid, seen = parent[pid], seen + 1
+        return pid if pid in roots else None
+    own = sum(used.get(r, 0.0) for r in roots)
+    workers = sum(t for pid, t in used.items() if pid not in roots and root_of(pid) is not None)
+    return {"orchestrators": own, "descendants": workers}
+
+
+def replication(port: int) -> dict | None:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-    except OSError:
-        return 0.0
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=2) as resp:
+            return (json.loads(resp.read()).get("inventory") or {}).get("replication")
+    except (OSError, ValueError):
+        return None
 
 
-def rows(data: Path) -> list[tuple[str, str, float, int]]:
+def rows(data: Path) -> list[tuple[str, str, float, float]]:
     with ReplayDB(data / "games.db") as db, Session(db.engine) as session:
-        return [tuple(r) for r in session.execute(
-            select(GameRow.uid, GameRow.node_id, GameRow.inserted_at, GameRow.length))]
+        return [tuple(r) for r in session.execute(  # type: ignore[misc]
+            select(GameRow.uid, GameRow.node_id, GameRow.finished_at, GameRow.inserted_at))]
 
 
 def own_games(data: Path) -> int:
@@ -102,64 +144,108 @@ def own_games(data: Path) -> int:
         return db.count_by_node(data.name)
 
 
-def percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+    return round(ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))], 3)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seconds", type=float, default=120.0, help="measurement window after start-up")
-    p.add_argument("--startup-timeout", type=float, default=240.0)
-    args = p.parse_args()
+def sample(mesh: list[int], t0: float) -> dict:
+    reps = {nid: replication(port) for nid, port in zip(IDS, mesh)}
+    under = {nid: (r or {}).get("under_replicated") for nid, r in reps.items()}
+    push = {nid: (r or {}).get("push") or {} for nid, r in reps.items()}
+    return {"t": round(time.time() - t0, 1), "under_replicated": under,
+            "pending": {nid: p.get("pending") for nid, p in push.items()},
+            "lag_p99": {nid: (p.get("lag_s") or {}).get("p99") for nid, p in push.items()}}
+
+
+def run(args: argparse.Namespace, push: bool, prefetch: bool = True) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench_replication_") as tmp:
-        procs, dirs, health = start(Path(tmp))
+        procs, dirs, mesh = start(Path(tmp), push, prefetch)
+        series: list[dict] = []
         try:
             deadline = time.time() + args.startup_timeout  # start-up: imports, election, first games
             while not all(own_games(d) for d in dirs):
                 if time.time() > deadline:
                     raise SystemExit(f"no games on every node within {args.startup_timeout} s; logs in {tmp}")
                 time.sleep(1)
-            bytes_before = sum(metric(h, "mesh_replication_received_bytes_total") for h in health)
-            began = time.time()
-            time.sleep(args.seconds)
+            began, cpu_began = time.time(), cpu_seconds(procs)
+            while time.time() < began + args.seconds:
+                series.append(sample(mesh, began))
+                time.sleep(args.sample_s)
+            cpu_ended = cpu_seconds(procs)
+            signal_children(procs, signal.SIGSTOP)  # production stops; the nodes replicate on
             ended = time.time()
-            bytes_after = sum(metric(h, "mesh_replication_received_bytes_total") for h in health)
+            drained_after = None
+            while time.time() < ended + args.drain_timeout:
+                s = sample(mesh, began)
+                series.append(s)
+                if all(v == 0 for v in s["under_replicated"].values()):
+                    drained_after = round(time.time() - ended, 1)
+                    break
+                time.sleep(args.sample_s)
         finally:
             stop(procs)
         copies: dict[str, dict[str, float]] = {}  # uid -> node -> inserted_at
-        origin_of: dict[str, str] = {}
+        made: dict[str, tuple[str, float]] = {}  # uid -> (origin, finished_at)
         for nid, data in zip(IDS, dirs):
-            for uid, origin, at, _ in rows(data):
-                copies.setdefault(uid, {})[nid] = at
-                origin_of[uid] = origin
-        with ReplayDB(dirs[0] / "games.db") as db:  # one game's own size, as JSON on the wire
-            sizes = [len(json.dumps(g.to_json())) for g in db.games(newest=200)]
-    made = [u for u in copies if began <= copies[u].get(origin_of[u], 0.0) <= ended - SETTLE_S]
-    lags, short = [], 0
-    for uid in made:
-        t0 = copies[uid][origin_of[uid]]
-        others = sorted(at for nid, at in copies[uid].items() if nid != origin_of[uid])
+            for uid, origin, finished, inserted in rows(data):
+                copies.setdefault(uid, {})[nid] = inserted
+                made[uid] = (origin, finished)
+    window = [u for u, (_, fin) in made.items() if began <= fin <= ended]
+    lags, stored, moved, short = [], [], [], 0
+    for uid in window:
+        origin, finished = made[uid]
+        others = sorted(at for nid, at in copies[uid].items() if nid != origin)
+        if origin in copies[uid]:
+            stored.append(copies[uid][origin] - finished)
         if len(others) >= FACTOR - 1:
-            lags.append(others[FACTOR - 2] - t0)
+            lags.append(others[FACTOR - 2] - finished)
+            if origin in copies[uid]:
+                moved.append(others[FACTOR - 2] - copies[uid][origin])
         else:
             short += 1
-    played = [u for u in copies if began <= copies[u].get(origin_of[u], 0.0) <= ended]
-    print(json.dumps({
-        "nodes": len(IDS), "factor": FACTOR, "window_s": round(ended - began, 1),
-        "games_played": len(played), "games_measured": len(made),
-        "games_short_of_factor": short,
-        "lag_s": {"median": round(statistics.median(lags), 2) if lags else None,
-                  "p99": round(percentile(lags, 0.99), 2) if lags else None,
-                  "max": round(max(lags), 2) if lags else None},
-        "game_json_bytes_mean": round(statistics.mean(sizes)) if sizes else None,
-        "bytes_received": int(bytes_after - bytes_before),
-        "bytes_per_game_played": round((bytes_after - bytes_before) / len(played)) if played else None,
-        # what a claimant would still have to pull at claim time (games of the window it lacks)
-        "claimant_would_pull_max": max(sum(1 for u in made if nid not in copies[u]) for nid in IDS) if made else None,
-        "copies_per_game_at_end": round(sum(len(copies[u]) for u in made) / len(made), 2) if made else None,
-        "cores": os.cpu_count(),
-    }))
+    production = [s for s in series if s["t"] <= args.seconds]
+    under_max = max((max((v or 0) for v in s["under_replicated"].values()) for s in production), default=None)
+    return {
+        "push": push, "prefetch": prefetch, "window_s": round(ended - began, 1), "games_played": len(window),
+        "games_per_s": round(len(window) / max(1e-9, ended - began), 2),
+        "lag_s": {"p50": percentile(lags, 0.5), "p99": percentile(lags, 0.99),
+                  "max": round(max(lags), 3) if lags else None, "n": len(lags),
+                  "over_1s": sum(lag > 1.0 for lag in lags)},
+        # the lag in two parts: game end -> the origin's DB; the origin's DB -> the (factor-1)-th peer
+        "stored_s": {"p50": percentile(stored, 0.5), "p99": percentile(stored, 0.99)},
+        "moved_s": {"p50": percentile(moved, 0.5), "p99": percentile(moved, 0.99)},
+        "games_short_of_factor_at_end": short,
+        # CPU of the production window; the orchestrators' (storing, mesh, replication) per game played
+        "cpu_s": {k: round(cpu_ended[k] - cpu_began[k], 1) for k in cpu_began},
+        "orchestrator_cpu_ms_per_game": round(1000 * (cpu_ended["orchestrators"] - cpu_began["orchestrators"])
+                                              / max(1, len(window)), 2),
+        "under_replicated_max_while_playing": under_max,
+        "drained_to_zero_after_s": drained_after,
+        "series": series[:: max(1, len(series) // 40)],  # about 40 samples over time
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=60.0, help="production window after start-up")
+    p.add_argument("--sample-s", type=float, default=1.0)
+    p.add_argument("--drain-timeout", type=float, default=60.0)
+    p.add_argument("--startup-timeout", type=float, default=240.0)
+    p.add_argument("--compare", action="store_true", help="also run with the push off (anti-entropy only)")
+    p.add_argument("--no-prefetch", action="store_true",
+                   help="also run with the push on and prefetch off: `factor` copies of a game, not one on every node")
+    args = p.parse_args()
+    out = {"bench": "replication", "nodes": len(IDS), "factor": FACTOR, "cores": os.cpu_count(),
+           "config": {"simulations": 8, "batch_games": 16, "model": CONFIG["model"]},
+           "load_avg_1m": round(os.getloadavg()[0], 2), "runs": [run(args, push=True)]}
+    if args.no_prefetch:
+        out["runs"].append(run(args, push=True, prefetch=False))
+    if args.compare:
+        out["runs"].append(run(args, push=False))
+    print(json.dumps(out))
     return 0
 
 

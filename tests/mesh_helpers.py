@@ -31,9 +31,10 @@ LIVENESS_S = 45.0
 
 def free_ports(n: int) -> list[int]:
     """Ports outside the ephemeral range (app/free_ports.py says why), each xdist worker in
-    its own stretch of it, so two workers' nodes never start on one port."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    return pick_free_ports(n, slot=int(worker[2:]) if worker[2:].isdigit() else 0)
+    its own stretch of it, so two workers' nodes never start on one port; without xdist the
+    process id picks the stretch, so two pytest runs at once (two checkouts) start apart."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return pick_free_ports(n, slot=int(worker[2:]) if worker[2:].isdigit() else None)
 
 
 async def wait_for(cond: Callable[[], Awaitable[Any]], timeout: float, interval: float = 0.05) -> Any:
@@ -64,6 +65,36 @@ async def signed(secret: bytes | str, addr: str, method: str, path: str, body: b
     receiver, boot = await hello(addr)
     key = secret.encode() if isinstance(secret, str) else secret
     return sign(key, method, path, body, sender=sender, receiver=receiver, boot=boot, now=now)
+
+
+async def refused_both_ways(addr: str, method: str, path: str, body: bytes = b"") -> None:
+    """A holder of another secret believes none of the node's answers (its signed answers do not
+    verify: AnswerRefused), and the node refuses what it signs (401)."""
+    import pytest
+
+    from app.coordination.p2p.client import AnswerRefused, MeshClient
+
+    stranger = MeshClient(b"another-secret", timeout=5.0, node_id="stranger")
+    try:
+        with pytest.raises(AnswerRefused, match="bad signature"):
+            await stranger.request(method, addr, path, body or None)
+    finally:
+        await stranger.close()
+    headers = await signed(b"another-secret", addr, method, path, body, sender="stranger")
+    async with aiohttp.ClientSession() as s:
+        async with s.request(method, f"http://{addr}{path}", data=body, headers=headers) as r:
+            assert r.status == 401, await r.text()
+
+
+def signed_state(key: bytes | str, state: dict[str, Any]) -> dict[str, Any]:
+    """A node state as gossip carries it: the JSON text and its owner's signature (here any holder
+    of the shared secret `key`, which is exactly what the shared-secret mode trusts)."""
+    from app.coordination.p2p.identity import as_identity
+    from app.coordination.p2p.schemas import state_text
+
+    text = json.dumps(state)
+    sig, cert = as_identity(key).sign(state_text(text))
+    return {"state": text, "sig": sig, **({"cert": cert} if cert else {})}
 
 
 def assert_one_leader_per_term(data_dirs: list[Path]) -> dict[int, set[str]]:

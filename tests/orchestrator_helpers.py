@@ -146,6 +146,22 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
+def signal_children(procs: list[subprocess.Popen], sig: int) -> None:
+    """Send `sig` to every direct child of each node (its self-play workers): SIGSTOP pauses
+    production while the nodes themselves keep serving and replicating."""
+    pids = {p.pid for p in procs}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent in pids:
+            try:
+                os.kill(int(stat.parent.name), sig)
+            except ProcessLookupError:
+                pass
+
+
 def kill_group(proc: subprocess.Popen) -> None:
     """Cleanup: SIGKILL the node's whole process group, whatever is left of it."""
     try:

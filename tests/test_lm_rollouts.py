@@ -33,6 +33,7 @@ from app.lm.setup import (
 )
 from tests import lm_rollout_writer_job as writer_job
 from tests.lm_rollout_writer_job import CONFIG
+from tests.mesh_helpers import refused_both_ways
 from tests.orchestrator_helpers import ROOT, wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -152,9 +153,7 @@ async def test_replication_carries_rollouts_between_real_nodes(tmp_path: Path, l
         assert all(stores[nid].store.integrity_problems() == [] for nid in nodes)
         report = await reps["a"].run_round({"b": nodes["b"].addr}, ["a", "b"])
         assert report.pulled == 0 and report.status.under_replicated == 0 and report.status.own_held_by == {"b": 8}
-        clients["stranger"] = MeshClient(b"wrong-secret", timeout=5.0)
-        status, _ = await clients["stranger"].request("GET", nodes["a"].addr, f"/replica/{STORE_NAME}/digest")
-        assert status == 401
+        await refused_both_ways(nodes["a"].addr, "GET", f"/replica/{STORE_NAME}/digest")
     finally:
         for node in nodes.values():
             await node.stop()

@@ -12,6 +12,7 @@ import pytest
 from app.config.base import ConfigError
 from app.coordination.p2p.auth import (
     BOOT_HEADER,
+    DIGEST_HEADER,
     FROM_HEADER,
     NONCE_HEADER,
     SIG_HEADER,
@@ -70,7 +71,7 @@ async def test_unsigned_tampered_stale_replayed_are_401(node: MeshNode) -> None:
     headers = await signed(SECRET, node.addr, "POST", "/gossip", GOSSIP, sender="x")
     tampered = GOSSIP.replace(b'"x"', b'"y"')
     status, data = await post(node.addr, "/gossip", tampered, headers)
-    assert status == 401 and "signature" in data["error"]
+    assert status == 401 and "does not match its signed digest" in data["error"]
     assert (await post(node.addr, "/vote", GOSSIP, headers))[0] == 401  # signed for another path
     assert (await post(node.addr, "/gossip", GOSSIP, await signed(b"wrong", node.addr, "POST", "/gossip", GOSSIP, sender="x")))[0] == 401
     stale = await signed(SECRET, node.addr, "POST", "/gossip", GOSSIP, sender="x", now=time.time() - 301)
@@ -98,8 +99,9 @@ async def test_bad_bodies_are_400_or_413_with_a_message(node: MeshNode) -> None:
 
 
 async def test_a_large_signed_body_arrives_whole_and_a_streamed_oversized_one_is_413(tmp_path: Path) -> None:
-    """A body of many TCP chunks is read to its end before the signature is checked (a single
-    read returns only what has arrived), and a chunked body without a length still has a limit."""
+    """A body of many TCP chunks is read to its end before it is checked against its signed
+    digest (a single read returns only what has arrived), and a chunked body without a length
+    still has a limit."""
     n = MeshNode(node_id="big", host="127.0.0.1", port=0, data_dir=tmp_path, profile="fast", secret=SECRET)
     n.max_body_bytes = 1 << 20
     await n.start()
@@ -150,7 +152,7 @@ def test_verifier_and_nonce_cache_units() -> None:
         v.verify("POST", "/a", {TS_HEADER: "1"}, b"", now=1.0)
     with pytest.raises(AuthError, match="malformed"):
         v.verify("POST", "/a", {TS_HEADER: "x", NONCE_HEADER: "n", SIG_HEADER: "s", FROM_HEADER: "a",
-                                TO_HEADER: "me", BOOT_HEADER: "3"}, b"", now=1.0)
+                                TO_HEADER: "me", BOOT_HEADER: "3", DIGEST_HEADER: "0" * 64}, b"", now=1.0)
     with pytest.raises(AuthError, match="receiver|addressed to other"):
         v.verify("POST", "/a", sign(SECRET, "POST", "/a", b"", sender="a", receiver="other", boot=3, now=5.0), b"", now=5.0)
     with pytest.raises(AuthError, match="boot 2"):
@@ -188,3 +190,39 @@ def test_load_secret_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     (tmp_path / "empty").write_text("")
     with pytest.raises(ConfigError, match="empty"):
         load_secret(config_secret_file=tmp_path / "empty")
+
+
+async def test_json_out_is_always_json_and_non_finite_numbers_are_refused_at_parse(node: MeshNode) -> None:
+    """Issue 45, item 6: `1e309` reads as infinity in Python; it must not get in, and a
+    non-finite value that got in another way must not turn /status into non-JSON."""
+    from tests.mesh_helpers import signed_state
+
+    def strict(text: str) -> dict:
+        def refuse(name: str) -> None:
+            raise AssertionError(f"{name} in an answer: not JSON")
+        return json.loads(text, parse_constant=refuse)
+
+    for number in ("1e309", "-1e400"):
+        text = json.dumps({"node_id": "peer", "inventory": {"x": 1.0}}).replace("1.0", number)
+        body = json.dumps({"sender": "peer", "states": [{**signed_state(SECRET, {}), "state": text}]}).encode()
+        status, data = await post(node.addr, "/gossip", body, await signed(SECRET, node.addr, "POST", "/gossip", body,
+                                                                           sender="peer"))
+        assert status == 400 and "not a finite number" in data["error"], data
+        raw = f'{{"term": {number}, "candidate_id": "a"}}'.encode()
+        status, data = await post(node.addr, "/vote", raw, await signed(SECRET, node.addr, "POST", "/vote", raw))
+        assert status == 400 and "not a finite number" in data["error"], data
+    node.update_local_state(inventory={"x": float("inf"), "y": [float("nan")]})
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"http://{node.addr}/status") as r:
+            assert r.status == 200
+            assert strict(await r.text())["inventory"]["x"] is None
+
+
+async def test_a_withheld_request_is_stale_after_seconds_not_minutes(node: MeshNode) -> None:
+    """Issue 45, item 7: the signed timestamp must be within mesh.limits.clock_window_s (10 s)."""
+    assert node.limits.clock_window_s == 10.0
+    withheld = await signed(SECRET, node.addr, "POST", "/gossip", GOSSIP, sender="x", now=time.time() - 12)
+    status, data = await post(node.addr, "/gossip", GOSSIP, withheld)
+    assert status == 401 and data["code"] == "clock" and "window of 10 s" in data["error"], data
+    recent = await signed(SECRET, node.addr, "POST", "/gossip", GOSSIP, sender="x", now=time.time() - 5)
+    assert (await post(node.addr, "/gossip", GOSSIP, recent))[0] == 200

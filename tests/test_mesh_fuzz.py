@@ -23,10 +23,10 @@ from hypothesis import strategies as st
 from app.coordination.p2p.auth import sign
 from app.coordination.p2p.node import MeshNode
 from app.coordination.p2p.work_rules import WorkSpec
-from tests.mesh_helpers import free_ports
+from tests.mesh_helpers import free_ports, signed_state
 
 pytestmark = pytest.mark.timeout(300)
-SECRET = b"fuzz-test-secret"
+SECRET = b"fuzz-test-secret"  # before the strategies: gossiped states are signed with it too
 POSTS = ["/gossip", "/vote", "/heartbeat", "/commit", "/commit/read", "/commit/decided", "/transfer/timeout_now",
          "/admin/transfer", "/work/claim", "/work/claim_training", "/work/renew", "/work/complete", "/work/fail"]
 STRANGERS = ["mallory", "w1", "x"]  # never voters; transfer targets are drawn from these too
@@ -46,7 +46,8 @@ shaped = st.one_of(
                                                                       "sent_at": floats}),
     st.fixed_dictionaries({"term": ints, "candidate_id": names}, optional={"priority": ints, "pre_vote": st.booleans(),
                                                                          "transfer_from": names}),
-    st.fixed_dictionaries({"sender": names}, optional={"states": st.lists(node_state, max_size=3),
+    st.fixed_dictionaries({"sender": names}, optional={"states": st.lists(st.one_of(
+        node_state.map(lambda d: signed_state(SECRET, d)), node_state), max_size=3),
                                                        "view": st.dictionaries(names, names, max_size=3)}),
     st.fixed_dictionaries({"node_id": names}, optional={"capabilities": st.dictionaries(names, scalars, max_size=3),
                                                         "kinds": st.lists(names, max_size=3), "item_id": names,

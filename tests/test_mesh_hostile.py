@@ -16,7 +16,7 @@ import pytest
 from app.config.mesh import TimingProfile
 from app.coordination.p2p.auth import sign
 from app.coordination.p2p.node import MeshNode
-from tests.mesh_helpers import assert_one_leader_per_term, free_ports, wait_for
+from tests.mesh_helpers import assert_one_leader_per_term, free_ports, signed_state, wait_for
 from tests.orchestrator_helpers import BUSY_CPU_TIMING
 
 pytestmark = pytest.mark.timeout(120)
@@ -87,12 +87,13 @@ async def test_a_term_bomb_by_gossip_from_a_stranger_or_a_voter_changes_no_term(
     term = leader.term
     before = {n.node_id: n.store.term for n in trio}
     for n in trio:
-        stranger = {"sender": "mallory", "states": [state("mallory", 10**15)], "view": {}}
+        stranger = {"sender": "mallory", "states": [signed_state(SECRET, state("mallory", 10**15))], "view": {}}
         assert (await send(n, "/gossip", stranger, "mallory"))[0] == 200
         voter = next(v for v in IDS if v != n.node_id)  # a voter's own gossip, claiming a huge term
-        bomb = {"sender": voter, "states": [state(voter, 10**15, incarnation=2**40)], "view": {}}
+        bomb = {"sender": voter, "states": [signed_state(SECRET, state(voter, 10**15, incarnation=2**40))], "view": {}}
         assert (await send(n, "/gossip", bomb, voter))[0] == 200
-        status, data = await send(n, "/gossip", {"sender": "mallory", "states": [state("mallory", 2**63)]}, "mallory")
+        status, data = await send(n, "/gossip", {"sender": "mallory", "states": [signed_state(SECRET, state("mallory", 2**63))]},
+                                  "mallory")
         assert status == 400 and "term" in data["error"]  # above the bound: refused, with the reason
 
     async def spread() -> bool:  # the fake peer reached every node, and gossip went round since

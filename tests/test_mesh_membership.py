@@ -9,13 +9,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.coordination.p2p.membership import Liveness, Membership, is_newer, liveness_of
-from app.coordination.p2p.schemas import GossipMessage, NodeState
+from app.coordination.p2p.schemas import GossipMessage, NodeState, SignedState
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def member(node_id: str, now: float = 0.0) -> Membership:
-    return Membership(NodeState(node_id=node_id), suspect_after=1.0, dead_after=3.0, now=now)
+def member(node_id: str, now: float = 0.0, relay_step: int | None = None) -> Membership:
+    return Membership(NodeState(node_id=node_id), suspect_after=1.0, dead_after=3.0, now=now, relay_step=relay_step)
+
+
+def env(state: NodeState) -> SignedState:
+    """A state as gossip carries it (unsigned: these tests are about the merge rules)."""
+    return SignedState(state=state.model_dump_json())
 
 
 def test_liveness_thresholds() -> None:
@@ -31,10 +36,10 @@ def test_alive_suspect_dead_then_back_alive_on_newer_stamp() -> None:
     assert a.liveness("b", 0.5) is Liveness.ALIVE
     assert a.liveness("b", 1.5) is Liveness.SUSPECT
     assert a.liveness("b", 3.5) is Liveness.DEAD
-    a.merge(GossipMessage(sender="c", states=[b.local]), now=4.0)  # same stamp: no news
+    a.merge(GossipMessage(sender="c", states=[env(b.local)]), now=4.0)  # same stamp: no news
     assert a.liveness("b", 4.0) is Liveness.DEAD
     b.tick()
-    a.merge(GossipMessage(sender="c", states=[b.local]), now=4.0)  # relayed newer stamp: alive
+    a.merge(GossipMessage(sender="c", states=[env(b.local)]), now=4.0)  # relayed newer stamp: alive
     assert a.liveness("b", 4.0) is Liveness.ALIVE
     assert a.liveness("unknown", 4.0) is Liveness.DEAD
     assert a.liveness("a", 100.0) is Liveness.ALIVE
@@ -58,7 +63,7 @@ def test_suspected_node_refutes_by_bumping_incarnation() -> None:
 
 def test_a_newer_stamp_of_ourselves_makes_us_jump_past_it() -> None:
     a = member("a")
-    a.merge(GossipMessage(sender="b", states=[NodeState(node_id="a", incarnation=5, version=3)]), 0.0)
+    a.merge(GossipMessage(sender="b", states=[env(NodeState(node_id="a", incarnation=5, version=3))]), 0.0)
     assert a.local.stamp() > (5, 3)
 
 
@@ -119,3 +124,36 @@ def simulate(n: int, fanout: int, seed: int) -> int:
 
 def test_push_pull_gossip_converges_in_few_rounds() -> None:
     assert simulate(40, 3, seed=7) <= 12
+
+
+def test_a_relayed_incarnation_moves_by_a_bounded_step_and_the_owner_refutes_any_value() -> None:
+    """Shared secret (issue 45, item 4): a relay may not push a node's incarnation far past what
+    is known of it; the node itself may, and its own word replaces a forged higher one."""
+    a = member("a", relay_step=64)
+    a.merge(GossipMessage(sender="b", states=[env(NodeState(node_id="b", incarnation=3, version=1))]), 0.0, direct="b")
+    forged = NodeState(node_id="b", incarnation=2**53, version=9, role="leader", term=2**53)
+    refused: list[str] = []
+    a.merge(GossipMessage(sender="m", states=[env(forged)]), 0.1, direct="m", refused=lambda n, why: refused.append(why))
+    assert a.state_of("b").incarnation == 3 and refused and "only the node itself" in refused[0]  # type: ignore[union-attr]
+    a.merge(GossipMessage(sender="m", states=[env(NodeState(node_id="b", incarnation=60, version=0))]), 0.2)
+    assert a.state_of("b").incarnation == 60  # type: ignore[union-attr]  # a restart or two: within the step
+    # a forged state that did get in (a holder of the secret speaking as b) is refuted by b itself
+    a.merge(GossipMessage(sender="b", states=[env(forged)]), 0.3, direct="b")
+    assert a.state_of("b").role == "leader"  # type: ignore[union-attr]
+    a.merge(GossipMessage(sender="b", states=[env(NodeState(node_id="b", incarnation=61, version=2))]), 0.4,
+            direct="b")
+    assert a.state_of("b").stamp() == (61, 2) and a.state_of("b").role == "follower"  # type: ignore[union-attr]
+    # a stranger first heard of through a relay: at most FIRST_SIGHT_MAX
+    a.merge(GossipMessage(sender="m", states=[env(NodeState(node_id="c", incarnation=2**40))]), 0.5)
+    assert a.state_of("c") is None
+
+
+def test_a_forged_state_of_ourselves_cannot_push_us_to_the_bound() -> None:
+    a = member("a", relay_step=64)
+    a.merge(GossipMessage(sender="m", states=[env(NodeState(node_id="a", incarnation=2**53 - 1, version=5))]), 0.0)
+    assert a.local.incarnation < 1000  # ignored: refutation must stay possible
+    a.merge(GossipMessage(sender="m", states=[env(NodeState(node_id="a", incarnation=57, version=5))]), 0.0)
+    assert a.local.stamp() == (58, 0)  # our own old state (we restarted without our file): jump past it
+    signed = member("s")  # per-node keys: every state that got in carries its owner's signature
+    signed.merge(GossipMessage(sender="m", states=[env(NodeState(node_id="s", incarnation=2**40, version=1))]), 0.0)
+    assert signed.local.incarnation == 2**40 + 1

@@ -23,6 +23,7 @@ from app.coordination.sync.ranges import (
     range_of,
     under_replicated,
 )
+from app.coordination.sync.replica_push import Pusher
 from app.coordination.sync.replica_store import GameStore
 from app.coordination.sync.replication import Replicator
 from app.db.replay_db import GameRecord, MoveRecord, ReplayDB
@@ -103,7 +104,7 @@ class Cluster:
         await node.start()
         self.nodes[nid] = node
         self.stores[nid] = GameStore(self.db(nid))
-        self.clients[nid] = MeshClient(SECRET, timeout=5.0)
+        self.clients[nid] = MeshClient(SECRET, timeout=5.0, node_id=nid)
 
     def replicator(self, nid: str, **kw) -> Replicator:
         return Replicator(nid, self.clients[nid], self.stores[nid], factor=kw.pop("factor", 2), **kw)
@@ -218,6 +219,53 @@ async def test_endpoints_refuse_malformed_and_unsigned_requests(cluster: Cluster
     assert status == 200
     async with aiohttp.ClientSession() as session, session.get(f"http://{addr}/replica/games/digest") as resp:
         assert resp.status == 401  # unsigned
+
+
+async def test_a_game_is_pushed_to_its_holders_as_soon_as_it_is_stored(cluster: Cluster) -> None:
+    """Issue 45, item 5: the origin pushes what it makes (no pull round in between); placement
+    decides the holders, a peer that does not answer keeps its games pending (and counted as
+    such) until it does, and a node takes a push of a record only from the record's origin."""
+    for nid in IDS:
+        await cluster.start(nid)
+    peers = {p: cluster.nodes[p].addr for p in ("n1", "n2")}
+    before = play(cluster.db("n0"), "n0", 5)  # made before the pusher started: anti-entropy's
+    pusher = Pusher("n0", cluster.clients["n0"], cluster.stores["n0"], factor=2, prefetch=False)
+    assert await pusher.push_new(peers, IDS) == 0
+    made = play(cluster.db("n0"), "n0", 40)
+    assert await pusher.push_new(peers, IDS) == 40  # one holder besides the origin, each
+    copies = {p: held(cluster.db(p)) for p in peers}
+    for uid in made:
+        (holder,) = [p for p in peers if uid in copies[p]]
+        assert holder == holders("n0", range_of(uid, 2), IDS, 2)[1]
+    assert not before & (copies["n1"] | copies["n2"])
+    status = pusher.status()
+    assert status.pending == 0 and status.samples == 40 and status.pushed_total == 40
+    assert status.lag_p50_s is not None and status.lag_p99_s is not None
+
+    # n1 does not answer: its games stay pending, the rest go; once it answers, they follow
+    more = play(cluster.db("n0"), "n0", 30)
+    await pusher.push_new({**peers, "n1": "127.0.0.1:9"}, IDS)
+    on_n1 = {u for u in more if holders("n0", range_of(u, 2), IDS, 2)[1] == "n1"}
+    assert on_n1 and pusher.status().pending == len(on_n1) and pusher.status().oldest_pending_s is not None
+    assert more - on_n1 <= held(cluster.db("n2"))
+    import asyncio
+    await asyncio.sleep(0.3)  # past the failed peer's backoff
+    assert await pusher.push_new(peers, IDS) == len(on_n1)
+    assert on_n1 <= held(cluster.db("n1")) and pusher.status().pending == 0
+
+    # with prefetch every alive peer gets every game at once
+    everywhere = Pusher("n0", cluster.clients["n0"], cluster.stores["n0"], factor=2, prefetch=True)
+    await everywhere.push_new(peers, IDS)
+    newest = play(cluster.db("n0"), "n0", 4)
+    assert await everywhere.push_new(peers, IDS) == 8
+    assert all(newest <= held(cluster.db(p)) for p in peers)
+
+    # only a record's origin pushes it
+    stranger = game(uuid.uuid4().hex, "n2").to_json()
+    status_code, data = await cluster.clients["n1"].request("POST", cluster.nodes["n0"].addr, "/replica/games/push",
+                                                            {"records": [stranger]})
+    assert status_code == 400 and "only a record's origin pushes it" in data["error"], data
+    assert stranger["uid"] not in held(cluster.db("n0"))
 
 
 class DictStore:

@@ -9,7 +9,8 @@
     python -m app.cli registry ...                             registry commands (evaluate, list, ...)
 
 Reads (status, progress) are public: no secret. The commands that change the cluster (rollback,
-drain, transfer) are signed with the cluster secret: MESH_SECRET or MESH_SECRET_FILE, --config's
+drain, transfer) are signed: with an operator key from the cluster tool (--config's
+mesh.node_keys), else the cluster secret: MESH_SECRET or MESH_SECRET_FILE, --config's
 mesh.secret / mesh.secret_file, else the node's own <data_dir>/mesh_secret (./data, or
 --data-dir / the config's node.data_dir: run it beside the node). They may be sent to any node:
 a follower's answer names the leader and the command is re-sent there. --node takes host:port,
@@ -25,12 +26,15 @@ import json
 import ssl
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.cli.mesh_commands import (
     MeshAdmin, NodeAddress, SECRET_HINT, describe_error, format_progress, format_status, refusal_line,
 )
 from app.config import ConfigError, Settings, load_settings
+
+if TYPE_CHECKING:
+    from app.coordination.p2p.identity import Identity
 
 READS = ("status", "progress")
 SIGNED = ("rollback", "drain", "transfer")
@@ -111,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _admin(args: argparse.Namespace, settings: Settings) -> MeshAdmin:
-    """Reads need no secret; the signed commands load one (ConfigError naming where it looked)."""
+    """Reads need no secret; the signed commands load a key (ConfigError naming where it looked)."""
     from app.coordination.p2p.client import MeshClient
     from app.coordination.p2p.tls import client_context
 
@@ -119,23 +123,27 @@ def _admin(args: argparse.Namespace, settings: Settings) -> MeshAdmin:
     if args.node.scheme == "https":  # the cluster's CA and this operator's certificate, else the system's trust
         tls = settings.mesh.tls
         ssl_context = client_context(tls) if tls is not None else ssl.create_default_context()
-    client = MeshClient(_secret(settings, args.data_dir), args.timeout, ssl_context=ssl_context) \
-        if args.command in SIGNED else None
+    client = None
+    if args.command in SIGNED:
+        identity = _identity(settings, args.data_dir)
+        client = MeshClient(identity, args.timeout, node_id=getattr(identity, "node_id", "operator"),
+                            ssl_context=ssl_context)
     return MeshAdmin(args.node, client, ssl_context, args.timeout)
 
 
-def _secret(settings: Settings, data_dir: Path | None) -> bytes:
-    """The environment's or the config's secret, else the node's own file beside its data."""
-    from app.coordination.p2p.auth import load_secret
+def _identity(settings: Settings, data_dir: Path | None) -> Identity:
+    """The operator's own key (mesh.node_keys), the environment's or the config's secret, else
+    the node's own secret file beside its data."""
+    from app.coordination.p2p.auth import load_identity, load_secret
 
     try:
-        return load_secret(settings.mesh.secret, settings.mesh.secret_file)
+        return load_identity(settings.mesh)
     except ConfigError:
         path = (data_dir or settings.node.data_dir) / "mesh_secret"
         if not path.is_file():
             raise ConfigError(f"no mesh secret for a signed command (looked in the environment, the config and "
                               f"{path}): {SECRET_HINT}") from None
-        return load_secret(config_secret_file=path)
+        return load_identity(settings.mesh, secret=load_secret(config_secret_file=path))
 
 
 async def _run(args: argparse.Namespace, admin: MeshAdmin) -> tuple[int, Any]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import aiohttp
 
-from app.coordination.p2p.client import MeshClient
+from app.coordination.p2p.client import AnswerRefused, MeshClient
 
 Answer = tuple[int, Any]  # (HTTP status, parsed answer)
 _ADDRESS = re.compile(r"^(?:(?P<scheme>https?)://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+):(?P<port>\d{1,5})/?$")
@@ -150,6 +150,8 @@ def describe_error(exc: BaseException, node: NodeAddress, timeout_s: float) -> s
     """One human line for a failure to talk to a node: never a repr."""
     if isinstance(exc, CommandRefused):
         return str(exc)
+    if isinstance(exc, AnswerRefused) and "signature" in str(exc):  # the node signs with a key we do not hold
+        return f"{node} signs with another secret than this command's (its answer does not check): {SECRET_HINT}"
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError, aiohttp.ServerTimeoutError)):
         return f"{node} did not answer within {timeout_s:.0f} s"
     if isinstance(exc, aiohttp.ClientConnectorCertificateError):

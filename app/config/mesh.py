@@ -102,8 +102,9 @@ PROFILES: dict[str, TimingProfile] = {
 
 
 class TlsConfig(StrictModel):
-    """Cluster CA and this node's certificate (`python -m app.coordination.p2p.tls init`). With
-    TLS on, a peer's node id is the one its certificate names."""
+    """Cluster CA and this node's certificate and key (`python -m app.coordination.p2p.tls init`).
+    As `mesh.tls` they are the TLS certificate and sign every message; as `mesh.node_keys` they
+    only sign (plain HTTP). Either way a peer's node id is the one its certificate names."""
 
     ca_file: Path
     cert_file: Path
@@ -120,6 +121,9 @@ class MeshLimits(StrictModel):
     max_connections: int = Field(default=512, ge=8)  # open connections in all
     max_connections_per_addr: int = Field(default=256, ge=2)  # ... from one address (loopback clusters share one)
     keepalive_timeout: float = Field(default=15.0, gt=0)  # an idle kept-alive connection is closed
+    clock_window_s: float = Field(default=10.0, gt=0, le=300)  # a signed timestamp this far off ours is refused
+    max_term_step: int = Field(default=1000, ge=16, le=2**20)  # a term adopted at most this far above every other voter's
+    read_bufsize: int = Field(default=16384, ge=1024, le=2**20)  # bytes buffered per connection before it is read
 
 
 class MeshConfig(StrictModel):
@@ -135,12 +139,19 @@ class MeshConfig(StrictModel):
     timing: TimingProfile | None = None  # full override of the named profile
     limits: MeshLimits = Field(default_factory=MeshLimits)
     tls: TlsConfig | None = None  # off: plain HTTP (on networks already encrypted, e.g. Tailscale)
+    node_keys: TlsConfig | None = None  # per-node signing keys without TLS; off (and no tls): the shared secret
 
     @model_validator(mode="after")
     def _known_profile(self) -> MeshConfig:
         if self.timing is None and self.profile not in PROFILES:
             raise ValueError(f"unknown profile {self.profile!r}; expected one of {sorted(PROFILES)}")
+        if self.tls is not None and self.node_keys is not None:
+            raise ValueError("set mesh.tls or mesh.node_keys, not both: with TLS the certificate's key signs")
         return self
+
+    def key_files(self) -> TlsConfig | None:
+        """The per-node key this node signs with (TLS's, or node_keys'); None: the shared secret."""
+        return self.tls if self.tls is not None else self.node_keys
 
     def timing_profile(self) -> TimingProfile:
         return self.timing if self.timing is not None else PROFILES[self.profile]

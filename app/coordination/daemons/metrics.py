@@ -19,7 +19,7 @@ from importlib import metadata
 from typing import Any, Callable, Iterable, Mapping
 
 from prometheus_client import (
-    CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, PlatformCollector, ProcessCollector,
+    CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector,
     disable_created_metrics, generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily
@@ -36,7 +36,7 @@ class _NodeBound:
     """A labelled collector with `node` pre-filled: `.labels(x)` fills the remaining labels;
     `.set`/`.inc` act on the node's own series (created on first use, so no fake zero)."""
 
-    def __init__(self, metric: Counter | Gauge, node: str) -> None:
+    def __init__(self, metric: Counter | Gauge | Histogram, node: str) -> None:
         self._metric = metric
         self._node = node
 
@@ -50,6 +50,9 @@ class _NodeBound:
 
     def inc(self, amount: float = 1.0) -> None:
         self._metric.labels(self._node).inc(amount)
+
+    def observe(self, value: float) -> None:
+        self._metric.labels(self._node).observe(value)
 
 
 class _Both:
@@ -170,6 +173,12 @@ class Metrics:
             "replication_pulled_games", "Games this node pulled from peers by anti-entropy.")
         self.replication_received_bytes_total = counter(
             "replication_received_bytes", "Bytes of anti-entropy answers this node received.")
+        # Push on making (app/coordination/sync/replica_push.py): how long a game took to reach the factor.
+        self.replication_lag_seconds = _NodeBound(Histogram(
+            f"{n}_replication_lag_seconds", "From a game's end to the replication factor's nodes holding it.",
+            ["node"], buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300), registry=r), node)
+        self.replication_pending_oldest_seconds = gauge(
+            "replication_pending_oldest_seconds", "Age of this node's oldest game not yet on the factor's nodes (0: none).")
         # Daemons.
         self.daemon_restarts_total = counter(
             "daemon_restarts", "Daemon restarts after a crash or failed health check.", "daemon")

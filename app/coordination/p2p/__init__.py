@@ -9,15 +9,19 @@ Modules (pure rules first, I/O at the edge):
     membership.py  bounded node table, gossip merge, ALIVE -> SUSPECT -> DEAD, eviction (no I/O)
     view.py        ClusterView: what a work source sees
     persist.py     term/vote file, quorum-commit store, append-only history (atomic writes)
-    auth.py        HMAC signing naming sender, receiver and its boot; replay cache; middleware
-    tls.py         optional mutual TLS with a cluster CA (`python -m app.coordination.p2p.tls init`)
+    identity.py    who signs: the shared secret (quick start) or this node's own key (node keys / TLS)
+    auth.py        request signatures naming sender, receiver and its boot, checked before the body; replay cache
+    answers.py     signed answers, bound to the request's nonce, checked by the caller
+    jsonwire.py    bounded JSON in (finite numbers only), valid JSON out
+    tls.py         the cluster tool: CA and per-node keys (`python -m app.coordination.p2p.tls init`), optional mutual TLS
     conn_guard.py  connection caps and header deadlines against slow and many clients
     refusals.py    refusals counted by reason (/metrics), last one per peer (/status), bounded logs
     client.py      signed client that learns who answers where
     consensus_core.py  shared state, the one transition function, `admit` (the gate of leader messages)
     deciding.py, transfer.py, consensus.py  Consensus: decisions, handover, election and heartbeats
     work_queue.py  the leader's queue (models in app/db/work_queue.py)
-    node.py        MeshNode: wiring and loops; server.py: routes; node_status.py: /status; worker.py: WorkClient
+    node.py        MeshNode: wiring and loops; gossip.py: its gossip rounds (owner-signed states);
+                   server.py: routes; node_status.py: /status; worker.py: WorkClient
     discovery.py   static peers, `tailscale status --json`
 
 Embedding (what the orchestrator uses):
@@ -43,12 +47,17 @@ persisted before a vote; lower terms refused, higher terms obeyed; pre-vote plus
 stickiness, so a healthy leader is never preempted; the leader's lease is shorter than the
 election timeout and it steps down without quorum acks; quorum LOST is read-only.
 
-Security: every node-to-node request is HMAC-signed (secret from env MESH_SECRET, env
-MESH_SECRET_FILE, or mesh.secret / mesh.secret_file) and names its sender, its receiver and
-the receiver's boot, so a request is good once, for one node, in one run of it; with mesh.tls
-the sender is the node its certificate names. A message must come from the node it speaks
-for, and terms move only through Raft's messages from configured voters, never by gossip.
-GET /status, /progress, /mesh/hello and /metrics are operator endpoints, readable unsigned.
+Security: every node-to-node request is signed, with this node's own key (mesh.node_keys or
+mesh.tls: a signature speaks only for the node its certificate names) or with the cluster's
+shared secret (env MESH_SECRET, env MESH_SECRET_FILE, or mesh.secret / mesh.secret_file: the
+quick start, which trusts every holder), and names its sender, its receiver and the receiver's
+boot, so a request is good once, for one node, in one run of it, within seconds of its signed
+time; the signature covers the body's digest and is checked before the body is read. Every
+answer is signed by the node that gives it and checked by the caller; gossip carries each
+node's state as its owner signed it. A message must come from the node it speaks for, and
+terms move only through Raft's messages from configured voters, never by gossip, and only by
+bounded steps. GET /status, /progress, /mesh/hello and /metrics are operator endpoints,
+readable unsigned.
 """
 
 from __future__ import annotations

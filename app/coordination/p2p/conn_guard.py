@@ -6,17 +6,26 @@ must not starve `/status`. So a connection has `header_deadline` seconds (after 
 after its previous answer) to deliver a request's headers; and when a cap is reached, the
 oldest connection that is still waiting for headers is closed to make room (slow clients lose,
 a client that asks at once wins). Only when every connection at the cap is busy serving a
-request is the new one refused. Bodies have their own deadline (auth_middleware).
+request is the new one refused. A request's whole signature is checked before its body is read
+(auth_middleware), so a connection that cannot sign is never busy for long: it is answered 401
+and closed, and what it buffered (at most `mesh.limits.read_bufsize`, twice) is freed with it.
+Bodies have their own deadline.
+
+Errors the event loop reports on its own (e.g. `accept` failing with "Too many open files"
+under a flood) are logged at a bounded rate (`rate_limit_loop_errors`), not once per attempt.
 """
 
 from __future__ import annotations
 
 import asyncio
+import resource
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
+
+from app.coordination.p2p.refusals import RateLimitedLog
 
 RefusalHook = Callable[[str, str, str], None]  # (peer, code, reason)
 
@@ -139,3 +148,33 @@ class ConnectionGuard:
                 self.request_done(transport)
 
         return mark_busy
+
+
+def rate_limit_loop_errors(loop: asyncio.AbstractEventLoop, interval: float = 10.0) -> None:
+    """Errors the loop reports itself (a failing `accept` under a descriptor flood was logged
+    ~14,000 times in 20 s) at most once per `interval` per message, with the count left out.
+    A handler someone else installed is left alone."""
+    if loop.get_exception_handler() is not None:
+        return
+    limited = RateLimitedLog(interval)
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        message = str(context.get("message", "event loop error"))
+        exc = context.get("exception")
+        if limited.emit(f"loop:{message}", "event_loop_error", message=message[:200],
+                        error=repr(exc)[:200] if exc is not None else None):
+            loop.default_exception_handler(context)  # the traceback, at the same bounded rate
+
+    loop.set_exception_handler(handler)
+
+
+def raise_descriptor_limit() -> None:
+    """Soft descriptor limit up to the hard one (at most 65,536): a connection flood meets the
+    connection caps above long before `accept` fails with "Too many open files"."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = 1 << 16 if hard == resource.RLIM_INFINITY else min(hard, 1 << 16)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ValueError, OSError):
+        pass

@@ -15,6 +15,7 @@ from app.coordination.p2p import election as rules
 from app.coordination.p2p.deciding import Deciding
 from app.coordination.p2p.election import Role
 from app.coordination.p2p.schemas import (
+    MAX_TERM,
     HeartbeatRequest,
     HeartbeatResponse,
     VoteRequest,
@@ -46,6 +47,8 @@ class Consensus(Deciding, Transferring):
         if sender != req.candidate_id:
             return VoteResponse(term=self.term, granted=False, voter_id=self.node_id,
                                 reason=f"sent by {sender} on behalf of {req.candidate_id}")
+        if req.candidate_id in self.voters and (why := self.term_check(req.term, sender)) is not None:
+            return VoteResponse(term=self.term, granted=False, voter_id=self.node_id, reason=why)
         now = time.monotonic()
         if self.role is Role.LEADER:
             contact_age: float | None = 0.0
@@ -71,7 +74,7 @@ class Consensus(Deciding, Transferring):
             transfer=req.transfer_from is not None and req.transfer_from in (self.leader_id, self.node_id),
         )
         if decision.adopt_term:
-            self.observe_term(req.term)
+            self.observe_term(req.term, sender)
         if decision.granted and not req.pre_vote:  # persisted before the answer leaves
             self._transition(self.role, self.leader_id, term=req.term, vote=req.candidate_id)
             self.last_leader_contact = now
@@ -93,7 +96,8 @@ class Consensus(Deciding, Transferring):
         return [self.rank_of(v) for v in self.voters if v in alive]
 
     # -- procedures (us -> peers) ----------------------------------------------------
-    async def _ask_votes(self, term: int, pre_vote: bool, transfer_from: str | None = None) -> tuple[set[str], int]:
+    async def _ask_votes(self, term: int, pre_vote: bool, transfer_from: str | None = None) -> tuple[set[str], bool]:
+        """(the voters that granted, us included; whether an answer moved us to a newer term)."""
         req = VoteRequest(term=term, candidate_id=self.node_id, priority=self.priority, pre_vote=pre_vote,
                           transfer_from=transfer_from)
         calls = self.post_to_voters("/vote", req, VoteResponse)
@@ -105,10 +109,13 @@ class Consensus(Deciding, Transferring):
 
         answers = {v: r for v, r in (await self.gather_until(calls, enough)).items() if r.voter_id == v}
         now = time.monotonic()
-        for voter in answers:
+        before = self.term
+        for voter, answer in answers.items():
             self.membership.touch(voter, now)
-        highest = max([r.term for r in answers.values()], default=0)
-        return granted | {v for v, r in answers.items() if r.granted}, highest
+            if answer.term > self.term:
+                self.observe_answer(voter, answer.term)  # bounded step: a bomb in an answer is refused
+        granted |= {v for v, r in answers.items() if r.granted}
+        return granted, self.term > before
 
     async def run_election(self, transfer_from: str | None = None) -> bool:
         """Pre-vote, then a real vote in term+1; True when this node became leader. With
@@ -117,14 +124,16 @@ class Consensus(Deciding, Transferring):
         if not self.is_voter or self.role is Role.LEADER:
             return False
         start_term = self.term
+        if start_term + 1 > MAX_TERM:  # unreachable: adopted terms stop at election.TERM_CEILING
+            log.critical("term at its bound: no election possible", term=start_term, bound=MAX_TERM)
+            return False
         if transfer_from is None and not await self._pre_vote_won(start_term):
             return False
         term = start_term + 1
         self._transition(Role.CANDIDATE, None, term=term, vote=self.node_id)  # our own vote, persisted first
         sent_at = time.monotonic()
-        granted, highest = await self._ask_votes(term, pre_vote=False, transfer_from=transfer_from)
-        if highest > self.term:
-            self.observe_term(highest)
+        granted, moved_on = await self._ask_votes(term, pre_vote=False, transfer_from=transfer_from)
+        if moved_on:
             return False
         if self.term != term or self.role is not Role.CANDIDATE:
             return False
@@ -147,9 +156,8 @@ class Consensus(Deciding, Transferring):
         )
         if not own.granted:
             return False
-        granted, highest = await self._ask_votes(start_term + 1, pre_vote=True)
-        if highest > self.term:
-            self.observe_term(highest)
+        granted, moved_on = await self._ask_votes(start_term + 1, pre_vote=True)
+        if moved_on:
             return False
         if not rules.votes_won(self.voters, granted) or self.term != start_term or self.role is Role.LEADER:
             return False
@@ -177,7 +185,8 @@ class Consensus(Deciding, Transferring):
         try:
             sent_at = time.monotonic()
             req = HeartbeatRequest(term=term, leader_id=self.node_id, sent_at=time.time())
-            resp = await self.client.post(addr, "/heartbeat", req, HeartbeatResponse, self.timing.request_timeout)
+            resp = await self.client.post(addr, "/heartbeat", req, HeartbeatResponse, self.timing.request_timeout,
+                                          expect=peer)
             if resp is None:
                 return
             if resp.node_id != peer:

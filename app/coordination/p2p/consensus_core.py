@@ -8,10 +8,15 @@ timeout_now), checked in one order everywhere:
   1. a stale term is refused;
   2. the sender must be the node the message speaks for, and a configured voter;
   3. in our own term it must be the leader we know of (a second leader of a term is refused);
-  4. a newer term is adopted (persisted) and its leader followed.
+  4. a newer term must be a bounded step above every other voter's (election.term_refusal);
+  5. a newer term is adopted (persisted) and its leader followed.
 
 A term is only ever adopted from a configured voter, through the messages that carry terms in
-Raft (votes and their answers, the leader's heartbeats and commits), never from gossip.
+Raft (votes and their answers, the leader's heartbeats and commits), never from gossip, and
+only by a bounded step (`term_check`): the other voters' terms as they gossip them (signed by
+each owner) are the reference, so one voter, or one answer, claiming a term far ahead of all
+others is refused with a reason, counted (`mesh_refusals_total{reason="term_far_ahead"}`) and
+shown in /status, and never wedges the elections after it.
 The protocols are subclasses: deciding.py (one value per key), transfer.py (handover),
 consensus.py (election and heartbeats).
 """
@@ -35,6 +40,8 @@ from app.coordination.p2p.persist import CommitStore, HistoryLog, TermStore
 from app.coordination.p2p.schemas import MAX_TERM
 from app.log import bind_term, get_logger
 
+TermRefused = Callable[[str, int, str], None]  # (the voter that sent it, the term, why)
+
 log = get_logger(__name__)
 T = TypeVar("T")
 R = TypeVar("R", bound=BaseModel)
@@ -55,6 +62,9 @@ class ConsensusCore:
         client: MeshClient,
         addr_of: Callable[[str], str | None],
         on_become_leader: Callable[[int], None],
+        *,
+        max_term_step: int = 1000,
+        on_term_refused: TermRefused | None = None,
     ) -> None:
         self.node_id = node_id
         self.voters = sorted(set(voters))
@@ -67,6 +77,10 @@ class ConsensusCore:
         self.client = client
         self.addr_of = addr_of
         self.on_become_leader = on_become_leader
+        self.max_term_step = max_term_step
+        self.on_term_refused = on_term_refused
+        self.terms_refused = 0
+        self.last_term_refusal: dict[str, object] | None = None
         self.role = Role.FOLLOWER
         self.leader_id: str | None = None
         self.started_at = time.monotonic()
@@ -154,15 +168,34 @@ class ConsensusCore:
         elif role is Role.FOLLOWER and leader is not None and leader != old_leader and new_term == old_term:
             self.history.append("leader_observed", new_term, leader=leader)
 
-    def observe_term(self, term: int, leader: str | None = None) -> None:
-        """A newer term from a configured voter: persist it and follow (callers checked who sent it)."""
-        if term > self.term:
-            self._transition(Role.FOLLOWER, leader, term=term, reason="higher term")
+    def term_check(self, term: int, sender: str) -> str | None:
+        """Why `term`, sent by voter `sender`, must not be adopted (None: it may): the bounded
+        step above every other voter's gossiped term (election.term_refusal). A refusal is
+        counted, kept for /status and reported."""
+        if term <= self.term:
+            return None
+        others = [st.term for v in self.voters if v not in (self.node_id, sender)
+                  and (st := self.membership.state_of(v)) is not None]
+        why = rules.term_refusal(term, self.term, others, self.max_term_step)
+        if why is not None:
+            self.terms_refused += 1
+            self.last_term_refusal = {"from": sender, "term": term, "reason": why, "at": time.time()}
+            if self.on_term_refused is not None:
+                self.on_term_refused(sender, term, why)
+        return why
+
+    def observe_term(self, term: int, sender: str, leader: str | None = None) -> bool:
+        """A newer term from configured voter `sender`: persist it and follow, unless it is too
+        far ahead (term_check); True when adopted (callers checked who sent it)."""
+        if term <= self.term or self.term_check(term, sender) is not None:
+            return False
+        self._transition(Role.FOLLOWER, leader, term=term, reason="higher term")
+        return True
 
     def observe_answer(self, peer: str, term: int) -> None:
         """A term in an answer: adopted only when that peer is a configured voter."""
         if peer in self.voters and peer != self.node_id:
-            self.observe_term(term)
+            self.observe_term(term, peer)
 
     def step_down(self, reason: str) -> None:
         self._transition(Role.FOLLOWER, None, reason=reason)
@@ -182,6 +215,8 @@ class ConsensusCore:
             return f"sent by {sender} on behalf of {leader_id}"
         if leader_id not in self.voters:
             return f"{leader_id} is not a configured voter"
+        if (why := self.term_check(term, sender)) is not None:
+            return why
         if term == self.term:
             if self.role is Role.LEADER and leader_id != self.node_id:
                 log.error("a message from another leader in my term", other=leader_id, term=term)
@@ -217,12 +252,13 @@ class ConsensusCore:
         return answers
 
     def post_to_voters(self, path: str, req: BaseModel, response: type[R]) -> dict[str, Awaitable[R | None]]:
-        """One request to every other voter with a known address (None answers: unreachable)."""
+        """One request to every other voter with a known address (None answers: unreachable, or
+        answered by another node than that voter)."""
         calls = {}
         for voter in self.voters:
             addr = self.addr_of(voter) if voter != self.node_id else None
             if addr:
-                calls[voter] = self.client.post(addr, path, req, response, self.timing.request_timeout)
+                calls[voter] = self.client.post(addr, path, req, response, self.timing.request_timeout, expect=voter)
         return calls
 
     def spawn(self, coro: Awaitable[object]) -> None:

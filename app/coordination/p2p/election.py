@@ -16,6 +16,12 @@ The rules, and why:
   higher-ranked node that is visible but cannot win never blocks the cluster forever.
 * Candidates first run a pre-vote (the same rule, no side effects): a node cut off from a
   quorum cannot inflate its term and later disrupt a healthy leader.
+* Terms move by bounded steps (`term_refusal`): a voter adopts a higher term only when it is at
+  most `step` above the highest term it knows of any voter other than the sender (its own
+  included), and never above TERM_CEILING. Honest terms grow by one per election, so they are
+  never far apart; one message claiming a huge term is refused, counted and shown, instead of
+  wedging every later election. The ceiling sits far below the wire bound MAX_TERM, so an
+  election from any adoptable term still has room; a term nearing it is an operator alert.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ class QuorumLevel(str, Enum):
 
 
 Rank = tuple[int, str]
+TERM_CEILING = 2**52  # highest term a voter adopts or starts with; MAX_TERM (2**53) leaves 2**52 elections above it
+TERM_ALERT = 2**40  # a term this high was never reached by elections (one a second: 35,000 years): an alert
 
 
 def quorum_size(voters: Iterable[str]) -> int:
@@ -133,6 +141,19 @@ def should_grant_vote(
     if not pre_vote and not adopt and voted_for not in (None, candidate_id):
         return VoteDecision(False, f"already voted for {voted_for} in this term", False)
     return VoteDecision(True, "granted", adopt)
+
+
+def term_refusal(term: int, own: int, others: Iterable[int], step: int) -> str | None:
+    """Why a voter at `own` must not adopt `term` (None: it may, or it is no adoption at all).
+    `others`: the terms of the other voters as they gossip them, the sender's excluded."""
+    if term <= own:
+        return None
+    if term > TERM_CEILING:
+        return f"term {term} is above the ceiling {TERM_CEILING}: no election reaches it"
+    reference = max([own, *others])
+    if term > reference + step:
+        return f"term {term} is more than {step} above every other voter's (the highest is {reference})"
+    return None
 
 
 def term_relation(message_term: int, current_term: int) -> str:

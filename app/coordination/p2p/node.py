@@ -2,7 +2,9 @@
 leader's work queue, and the HTTP API, wired together with a few periodic loops.
 
 Its boot incarnation (bumped and persisted at every start) is what signed requests name as the
-receiver's boot, so nothing signed for an earlier run of this node is accepted by this one."""
+receiver's boot, so nothing signed for an earlier run of this node is accepted by this one.
+Its identity (identity.py) is its own key when `mesh.node_keys` or `mesh.tls` is set, else the
+cluster's shared secret (the quick start, which the log says trusts every holder)."""
 
 from __future__ import annotations
 
@@ -20,22 +22,23 @@ from prometheus_client import CollectorRegistry
 
 from app.config import ConfigError, Settings
 from app.config.mesh import PROFILES, TimingProfile
-from app.coordination.p2p.auth import load_secret
+from app.coordination.p2p.auth import load_identity
 from app.coordination.p2p.client import MeshClient
-from app.coordination.p2p.conn_guard import ConnectionGuard
+from app.coordination.p2p.conn_guard import ConnectionGuard, raise_descriptor_limit, rate_limit_loop_errors
 from app.coordination.p2p.consensus import Consensus
 from app.coordination.p2p.discovery import TailscaleSource, parse_peer_list
 from app.coordination.p2p.election import QuorumLevel, Role
+from app.coordination.p2p.gossip import Gossiping
+from app.coordination.p2p.identity import Identity, NodeKey
 from app.coordination.p2p.membership import Membership
 from app.coordination.p2p.node_status import default_capabilities, node_status
 from app.coordination.p2p.persist import CommitStore, HistoryLog, TermStore
 from app.coordination.p2p.refusals import Refusals
-from app.coordination.p2p.schemas import GossipMessage, NodeState
+from app.coordination.p2p.schemas import NodeState
 from app.coordination.p2p.server import build_app
 from app.coordination.p2p.tls import (
     cert_node_id,
     client_context,
-    own_node_id,
     server_context,
 )
 from app.coordination.p2p.view import ClusterView, WorkSource
@@ -44,9 +47,11 @@ from app.coordination.p2p.worker import WorkClient
 from app.log import get_logger
 
 log = get_logger(__name__)
+RELAY_STEP = 64  # shared secret: how far a relayed state may raise a node's incarnation (membership.py)
+LINGER_S = 1.0  # after a refusal, the rest of an unread body is read (and dropped) this long, then the connection closes
 
 
-class MeshNode:
+class MeshNode(Gossiping):
     def __init__(
         self,
         settings: Settings | None = None,
@@ -60,7 +65,7 @@ class MeshNode:
         priority: int | None = None,
         profile: str | None = None,
         timing: TimingProfile | None = None,
-        secret: str | bytes | None = None,
+        secret: str | bytes | Identity | None = None,
         tailscale: bool | None = None,
         work_source: WorkSource | None = None,
         capabilities: dict[str, Any] | None = None,
@@ -97,16 +102,10 @@ class MeshNode:
         self.pinned = {p.node_id: p.addr for p in peer_addrs if p.node_id}
         self.seeds = [p.addr for p in peer_addrs if not p.node_id]
         self.seed_ids: dict[str, str] = {}  # seed addr -> node id that answered there
-        if isinstance(secret, str):
-            secret = secret.encode()
-        self.secret = secret or load_secret(
-            mesh.secret, mesh.secret_file, self.data_dir, allow_generate=not peer_addrs
-        )
         self.max_body_bytes = mesh.max_body_bytes
         self.max_attempts = mesh.max_attempts
         self.limits, self.tls, self.wall_clock = mesh.limits, mesh.tls, wall_clock
-        if self.tls is not None and (named := own_node_id(self.tls)) != self.node_id:
-            raise ConfigError(f"{self.tls.cert_file}: the certificate names {named}, this node is {self.node_id}")
+        self.identity = self._identity(mesh, secret, clustered=bool(peer_addrs) or len(self.voters) > 1)
         self.registry = registry if registry is not None else CollectorRegistry()
         self.refusals = Refusals(self.registry)
         self.boot = 0  # set at start(): the persisted incarnation of this run
@@ -122,6 +121,18 @@ class MeshNode:
         self._rng = random.Random()
         self._runner: web.AppRunner | None = None
         self.started = False
+
+    def _identity(self, mesh: Any, secret: str | bytes | Identity | None, clustered: bool) -> Identity:
+        """Our own key (mesh.node_keys / mesh.tls: its certificate must name this node), else the
+        shared secret: `secret`, the environment or the config; a lone node may generate one."""
+        if secret is not None and not isinstance(secret, (str, bytes)) and mesh.key_files() is None:
+            return secret
+        identity = load_identity(mesh, secret if isinstance(secret, (str, bytes)) else None, self.data_dir,
+                                 allow_generate=not clustered)
+        if isinstance(identity, NodeKey) and identity.node_id != self.node_id:
+            raise ConfigError(f"{mesh.key_files().cert_file}: the certificate names {identity.node_id}, "
+                              f"this node is {self.node_id}")
+        return identity
 
     # -- extension points ------------------------------------------------------------
     def add_routes(self, routes: Iterable[web.RouteDef], public: Iterable[tuple[str, str]] = ()) -> None:
@@ -226,7 +237,7 @@ class MeshNode:
         self.commits = CommitStore(self.data_dir / "mesh_commits.json")
         self.history = HistoryLog(self.data_dir / "mesh_history.jsonl", self.node_id)
         self.queue = WorkQueue(self.db_url or self.data_dir / "work_queue.db", self.max_attempts, self.timing.claim_ttl)
-        self.client = MeshClient(self.secret, self.timing.request_timeout, node_id=self.node_id,
+        self.client = MeshClient(self.identity, self.timing.request_timeout, node_id=self.node_id,
                                  ssl_context=client_context(self.tls) if self.tls else None,
                                  refusals=self.refusals, clock=self.wall_clock)
         now = time.monotonic()
@@ -238,28 +249,37 @@ class MeshNode:
         self.membership = Membership(
             local, self.timing.suspect_after, self.timing.dead_after, now, known=[*self.voters, *self.pinned],
             max_peers=self.limits.max_peers, evict_after=self.limits.peer_evict_after,
-            message_budget=self.max_body_bytes * 3 // 4,
+            message_budget=self.max_body_bytes * 3 // 4, sign=self.identity.sign,
+            relay_step=RELAY_STEP if self.identity.mode == "shared" else None,
         )
         self.consensus = Consensus(
             self.node_id, self.voters, self.priority, self.timing, self.store, self.commits,
             self.history, self.membership, self.client, self.addr_of, self._on_become_leader,
+            max_term_step=self.limits.max_term_step,
+            on_term_refused=lambda peer, term, why: self.refusals.refused_in(peer, "term_far_ahead", why),
         )
+        raise_descriptor_limit()
+        rate_limit_loop_errors(asyncio.get_running_loop())
         guard = ConnectionGuard(self.limits.max_connections_per_addr, self.limits.max_connections,
                                 self.limits.header_deadline, on_refused=self.refusals.refused_in)
         self.app = build_app(self, guard, self._extra_routes, self._public_routes)
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False,
-                                     keepalive_timeout=self.limits.keepalive_timeout)
+                                     keepalive_timeout=self.limits.keepalive_timeout,
+                                     read_bufsize=self.limits.read_bufsize, lingering_time=LINGER_S)
         await self._runner.setup()
         assert self._runner.server is not None
         guard.install(self._runner.server)
         site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True,
-                           ssl_context=server_context(self.tls) if self.tls else None, backlog=1024)
+                           ssl_context=server_context(self.tls) if self.tls else None, backlog=256)
         await site.start()
         if self.port == 0:
             self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         self.membership.local = self.membership.local.model_copy(update={"addr": self.addr})
         self.history.append("started", self.term, addr=self.addr, incarnation=incarnation)
-        log.info("mesh node started", addr=self.addr, voters=self.voters, term=self.term)
+        log.info("mesh node started", addr=self.addr, voters=self.voters, term=self.term, auth=self.identity.mode)
+        if self.identity.mode == "shared" and len(self.voters) + len(self.pinned) + len(self.seeds) > 1:
+            log.warning("mesh_auth_shared_secret", detail="every holder of the cluster secret can sign as any node; "
+                        "issue per-node keys (python -m app.coordination.p2p.tls init) and set mesh.node_keys or mesh.tls")
         self.started = True
         t = self.timing
         for loop in (self._every(t.gossip_interval, self.gossip_round, "gossip round"), self._election_loop(),
@@ -310,47 +330,6 @@ class MeshNode:
             except Exception:
                 log.exception(f"{what} failed")
             await asyncio.sleep(interval)
-
-    def _sync_local(self) -> None:
-        c = self.consensus
-        self.membership.local = self.membership.local.model_copy(
-            update={"role": c.role.value, "term": c.term, "leader": c.leader_id}
-        )
-
-    def gossip_round(self) -> None:
-        """Bump our heartbeat counter and push-pull with up to `fanout` peers (+ unknown seeds)."""
-        now = time.monotonic()
-        self._sync_local()
-        self.membership.tick()
-        self.membership.evict(now)
-        targets = [(nid, self.addr_of(nid)) for nid in self.membership.choose_targets(
-            self.timing.gossip_fanout, now, self._rng)]
-        known_addrs = {self.addr_of(n) for n in self.membership.peers}
-        targets += [(nid, addr) for nid, addr in self.pinned.items() if nid not in self.membership.peers]
-        targets += [(None, seed) for seed in self.seeds if seed not in self.seed_ids or seed not in known_addrs]
-        for nid, addr in targets:
-            if not addr or addr in self._gossip_in_flight or addr == self.addr:
-                continue
-            self._gossip_in_flight.add(addr)
-            task = asyncio.create_task(self._gossip_one(addr))
-            self._bg.add(task)
-            task.add_done_callback(self._bg.discard)
-
-    async def _gossip_one(self, addr: str) -> None:
-        try:
-            msg = self.membership.message(time.monotonic())
-            reply = await self.client.post(addr, "/gossip", msg, GossipMessage, self.timing.request_timeout)
-            if reply is not None:
-                if addr in self.seeds:
-                    self.seed_ids[addr] = reply.sender
-                self.absorb(reply)
-        finally:
-            self._gossip_in_flight.discard(addr)
-
-    def absorb(self, message: GossipMessage) -> None:
-        """Merge gossip (either direction). The terms it carries are what nodes say of
-        themselves, never adopted: terms move only through votes, heartbeats and commits."""
-        self.membership.merge(message, time.monotonic())
 
     def reconcile(self) -> None:
         if not self.consensus.can_mutate():

@@ -8,7 +8,8 @@ import time
 from typing import Any, Protocol
 
 from app.coordination.p2p.consensus import Consensus
-from app.coordination.p2p.election import QuorumLevel, Role
+from app.coordination.p2p.election import TERM_ALERT, TERM_CEILING, QuorumLevel, Role
+from app.coordination.p2p.identity import Identity
 from app.coordination.p2p.membership import Membership
 from app.coordination.p2p.refusals import Refusals
 from app.coordination.p2p.work_queue import WorkQueue
@@ -22,6 +23,7 @@ class StatusSource(Protocol):
     membership: Membership
     queue: WorkQueue
     refusals: Refusals
+    identity: Identity
 
     @property
     def addr(self) -> str: ...
@@ -65,12 +67,27 @@ def node_status(node: StatusSource) -> dict[str, Any]:
         "voters": node.voters, "voters_alive": sorted(set(node.voters) & alive),
         "quorum_size": len(node.voters) // 2 + 1, "quorum_level": node.quorum_level.value,
         "lease_valid": node.consensus.lease_valid(now), "incarnation": m.local.incarnation, "boot": node.boot,
+        "auth": node.identity.mode,  # shared: every holder of the secret can sign as any node
+        "terms": term_status(node),
         "peers": peers,
         "work": node.queue.summary() if node.is_leader else None,
         "claims_held": [c.model_dump() for c in m.local.claims],
         # what upper layers gossip about this node (games, models, best generation), minus long lists
         "inventory": {k: v for k, v in m.local.inventory.items() if not isinstance(v, list)},
     }
+
+
+def term_status(node: StatusSource) -> dict[str, Any]:
+    """Terms refused for coming too far ahead (election.term_refusal), the last one, and how
+    far this node's own term is from the ceiling: `alert` past election.TERM_ALERT, and
+    `far_ahead` when its own term is beyond the bounded step of every other voter's (a term
+    persisted before the rule, or set by hand: the others will not follow it)."""
+    c = node.consensus
+    others = [st.term for v in node.voters if v != node.node_id
+              and (st := node.membership.state_of(v)) is not None]
+    far_ahead = bool(others) and node.term > max(others) + c.max_term_step
+    return {"refused": c.terms_refused, "last_refused": c.last_term_refusal, "ceiling": TERM_CEILING,
+            "headroom": TERM_CEILING - node.term, "alert": node.term >= TERM_ALERT, "far_ahead": far_ahead}
 
 
 def default_capabilities() -> dict[str, Any]:

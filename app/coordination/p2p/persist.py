@@ -17,6 +17,7 @@ from typing import Any
 from app.atomic_files import atomic_write_json
 from app.config.base import ConfigError
 from app.coordination.p2p.decision import Stored, may_store
+from app.coordination.p2p.election import TERM_CEILING
 from app.coordination.p2p.schemas import MAX_TERM
 
 
@@ -45,8 +46,15 @@ class TermStore:
             voted_for=raw.get("voted_for"),
             incarnation=int(raw.get("incarnation", 0)),
         )
-        if not 0 <= self.record.current_term <= MAX_TERM or not 0 <= self.record.incarnation < MAX_TERM:
-            raise ConfigError(f"{path}: term or incarnation outside 0..{MAX_TERM}; refusing a corrupt or poisoned file")
+        if not 0 <= self.record.incarnation < MAX_TERM:
+            raise ConfigError(f"{path}: incarnation outside 0..{MAX_TERM}; refusing a corrupt or poisoned file")
+        if not 0 <= self.record.current_term <= TERM_CEILING:
+            # the rule every message's term passes (election.term_refusal), at start-up: no
+            # election reaches such a term, and starting with it would leave none to run
+            raise ConfigError(
+                f"{path}: term {self.record.current_term} is outside 0..{TERM_CEILING} (the highest term a voter "
+                "adopts); only a poisoned message or a corrupt file leaves one there. Refusing to start: restore the "
+                "file from a backup, or remove it to rejoin at term 0")
 
     @property
     def term(self) -> int:

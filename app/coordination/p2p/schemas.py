@@ -3,7 +3,10 @@
 Models are strict about unknown keys on requests so a typo or a version skew is a 400 with a
 message rather than a silently ignored field. Numbers are bounded: terms and sequence numbers
 fit a signed 64-bit integer with room to grow (MAX_TERM), floats are finite, so no message can
-push a value past what the work queue's columns hold. Capabilities are typed (cpus, gpus,
+push a value past what the work queue's columns hold. A term is *adopted* only far below that
+bound (election.TERM_CEILING and the bounded step), so the next election always has room.
+Gossip carries each node's state as its owner signed it (SignedState), so a relay cannot
+change what another node says about itself. Capabilities are typed (cpus, gpus,
 memory_gb, plus short scalar extras); inventory and payloads stay free-form because their
 contents belong to other layers (the parser bounds their depth and size: server.py).
 """
@@ -18,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 NodeId = str
 _ID = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
 MAX_TERM = 2**53  # far below 2**63 - 1: decades of elections and claims fit, and JSON doubles hold it exactly
+MAX_STATE_TEXT = 1_048_576  # one node's signed state, as JSON text
 TermInt = Annotated[int, Field(ge=0, le=MAX_TERM)]
 SmallInt = Annotated[int, Field(ge=-(2**31), le=2**31)]
 Caps = Annotated[dict[str, Any], Field(default_factory=dict)]
@@ -99,9 +103,23 @@ class NodeState(Wire):
         return (self.incarnation, self.version)
 
 
+class SignedState(Wire):
+    """A node's state as the JSON text its owner signed (identity.py) with `state_text`'s framing;
+    relays pass it on unchanged, so only the owner can say a thing about itself."""
+
+    state: str = Field(min_length=2, max_length=MAX_STATE_TEXT)
+    sig: str = Field(default="", max_length=256)
+    cert: str | None = Field(default=None, max_length=4096)  # per-node keys: the owner's certificate
+
+
+def state_text(state_json: str) -> bytes:
+    """The bytes an owner's signature over its gossiped state covers."""
+    return b"mesh-state\n" + state_json.encode()
+
+
 class GossipMessage(Wire):
     sender: NodeId = _ID
-    states: list[NodeState] = Field(default_factory=list, max_length=4096)
+    states: list[SignedState] = Field(default_factory=list, max_length=4096)
     view: dict[str, str] = {}  # sender's liveness of each node: alive / suspect / dead
 
     @field_validator("view")

@@ -2,12 +2,13 @@
 
 Operator endpoints, readable without a signature: GET /status, /progress, /mesh/hello (who answers
 here, for signing), /metrics (Prometheus text of the node's registry).
-Node-to-node endpoints, HMAC-signed: POST /gossip, /vote, /heartbeat, /commit, /commit/read, /commit/decided,
+Node-to-node endpoints, signed (auth.py): POST /gossip, /vote, /heartbeat, /commit, /commit/read, /commit/decided,
 /transfer/timeout_now, /admin/transfer (operator: hand leadership over),
 /work/claim, /work/claim_training, /work/renew, /work/complete, /work/fail.
 
 Every body is parsed with bounded size and depth; anything malformed is a 400 with a reason,
-never a 500. Each message must come from the node it speaks for (the signed sender: a gossip's
+never a 500; no answer is ever non-JSON (jsonwire.py). Every answer to a request that carried a
+nonce is signed by this node (answers.py). Each message must come from the node it speaks for (the signed sender: a gossip's
 sender, a vote's candidate, a claim's node; the leader checks are consensus_core.admit). Token
 operations on a stale claim get 409; a claim sent to a node that cannot hand out work (not
 leader, no lease, quorum LOST) gets 503 with the leader it knows of, so the worker can retry.
@@ -15,7 +16,6 @@ leader, no lease, quorum LOST) gets 503 with the leader it knows of, so the work
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, TypeVar
@@ -25,10 +25,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from pydantic import BaseModel, ValidationError
 
 from app.config.mesh import MeshLimits
+from app.coordination.p2p.answers import answer_headers
 from app.coordination.p2p.auth import (
     BODY_KEY,
     BOOT_HEADER,
+    FROM_HEADER,
+    ID_RE,
     NODE_HEADER,
+    NONCE_HEADER,
     SENDER_KEY,
     Verifier,
     auth_middleware,
@@ -36,7 +40,10 @@ from app.coordination.p2p.auth import (
 )
 from app.coordination.p2p.conn_guard import ConnectionGuard
 from app.coordination.p2p.consensus import Consensus
-from app.coordination.p2p.membership import Membership
+from app.coordination.p2p.identity import Identity
+from app.coordination.p2p.jsonwire import BadJson, dumps
+from app.coordination.p2p.jsonwire import parse_json as parse_json_text
+from app.coordination.p2p.membership import Membership, decode
 from app.coordination.p2p.refusals import Refusals
 from app.coordination.p2p.schemas import (
     ClaimRequest,
@@ -58,7 +65,6 @@ from app.log import get_logger
 log = get_logger(__name__)
 M = TypeVar("M", bound=BaseModel)
 PUBLIC = [("GET", "/status"), ("GET", "/progress"), ("GET", "/mesh/hello"), ("GET", "/metrics")]
-MAX_DEPTH = 32
 
 
 class ServedNode(Protocol):
@@ -66,7 +72,7 @@ class ServedNode(Protocol):
 
     node_id: str
     boot: int
-    secret: bytes
+    identity: Identity
     max_body_bytes: int
     limits: MeshLimits
     consensus: Consensus
@@ -85,7 +91,8 @@ class ServedNode(Protocol):
     def leader_id(self) -> str | None: ...
     def addr_of(self, node_id: str) -> str | None: ...
     def status(self) -> dict[str, Any]: ...
-    def absorb(self, message: GossipMessage) -> None: ...
+    def absorb(self, message: GossipMessage, direct: str | None = None) -> None: ...
+    def gossip_message(self) -> GossipMessage: ...
     def cert_id_of(self, request: web.Request) -> str | None: ...
 
 
@@ -93,36 +100,12 @@ class BadRequest(Exception):
     pass
 
 
-def _depth(value: Any) -> int:
-    """Nesting depth of parsed JSON, without recursion."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        deepest = max(deepest, depth)
-        if depth > MAX_DEPTH:
-            break
-        if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
-    return deepest
-
-
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
 def parse_json(raw: bytes) -> Any:
     """JSON with bounded depth, finite numbers and bounded integer digits; BadRequest otherwise."""
     try:
-        data = json.loads(raw, parse_constant=_no_constants) if raw else None
-    except RecursionError:
-        raise BadRequest(f"body is nested deeper than {MAX_DEPTH} levels") from None
-    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError, too many digits, NaN
-        raise BadRequest(f"body is not valid JSON: {str(exc)[:200]}") from None
-    if _depth(data) > MAX_DEPTH:
-        raise BadRequest(f"body is nested deeper than {MAX_DEPTH} levels")
-    return data
+        return parse_json_text(raw)
+    except BadJson as exc:
+        raise BadRequest(f"body is {exc}") from None
 
 
 def parse_body(request: web.Request, model: type[M]) -> M:
@@ -152,7 +135,7 @@ def same_sender(request: web.Request, claimed: str, what: str) -> None:
 
 
 def ok(model: BaseModel | dict[str, Any], status: int = 200) -> web.Response:
-    text = model.model_dump_json() if isinstance(model, BaseModel) else json.dumps(model)
+    text = model.model_dump_json() if isinstance(model, BaseModel) else dumps(model)
     return web.Response(status=status, text=text, content_type="application/json")
 
 
@@ -181,19 +164,33 @@ def build_app(
     node: ServedNode, guard: ConnectionGuard, extra_routes: Iterable[web.RouteDef] = (),
     extra_public: Iterable[tuple[str, str]] = (),
 ) -> web.Application:
-    verifier = Verifier(node.secret, node.node_id, node.boot, clock=node.wall_clock)
+    verifier = Verifier(node.identity, node.node_id, node.boot, window=node.limits.clock_window_s,
+                        clock=node.wall_clock)
+    public = {(m.upper(), p) for m, p in [*PUBLIC, *extra_public]}
     app = web.Application(
         middlewares=[
             guard.middleware(), error_middleware(node.refusals),
-            auth_middleware(verifier, node.max_body_bytes, [*PUBLIC, *extra_public], body_deadline=node.limits.body_deadline,
+            auth_middleware(verifier, node.max_body_bytes, public, body_deadline=node.limits.body_deadline,
                             cert_id_of=node.cert_id_of, on_refused=node.refusals.refused_in),
         ],
         client_max_size=node.max_body_bytes,
     )
 
     async def who_answers(request: web.Request, response: web.StreamResponse) -> None:
+        """Sign the answer (answers.py) for the node that asked: the proven sender, or on a public
+        endpoint the one the request names. An unauthenticated refusal stays unsigned."""
         response.headers[NODE_HEADER] = node.node_id
         response.headers[BOOT_HEADER] = str(node.boot)
+        asker = request.get(SENDER_KEY)
+        if asker is None and (request.method, request.path) in public:
+            claimed = request.headers.get(FROM_HEADER)
+            asker = claimed if claimed and ID_RE.match(claimed) else None
+        nonce = request.headers.get(NONCE_HEADER)
+        if asker is None or not nonce or len(nonce) > 128:
+            return
+        body = response.body if isinstance(response, web.Response) and isinstance(response.body, bytes) else None
+        response.headers.update(answer_headers(node.identity, node.node_id, node.boot, asker, nonce, response.status,
+                                               body, node.wall_clock()))
 
     app.on_response_prepare.append(who_answers)
     c = node.consensus
@@ -214,8 +211,13 @@ def build_app(
     async def gossip(request: web.Request) -> web.Response:
         msg = parse_body(request, GossipMessage)
         same_sender(request, msg.sender, "the gossip's sender")
-        node.absorb(msg)
-        return ok(node.membership.message(time.monotonic()))
+        for i, envelope in enumerate(msg.states):
+            try:
+                decode(envelope)
+            except ValueError as exc:
+                raise BadRequest(f"states.{i}: {exc}") from None
+        node.absorb(msg, direct=msg.sender)
+        return ok(node.gossip_message())
 
     async def vote(request: web.Request) -> web.Response:
         return ok(c.handle_vote(sender_of(request), parse_body(request, VoteRequest)))

@@ -1,10 +1,20 @@
-"""Optional TLS between nodes, with a cluster CA, for networks that are not already encrypted.
+"""The cluster tool: a cluster CA and one key per node, for per-node identity, with or without TLS.
 
-`python -m app.coordination.p2p.tls init --dir DIR --nodes n0,n1,n2` writes DIR/ca.pem,
-DIR/ca.key and, per node, DIR/<id>.pem + DIR/<id>.key: a certificate whose common name is the
-node id, signed by the CA. Every node then trusts only that CA, both ways (the server asks for
-the client's certificate), and the sender id of every request is the one its certificate names
-(auth.Verifier refuses a request whose signed sender differs). Keep ca.key off the nodes.
+`python -m app.coordination.p2p.tls init --dir DIR --nodes n0,n1,n2,operator` writes DIR/ca.pem,
+DIR/ca.key and, per name, DIR/<id>.pem + DIR/<id>.key: a certificate whose common name is the
+node id, signed by the CA. Run it again with new names to add nodes: the CA is kept. Copy to
+each node its own <id>.pem and <id>.key and ca.pem (never ca.key), then either
+
+* `mesh.node_keys: {ca_file, cert_file, key_file}`: each node signs its requests, answers and
+  gossiped state with its own key (identity.NodeKey) over plain HTTP; a signature speaks only
+  for the node its certificate names; or
+* `mesh.tls: {...}` (same files): the same signatures, over mutual TLS with that CA: every node
+  trusts only that CA, both ways, and a request whose sender differs from the certificate of
+  its connection is refused (auth.Verifier).
+
+An `operator` certificate lets `python -m app.cli` sign (its config's mesh.node_keys).
+Without either, the cluster signs with one shared secret: the quick start, which trusts every
+holder of the secret to speak for every node (the nodes say so in their log).
 """
 
 from __future__ import annotations
@@ -109,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m app.coordination.p2p.tls", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    init = sub.add_parser("init", help="create the cluster CA (once) and a certificate per node")
+    init = sub.add_parser("init", help="create the cluster CA (once) and a key and certificate per node")
     init.add_argument("--dir", required=True, type=Path)
     init.add_argument("--nodes", required=True, help="node ids, comma separated")
     args = p.parse_args(argv)

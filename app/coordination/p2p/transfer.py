@@ -57,7 +57,7 @@ class Transferring(ConsensusCore):
         self.last_leader_contact = time.monotonic()  # no election of our own, no vote but the target's, for a while
         log.info("leadership_transfer", term=term, target=target)
         answer = await self.client.post(addr, "/transfer/timeout_now", TimeoutNowRequest(term=term, leader_id=self.node_id),
-                                        TokenResponse, self.timing.request_timeout)
+                                        TokenResponse, self.timing.request_timeout, expect=target)
         if answer is None or not answer.ok:
             return f"{target} did not take the handover; the cluster elects a leader as after a leader loss"
         return None

@@ -2,7 +2,8 @@
 
 The interface is small on purpose so that another workload's records (the LM workload's
 rollouts) replicate through the same server, client and daemon: ids grouped by origin node,
-digests of id ranges, ids of one range, records by id, idempotent insertion.
+digests of id ranges, ids of one range, records by id, idempotent insertion, and the records
+made since a row (what replica_push.py sends the moment they are stored).
 
 GameStore serves the replay DB's games through a RowIndex (row_index.py: the range digests
 of an insert-only table), as rollout_replica.py does for the LM workload's rollout groups.
@@ -48,6 +49,14 @@ class ReplicatedStore(Protocol):
         """When each record was made (for the age of under-replicated ones)."""
         ...
 
+    def since(self, origin: str, after: int, limit: int) -> list[tuple[int, str, float]]:
+        """(row id, id, made at) of origin's records stored after row `after`, oldest first."""
+        ...
+
+    def newest_row(self) -> int:
+        """The newest row id (0 when empty): where pushing starts after a restart."""
+        ...
+
     def oldest_finished_at(self, origin: str) -> float | None:
         """When origin's oldest record was made."""
         ...
@@ -67,6 +76,7 @@ class GameStore:
         self.refresh, self.count, self.top_digests = self.index.refresh, self.index.count, self.index.top_digests
         self.digest, self.ids = self.index.digest, self.index.ids
         self.finished_at, self.oldest_finished_at = self.index.finished_at, self.index.oldest_finished_at
+        self.since, self.newest_row = self.index.since, self.index.newest_row
 
     def close(self) -> None:
         if self._own_db:

@@ -87,6 +87,19 @@ class RowIndex:
         with Session(self.engine) as session:
             return list(session.scalars(stmt))
 
+    def since(self, origin: str, after: int, limit: int) -> list[tuple[int, str, float]]:
+        """(row id, uid, made at) of origin's rows with a row id above `after`, oldest first: the
+        records a node made since it last looked (replica_push.py pushes them)."""
+        row = self.row
+        stmt = (select(row.id, row.uid, self.made_at).where(row.id > after, row.node_id == origin)
+                .order_by(row.id).limit(limit))
+        with Session(self.engine) as session:
+            return [(int(i), str(u), float(t or 0.0)) for i, u, t in session.execute(stmt)]
+
+    def newest_row(self) -> int:
+        with Session(self.engine) as session:
+            return int(session.scalar(select(func.coalesce(func.max(self.row.id), 0))) or 0)
+
     def finished_at(self, ids: Sequence[str]) -> dict[str, float]:
         out: dict[str, float] = {}
         with Session(self.engine) as session:

@@ -78,11 +78,14 @@ async def first_verified_copy(
     """Ask each peer in turn: `fetch(session, addr, staging)` downloads into a fresh staging dir
     under `root`, verifies and installs, or raises PeerFailed. (its result, {}) for the first
     peer that works, else (None, every peer's failure). Staging dirs never outlive a try.
-    The session speaks TLS with the mesh client's certificate when the mesh does."""
+    The session speaks TLS with the mesh client's certificate when the mesh does, and believes
+    only answers the peer signed (client.answer_middleware: a peer's refused answer is that
+    peer's failure; the bytes themselves are checked against the sha256 by `fetch`)."""
     sweep_staging(root)
     failures: dict[str, str] = {}
     connector = aiohttp.TCPConnector(ssl=client.ssl_context or True)
-    async with aiohttp.ClientSession(timeout=stream_timeout(timeout), connector=connector) as session:
+    async with aiohttp.ClientSession(timeout=stream_timeout(timeout), connector=connector,
+                                     middlewares=(client.answer_middleware(),)) as session:
         for addr in peer_addrs:
             staging = root / f".fetch-{sha256[:16]}-{secrets.token_hex(4)}"
             try:
@@ -92,7 +95,7 @@ async def first_verified_copy(
                 return result, {}
             except PeerFailed as exc:
                 failures[addr] = str(exc)
-            except TRANSPORT_ERRORS as exc:
+            except TRANSPORT_ERRORS as exc:  # AnswerRefused (an unsigned or forged answer) is one
                 failures[addr] = f"transfer failed: {exc!r}"
             finally:
                 shutil.rmtree(staging, ignore_errors=True)

@@ -113,3 +113,16 @@ class ReplicaFetchAnswer(BaseModel):
     records: list[dict[str, Any]]
     deferred: list[str] = []
     missing: list[str] = []
+
+
+class ReplicaPushRequest(_Strict):
+    """Body of POST /replica/<store>/push: records their origin (the sender) just made."""
+
+    records: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_FETCH_UIDS)
+
+
+class ReplicaPushAnswer(BaseModel):
+    """The pushed ids the receiver now holds (stored now, or already)."""
+
+    stored: int = Field(ge=0)
+    held: list[Uid] = Field(max_length=MAX_FETCH_UIDS)

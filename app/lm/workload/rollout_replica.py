@@ -30,6 +30,7 @@ class RolloutReplicaStore:
         self.refresh, self.count, self.top_digests = self.index.refresh, self.index.count, self.index.top_digests
         self.digest, self.ids = self.index.digest, self.index.ids
         self.finished_at, self.oldest_finished_at = self.index.finished_at, self.index.oldest_finished_at
+        self.since, self.newest_row = self.index.since, self.index.newest_row
 
     def close(self) -> None:
         if self._own:
