@@ -7,10 +7,13 @@ Pons' digits 1-7, the first column is 1); an empty line is the starting position
 one line per input line, written and flushed as soon as the line is read, so another program
 can drive this like an engine over a pipe:
 
-    {"moves": "4453", "policy": [7 floats], "value": 0.12, "best_move": 3,
-     "net_policy": [7 floats], "net_value": -0.05, "net_best_move": 2}
+    {"moves": "4453", "policy": [7 floats], "value": 0.12, "best_move": 4,
+     "net_policy": [7 floats], "net_value": -0.05, "net_best_move": 3}
 
-`value` is from the side to move's view in [-1, 1]; `best_move` is the 0-based column;
+Columns are numbered as in the input, everywhere: 1-7 (Pons), the first column is 1.
+`best_move`, `net_best_move` and `unsafe_moves` are such column numbers; `policy` and
+`net_policy` list one probability per column, columns 1 to 7 in order.
+`value` is from the side to move's view in [-1, 1];
 `policy` is the search's visit distribution, or with `--sims 0` the raw network's
 probabilities (and `value` the network's). `net_policy`, `net_value` and `net_best_move`
 are always the raw network's own view of the position, so a user sees beside the search's
@@ -67,17 +70,25 @@ def analyse_line(line: str, game: Game, evaluator: NetworkEvaluator, simulations
                                       leaves_per_round=min(LEAVES_PER_ROUND, simulations))
         policy, value, best, proven = result.visits, result.root_value, result.best_action, result.proven
     safe = state.safe_moves()
+    column = lambda action: move_number(game, action)  # noqa: E731
     return {
         "moves": moves,
         "policy": [round(float(p), 6) for p in policy],
         "value": round(value, 6),
-        "best_move": best,
+        "best_move": column(best),
         "net_policy": [round(float(p), 6) for p in net_policy],
         "net_value": round(net_value, 6),
-        "net_best_move": net_best,
+        "net_best_move": column(net_best),
         "proven": None if proven is None else round(proven, 6),
-        "unsafe_moves": [a for a in state.legal_moves() if a not in safe],
+        "unsafe_moves": [column(a) for a in state.legal_moves() if a not in safe],
     }
+
+
+def move_number(game: Game, action: int) -> int | str:
+    """An action as the input writes it (Connect Four: column 1-7), a number where the
+    notation is one: a user reads one numbering in and out."""
+    text = game.action_to_text(action)
+    return int(text) if text.isdigit() else text
 
 
 def serve(inp: TextIO, out: TextIO, game: Game, evaluator: NetworkEvaluator, simulations: int,
@@ -98,7 +109,8 @@ def serve(inp: TextIO, out: TextIO, game: Game, evaluator: NetworkEvaluator, sim
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m app.analyze", description="Analyse positions read from stdin.")
+    ap = argparse.ArgumentParser(prog="python -m app.analyze", description=__doc__.split("\n\n")[0],
+                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, required=True, help="model .safetensors (with its .json sidecar)")
     ap.add_argument("--sims", type=int, default=None,
                     help="search simulations per position; 0 = raw network (default: config search.simulations)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -33,7 +34,9 @@ from app.workloads import pipeline_context
 from app.coordination.pipeline.mesh_events import watch_mesh
 from app.coordination.pipeline.dashboard_feed import DashboardFeed
 from app.coordination.pipeline.progress_display import show_progress
+from app.coordination.pipeline.strength_watch import watch_strength
 from app.db.dead_letters import DeadLetterStore
+from app.db.engines import check_reachable
 from app.db.registry import ModelRegistry
 from app.log import configure_logging, get_logger
 from app.training.promotion import progress_report
@@ -106,6 +109,8 @@ def _local_progress(pipe: PipelineContext) -> dict:
 
 
 async def run_node(args: argparse.Namespace, settings: Settings) -> int:
+    if settings.node.db_url:
+        await asyncio.to_thread(check_reachable, settings.node.db_url)  # one line, not a traceback
     daemons = read_daemons(args.daemons)
     export = daemon_settings(daemons, "export", ExportSettings, str(args.daemons))
     pipe = pipeline_context(settings, config_path=args.config.resolve() if args.config else None, export=export)
@@ -117,7 +122,16 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
     manager = DaemonManager(registry.select(settings.node.role), router=router, settings=settings, metrics=metrics)
     pipe.wait_draining = manager.wait_draining
     node, cluster = build_mesh(settings, pipe, metrics)
-    feed = DashboardFeed(pipe, node)
+
+    def ready() -> tuple[bool, str]:
+        result = manager.readiness()
+        return result.ready, result.reason
+
+    feed = DashboardFeed(pipe, node, readiness=ready)
+    base_progress = node.progress_provider
+    node.set_progress_provider(lambda: feed.progress(base_progress() if base_progress else {}))
+    if cluster is not None:
+        cluster.readiness = ready  # gossiped: every node's dashboard shows every node's readiness
     metrics.watch_daemons(manager.daemon_states)
     metrics.watch_mesh(feed.mesh_gauges)
     health = HealthServer(manager, metrics, host=settings.node.host, port=settings.node.health_port,
@@ -129,12 +143,13 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
     metrics.generation.set(pipe.state.best_generation)
     log.info("node_starting", data_dir=str(pipe.paths.data_dir), health=health.url,
              generation=pipe.state.generation, stage=pipe.state.stage.value)
-    background = [asyncio.create_task(show_progress(pipe, metrics)), asyncio.create_task(feed.run())]
+    background = [asyncio.create_task(show_progress(pipe, metrics)), asyncio.create_task(feed.run()),
+                  asyncio.create_task(watch_strength(pipe))]
     if cluster is not None:
         background.append(asyncio.create_task(cluster.publish_loop(router)))
         background.append(asyncio.create_task(watch_mesh(node, router)))
     else:
-        background.append(asyncio.create_task(_show_local_status(pipe, node)))
+        background.append(asyncio.create_task(_show_local_status(pipe, node, ready)))
     if args.max_generations:
         background.append(asyncio.create_task(_stop_after(pipe, manager, args.max_generations)))
     try:
@@ -167,13 +182,25 @@ def admin_routes(manager: DaemonManager) -> list[web.RouteDef]:
     return [web.post("/admin/drain", drain)]
 
 
-async def _show_local_status(pipe: PipelineContext, node: MeshNode, interval_s: float = 2.0) -> None:
-    """A lone node has no gossip loop: what the workload reports about this node (an LM node's
-    engines and their weight versions) still reaches /status."""
-    if not isinstance(pipe.steps, ReportsStatus):
-        return
+async def _show_local_status(pipe: PipelineContext, node: MeshNode, ready: Callable[[], tuple[bool, str]],
+                             interval_s: float = 2.0) -> None:
+    """A lone node has no gossip loop: its best generation, the items it created and what the
+    workload reports about it (an LM node's engines and their weight versions) still reach
+    /status, in the keys a cluster node's inventory has them."""
+    last_error = ""
     while True:
-        node.update_local_state(inventory=pipe.steps.node_status(pipe))
+        try:
+            counts = await asyncio.to_thread(pipe.steps.items.created_counts, pipe.node_id)
+            last_error = ""
+        except Exception as exc:  # noqa: BLE001 - a busy store leaves the counts out (logged once per cause)
+            if str(exc) != last_error:
+                log.warning("local_status_counts_failed", error=str(exc))
+            last_error, counts = str(exc), {}
+        state, (is_ready, why) = pipe.state, ready()
+        reported = pipe.steps.node_status(pipe) if isinstance(pipe.steps, ReportsStatus) else {}
+        node.update_local_state(inventory={**counts, **reported,
+                                           "best_generation": state.best_generation, "best_sha256": state.best_sha256,
+                                           "ready": is_ready, "ready_reason": why[:200]})
         await asyncio.sleep(interval_s)
 
 

@@ -68,20 +68,21 @@ def check_answer(answer: dict, moves: str, searched: bool = True) -> None:
     assert set(answer) == {"moves", "policy", "value", "best_move", "net_policy", "net_value", "net_best_move",
                            "proven", "unsafe_moves"}
     # the columns that hand the opponent a win on the spot; the threat check never searches them
-    unsafe = [a for a in state.legal_moves() if any(state.play(a).play(b).winner is not None
-                                                    for b in state.play(a).legal_moves())]
+    # columns as the input numbers them, 1-7 (Pons); the policy lists columns 1-7 in order
+    unsafe = [a + 1 for a in state.legal_moves() if any(state.play(a).play(b).winner is not None
+                                                        for b in state.play(a).legal_moves())]
     assert answer["unsafe_moves"] == unsafe
     if searched and len(unsafe) < len(state.legal_moves()):
-        assert all(answer["policy"][a] == 0 for a in unsafe)
+        assert all(answer["policy"][c - 1] == 0 for c in unsafe)
     if not searched:
         assert answer["proven"] is None
     assert answer["moves"] == moves
     for policy, best, value in (("policy", "best_move", "value"), ("net_policy", "net_best_move", "net_value")):
         assert len(answer[policy]) == 7 and abs(sum(answer[policy]) - 1.0) < 1e-4
         assert all(p == 0 for p, legal in zip(answer[policy], state.legal_mask()) if not legal)
-        assert state.legal_mask()[answer[best]]
+        assert 1 <= answer[best] <= 7 and state.legal_mask()[answer[best] - 1]
         assert -1.0 <= answer[value] <= 1.0
-    assert answer["net_best_move"] == max(range(7), key=lambda a: answer["net_policy"][a])
+    assert answer["net_best_move"] == 1 + max(range(7), key=lambda a: answer["net_policy"][a])
 
 
 @pytest.mark.timeout(60)
@@ -98,10 +99,10 @@ def test_search_answers_line_by_line_and_survives_bad_lines(model_path: Path) ->
         check_answer(engine.ask(""), "")  # the starting position
         win = engine.ask("2433354242571")  # from a Pons position: column 6 wins at once
         check_answer(win, "2433354242571")
-        assert win["best_move"] == 5 and win["value"] == win["proven"] == IMMEDIATE_WIN
+        assert win["best_move"] == 6 and win["value"] == win["proven"] == IMMEDIATE_WIN
         block = engine.ask("4455661")  # a double threat against the side to move: every move loses
         check_answer(block, "4455661")
-        assert block["unsafe_moves"] == [0, 1, 2, 3, 4, 5, 6] and block["proven"] == pytest.approx(
+        assert block["unsafe_moves"] == [1, 2, 3, 4, 5, 6, 7] and block["proven"] == pytest.approx(
             -result_scale(9, 42, SearchConfig().length_discount), abs=1e-6)
         check_answer(engine.ask("  4453  "), "4453")
         assert engine.close() == 0
@@ -148,13 +149,13 @@ def test_search_answer_shows_the_raw_network_beside_it(model_path: Path) -> None
     finally:
         engine.kill()
     check_answer(answer, "2433354242571")
-    assert answer["best_move"] == 5 and answer["value"] == IMMEDIATE_WIN
+    assert answer["best_move"] == 6 and answer["value"] == IMMEDIATE_WIN
     # the network's own policy and value for the position, whatever the search made of it
     net, _ = load_model(model_path)
     priors, values = NetworkEvaluator(net, GAME).evaluate([GAME.parse("2433354242571")])
     assert answer["net_policy"] == pytest.approx(priors[0].tolist(), abs=1e-5)
     assert answer["net_value"] == pytest.approx(float(values[0]), abs=1e-5)
-    assert answer["net_best_move"] == int(priors[0].argmax())
+    assert answer["net_best_move"] == int(priors[0].argmax()) + 1
     assert answer["policy"] != answer["net_policy"]
 
 
@@ -163,3 +164,20 @@ def test_a_missing_model_is_a_clear_error(tmp_path: Path) -> None:
                           cwd=REPO, capture_output=True, text=True, timeout=60, input="")
     assert proc.returncode == 2
     assert "model file not found" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.timeout(60)
+def test_columns_are_numbered_as_the_input_numbers_them(model_path: Path) -> None:
+    """Pons 1-7 in and out: after 232323 the side to move wins at once in column 2 (its three
+    stones there), and any column but 2 and 3 lets the opponent complete column 3: the answer
+    names them as the input would write them; --help says so."""
+    engine = Engine("--model", str(model_path), "--sims", "32")
+    try:
+        answer = engine.ask("232323")
+        assert engine.close() == 0
+    finally:
+        engine.kill()
+    assert answer["best_move"] == 2 and answer["unsafe_moves"] == [1, 4, 5, 6, 7]
+    helped = subprocess.run([sys.executable, "-m", "app.analyze", "--help"], cwd=REPO, capture_output=True,
+                            text=True, timeout=60)
+    assert helped.returncode == 0 and "1-7" in helped.stdout and "the first column is 1" in helped.stdout

@@ -71,3 +71,24 @@ def test_a_node_runs_on_postgresql(postgres_server, tmp_path) -> None:
         raise
     finally:
         stop_nodes([proc], timeout=35)
+
+
+def test_an_unreachable_database_is_one_line_not_a_traceback(tmp_path) -> None:
+    """The node and the registry CLI, given a PostgreSQL URL nobody answers at: exit status 2
+    and one line naming the URL (password hidden) and what happened."""
+    import subprocess
+    import sys
+
+    from tests.mesh_helpers import free_ports
+    from tests.orchestrator_helpers import ROOT
+
+    db_port, mesh_port, health_port = free_ports(3)
+    url = f"postgresql+psycopg://mesh:hunter2@127.0.0.1:{db_port}/mesh"
+    for argv in (["app.p2p_orchestrator", "--data-dir", str(tmp_path / "data"), "--db-url", url,
+                  "--port", str(mesh_port), "--health-port", str(health_port)],
+                 ["app.cli", "registry", "--registry", url, "list"]):
+        proc = subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=90)
+        lines = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith("{")]
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        assert f"127.0.0.1:{db_port}" in lines[0] and "refused" in lines[0].lower() and "hunter2" not in proc.stderr

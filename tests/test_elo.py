@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.training.elo import fit_elo, pair_counts
+from app.training.elo import fit_elo, fit_elo_chains, pair_counts
 
 TRUE = {"random": 0.0, "weak": 150.0, "mid": 400.0, "strong": 650.0}
 
@@ -95,3 +95,44 @@ def test_order_and_orientation_do_not_matter(games: list, rnd) -> None:
         assert two.ratings[name].elo == pytest.approx(r.elo, abs=1e-6)
         assert r.low <= r.elo <= r.high
     assert pair_counts(games) == pair_counts([(a, b, s) for a, b, s in games])
+
+
+def test_a_chain_that_never_played_the_anchor_is_rated_from_its_first_player() -> None:
+    """The default run: no gate, so each candidate plays only the previous best and nobody
+    plays random. fit_elo leaves them all unrated; fit_elo_chains rates the chain, its first
+    generation at 0, the later ones by their games, each with an interval."""
+    rng = np.random.default_rng(3)
+    truth = {"g1": 0.0, "g2": 120.0, "g3": 260.0}
+    games = [g for a, b in (("g2", "g1"), ("g3", "g2")) for g in simulate(rng, {a: truth[a], b: truth[b]}, 200)]
+    assert fit_elo(games).unrated == ["g1", "g2", "g3"]
+    fit = fit_elo_chains(games, order=["g1", "g2", "g3"])
+    assert fit.unrated == [] and fit.anchor_of["g2"] == "g1" and fit.ratings["g1"].elo == 0.0
+    for name in ("g2", "g3"):
+        r = fit.ratings[name]
+        assert r.low <= truth[name] <= r.high and r.high - r.low < 200, (name, r)
+    assert fit.ratings["g1"].elo < fit.ratings["g2"].elo < fit.ratings["g3"].elo
+
+
+def test_chains_keep_the_anchor_where_it_is_reached() -> None:
+    """A player connected to random is rated against random (as fit_elo rates it); a separate
+    chain is anchored apart, at its first player in the order given."""
+    rng = np.random.default_rng(5)
+    anchored = simulate(rng, {"random": 0.0, "a": 300.0}, 100)
+    apart = simulate(rng, {"x": 0.0, "y": 200.0}, 100)
+    fit = fit_elo_chains(anchored + apart, order=["y", "x"])
+    assert fit.ratings["a"] == fit_elo(anchored).ratings["a"] and fit.anchor_of["a"] == "random"
+    assert fit.anchor_of["x"] == "y" and fit.ratings["y"].elo == 0.0 and fit.ratings["x"].elo < 0
+
+
+def test_a_match_summary_fits_like_its_games() -> None:
+    """(a, b, total score, games) rows: the same fit as the games one by one, so a cluster's
+    records (wins, draws, losses per match) are never expanded, however many games they count."""
+    games = [("x", "random", 1.0)] * 14 + [("x", "random", 0.5)] * 2 + [("x", "random", 0.0)] * 4 \
+        + [("y", "x", 1.0)] * 9 + [("y", "x", 0.0)] * 11
+    summary = [("x", "random", 15.0, 20.0), ("y", "x", 9.0, 20.0)]
+    by_game, by_match = fit_elo(games), fit_elo(summary)
+    for name in ("x", "y"):
+        assert by_match.ratings[name].elo == pytest.approx(by_game.ratings[name].elo)
+        assert by_match.ratings[name].low == pytest.approx(by_game.ratings[name].low)
+    with pytest.raises(ValueError):
+        fit_elo([("x", "random", 21.0, 20.0)])

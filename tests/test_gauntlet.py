@@ -215,3 +215,26 @@ def test_a_one_worker_gauntlet_plays_on_one_torch_thread(tmp_path: Path) -> None
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "threads 1"
+
+
+def test_a_chain_of_best_matches_rates_every_generation(tmp_path: Path) -> None:
+    """No gate configured: generation 1 plays nothing, each later candidate only the previous
+    best. Every generation still gets an Elo with its interval, the first at 0, from the
+    games recorded in the registry."""
+    from app.db.registry import MatchGame
+    from app.training.gauntlet import recompute_ratings
+
+    shas = [f"{g:064x}" for g in (1, 2, 3)]
+    player = lambda sha: f"model:{sha}:s4"  # noqa: E731
+    with ModelRegistry(tmp_path / "registry.db") as registry:
+        for g, sha in enumerate(shas, 1):
+            registry.register(sha, f"/m/{g}", g, shas[g - 2] if g > 1 else None)
+        for g in (2, 3):  # candidate g vs best g-1: the candidate wins 14 of 20
+            registry.add_match_games([
+                MatchGame(f"m{g}-{i}", f"m{g}", "connect4", player(shas[g - 1]), player(shas[g - 2]),
+                          0 if i < 14 else 1, "44", 2) for i in range(20)])
+        recompute_ratings(registry, net_simulations=4)
+        models = {m.generation: m for m in registry.models()}
+    assert models[1].elo == 0.0
+    assert 0 < models[2].elo < models[3].elo
+    assert all(models[g].elo_low < models[g].elo < models[g].elo_high for g in (2, 3))

@@ -65,11 +65,12 @@ async def test_metrics_are_prometheus_text_with_the_pipeline_series(node):
     m.selfplay_samples_total.inc(126)
     m.selfplay_samples_per_second.set(1234.5)
     m.training_loss.set(0.75)
-    m.elo.labels(generation="2").set(1510)
     m.generation.set(2)
     m.promotions_total.inc()
     m.watch_daemons(manager.daemon_states)
-    m.watch_mesh(lambda: {"term": 4, "is_leader": 1, "voters_alive": 3, "quorum_size": 2})
+    # Elo: two series (the best's and the newest candidate's), never one per generation
+    m.watch_mesh(lambda: {"term": 4, "is_leader": 1, "voters_alive": 3, "quorum_size": 2,
+                          "model_elo": {"best": 1510, "candidate": 1490.5}})
     await manager.router.publish(EventType.LEADER_ELECTED, {"term": 1, "leader_id": "a"})
     status, ctype, body = await get(http, f"{server.url}/metrics")
     text = body.decode()
@@ -83,7 +84,8 @@ async def test_metrics_are_prometheus_text_with_the_pipeline_series(node):
         'mesh_selfplay_positions_total{node="local"} 126.0',
         'mesh_selfplay_positions_per_second{node="local"} 1234.5',
         'mesh_training_loss{node="local"} 0.75',
-        'mesh_model_elo{generation="2",node="local"} 1510.0',
+        'mesh_model_elo{node="local",role="best"} 1510.0',
+        'mesh_model_elo{node="local",role="candidate"} 1490.5',
         'mesh_model_generation{node="local"} 2.0',
         'mesh_promotions_total{node="local"} 1.0',
         'mesh_events_published_total{node="local",type="leader_elected"} 1.0',
@@ -93,8 +95,13 @@ async def test_metrics_are_prometheus_text_with_the_pipeline_series(node):
     ]:
         assert line in text.splitlines(), line
     assert "# TYPE mesh_daemon_restarts_total counter" in text
+    # what runs: the build, and the process's own CPU and memory (prometheus-client's collectors)
+    [build] = [ln for ln in text.splitlines() if ln.startswith("mesh_build_info{")]
+    assert 'version="' in build and 'python="' in build and build.endswith(" 1.0")
+    for name in ("process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds"):
+        assert any(ln.startswith(name + "{") for ln in text.splitlines()), name
     names = {ln.split("{")[0].split(" ")[0] for ln in text.splitlines() if ln and not ln.startswith("#")}
-    assert all(n.startswith("mesh_") for n in names), names
+    assert all(n.startswith(("mesh_", "process_", "python_")) for n in names), names
     # every series says which node it is from
     assert all('node="local"' in ln for ln in text.splitlines() if ln and not ln.startswith("#"))
 

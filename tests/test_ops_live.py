@@ -138,7 +138,8 @@ def test_prometheus_scrapes_every_node(prometheus, cluster, tmp_path):
             print((tmp_path / "prometheus.log").read_text(errors="replace")[-3000:])
             raise
         for metric in ("mesh_selfplay_games_total", "mesh_voters_alive", "mesh_daemon_state", "mesh_ready",
-                       "mesh_best_model_installed_timestamp_seconds"):
+                       "mesh_best_model_installed_timestamp_seconds", "mesh_build_info",
+                       "process_resident_memory_bytes", 'mesh_model_elo{role="best"}'):
             wait_until(lambda: nodes_of(metric) == set(IDS), 30, interval=0.5, what=f"{metric} of every node")
         assert {r["metric"]["instance"] for r in _query(port, "up == 1")} == \
             {f"127.0.0.1:{f.health_port}" for f in cluster}
@@ -151,10 +152,10 @@ def test_prometheus_scrapes_every_node(prometheus, cluster, tmp_path):
             groups = json.loads(resp.read())["data"]["groups"]
         names = {r["name"] for g in groups for r in g["rules"]}
         assert {"MeshNoLeader", "MeshQuorumBelowMajority", "MeshCriticalDaemonGaveUp", "MeshNoPromotion",
-                "MeshSelfplayStalled"} <= names
+                "MeshSelfplayStalled", "MeshNodeDown", "MeshQuorumLost"} <= names
         firing = [r for r in _query(port, 'ALERTS{alertstate="firing"}')
                   if r["metric"]["alertname"] in ("MeshNoLeader", "MeshQuorumBelowMajority",
-                                                  "MeshCriticalDaemonGaveUp")]
+                                                  "MeshCriticalDaemonGaveUp", "MeshNodeDown", "MeshQuorumLost")]
         assert firing == []
     finally:
         proc.terminate()

@@ -25,7 +25,7 @@ def test_rules_and_config_are_valid() -> None:
     assert "SUCCESS" in rules.stdout
     names = {r.get("alert") for g in yaml.safe_load((DEPLOY / "alerts.yml").read_text())["groups"] for r in g["rules"]}
     assert {"MeshNoLeader", "MeshQuorumBelowMajority", "MeshCriticalDaemonGaveUp", "MeshNoPromotion",
-            "MeshSelfplayStalled"} <= names
+            "MeshSelfplayStalled", "MeshNodeDown", "MeshQuorumLost"} <= names
     config = promtool("check", "config", "prometheus.yml")
     assert config.returncode == 0, config.stdout + config.stderr
 
@@ -34,6 +34,16 @@ def test_alert_rules_fire_as_specified() -> None:
     result = promtool("test", "rules", "alerts_test.yml")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
+
+
+def test_every_alert_has_a_rule_test() -> None:
+    """A rule no test evaluates can be wrong unnoticed: each alert appears in alerts_test.yml,
+    at least once expected to fire."""
+    alerts = {r["alert"] for g in yaml.safe_load((DEPLOY / "alerts.yml").read_text())["groups"]
+              for r in g["rules"] if "alert" in r}
+    tests = yaml.safe_load((DEPLOY / "alerts_test.yml").read_text())["tests"]
+    firing = {case["alertname"] for t in tests for case in t.get("alert_rule_test", []) if case.get("exp_alerts")}
+    assert alerts == firing, alerts ^ firing
 
 
 def test_promtool_test_catches_a_wrong_expectation(tmp_path) -> None:

@@ -8,10 +8,14 @@
     python -m app.cli transfer --to NODE_ID [--node HOST:8770] hand leadership to another live voter
     python -m app.cli registry ...                             registry commands (evaluate, list, ...)
 
-Mesh commands are signed with the cluster secret (MESH_SECRET or MESH_SECRET_FILE, or --config's
-mesh.secret / mesh.secret_file), or with an operator key from the cluster tool (--config's
-mesh.node_keys), and sent to any node: a follower's answer names the leader and
-the command is re-sent there. Exit status: 0 done, 1 refused or unreachable, 2 bad arguments.
+Reads (status, progress) are public: no secret. The commands that change the cluster (rollback,
+drain, transfer) are signed: with an operator key from the cluster tool (--config's
+mesh.node_keys), else the cluster secret: MESH_SECRET or MESH_SECRET_FILE, --config's
+mesh.secret / mesh.secret_file, else the node's own <data_dir>/mesh_secret (./data, or
+--data-dir / the config's node.data_dir: run it beside the node). They may be sent to any node:
+a follower's answer names the leader and the command is re-sent there. --node takes host:port,
+http://host:port or https://host:port (the mesh port, 8770 by default). Every error is one
+line on stderr. Exit status: 0 done, 1 refused or unreachable, 2 bad arguments.
 """
 
 from __future__ import annotations
@@ -19,40 +23,53 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import ssl
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
+from app.cli.mesh_commands import (
+    MeshAdmin, NodeAddress, SECRET_HINT, describe_error, format_progress, format_status, refusal_line,
+)
+from app.config import ConfigError, Settings, load_settings
 
-from app.cli.mesh_commands import MeshAdmin, format_status
-from app.config import ConfigError, load_settings
-from app.coordination.p2p.auth import load_identity
-from app.coordination.p2p.identity import Identity
-from app.coordination.p2p.client import MeshClient
+if TYPE_CHECKING:
+    from app.coordination.p2p.identity import Identity
 
-MESH_COMMANDS = ("status", "progress", "rollback", "drain", "transfer")
+READS = ("status", "progress")
+SIGNED = ("rollback", "drain", "transfer")
+TIMEOUT_S = 10.0
+
+
+def node_address(text: str) -> NodeAddress:
+    try:
+        return NodeAddress.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m app.cli", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", type=Path, help="node config YAML (secret, data dir)")
+    p.add_argument("--config", type=Path, help="node config YAML (secret, data dir, TLS)")
+    p.add_argument("--data-dir", type=Path, help="the node's data dir, whose mesh_secret signs commands (default ./data)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds to wait for a node's answer (default %(default)s)")
     sub = p.add_subparsers(dest="command", required=True)
-    for name, text in (("status", "every node's role, term, quorum, model and games"),
-                       ("progress", "the cluster's decided generations")):
+    node_help = "any node's mesh address: host:port, http://host:port or https://host:port"
+    for name, text in (("status", "every node's role, term, quorum, readiness, model and games"),
+                       ("progress", "the cluster's decided generations: Elo, solved-position accuracy")):
         s = sub.add_parser(name, help=text)
-        s.add_argument("--node", default="127.0.0.1:8770", help="any node's mesh address (host:port)")
+        s.add_argument("--node", type=node_address, default=NodeAddress("http", "127.0.0.1:8770"), help=node_help)
     r = sub.add_parser("rollback", help="withdraw the cluster's best model (a quorum decision)")
-    r.add_argument("--node", default="127.0.0.1:8770")
+    r.add_argument("--node", type=node_address, default=NodeAddress("http", "127.0.0.1:8770"), help=node_help)
     r.add_argument("--generation", type=int, default=None, help="the promoted generation to withdraw (default: the best)")
     r.add_argument("--reason", default="operator rollback")
     d = sub.add_parser("drain", help="stop a node gracefully (leadership handed over first)")
-    d.add_argument("--node", required=True, help="the node to drain (host:port of its mesh API)")
+    d.add_argument("--node", type=node_address, required=True, help="the node to drain (" + node_help + ")")
     t = sub.add_parser("transfer", help="hand leadership to another live voter")
     t.add_argument("--to", required=True, help="node id of the new leader")
-    t.add_argument("--node", default="127.0.0.1:8770")
+    t.add_argument("--node", type=node_address, default=NodeAddress("http", "127.0.0.1:8770"), help=node_help)
     pr = sub.add_parser("promote", help="promote a candidate in this node's registry (file sha256 checked)")
     pr.add_argument("sha256")
     pr.add_argument("--reason", default="manual promotion")
@@ -78,47 +95,82 @@ def main(argv: list[str] | None = None) -> int:
                 (["--config", str(args.config)] if args.config else [])
         return registry_commands.main(extra + ["promote", args.sha256, "--reason", args.reason])
     try:
-        mesh = load_settings(args.config).mesh
-        secret = load_identity(mesh)  # mesh.node_keys: the operator's own key (`tls init --nodes ...,operator`)
+        settings = load_settings(args.config)
+        admin = _admin(args, settings)
     except (ConfigError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        ok, answer = asyncio.run(_run(args, secret))
-    except (OSError, aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        print(f"error: cannot reach {args.node}: {exc!r}", file=sys.stderr)
+        status, answer = asyncio.run(_run(args, admin))
+    except Exception as exc:  # noqa: BLE001 - every failure to talk to a node is one line, never a repr
+        print(f"error: {describe_error(exc, args.node, args.timeout)}", file=sys.stderr)
         return 1
-    _print(args, answer)
-    return 0 if ok else 1
+    if args.json:
+        print(json.dumps(answer, indent=1 if args.command == "progress" else None))
+    elif status != 200:
+        print(f"error: {refusal_line(args.node, status, answer)}", file=sys.stderr)
+    else:
+        print(_text(args, answer))
+    return 0 if status == 200 else 1
 
 
-async def _run(args: argparse.Namespace, secret: Identity) -> tuple[bool, Any]:
-    admin = MeshAdmin(MeshClient(secret, 10.0, node_id=getattr(secret, "node_id", "operator")))
+def _admin(args: argparse.Namespace, settings: Settings) -> MeshAdmin:
+    """Reads need no secret; the signed commands load a key (ConfigError naming where it looked)."""
+    from app.coordination.p2p.client import MeshClient
+    from app.coordination.p2p.tls import client_context
+
+    ssl_context = None
+    if args.node.scheme == "https":  # the cluster's CA and this operator's certificate, else the system's trust
+        tls = settings.mesh.tls
+        ssl_context = client_context(tls) if tls is not None else ssl.create_default_context()
+    client = None
+    if args.command in SIGNED:
+        identity = _identity(settings, args.data_dir)
+        client = MeshClient(identity, args.timeout, node_id=getattr(identity, "node_id", "operator"),
+                            ssl_context=ssl_context)
+    return MeshAdmin(args.node, client, ssl_context, args.timeout)
+
+
+def _identity(settings: Settings, data_dir: Path | None) -> Identity:
+    """The operator's own key (mesh.node_keys), the environment's or the config's secret, else
+    the node's own secret file beside its data."""
+    from app.coordination.p2p.auth import load_identity, load_secret
+
+    try:
+        return load_identity(settings.mesh)
+    except ConfigError:
+        path = (data_dir or settings.node.data_dir) / "mesh_secret"
+        if not path.is_file():
+            raise ConfigError(f"no mesh secret for a signed command (looked in the environment, the config and "
+                              f"{path}): {SECRET_HINT}") from None
+        return load_identity(settings.mesh, secret=load_secret(config_secret_file=path))
+
+
+async def _run(args: argparse.Namespace, admin: MeshAdmin) -> tuple[int, Any]:
     try:
         if args.command == "status":
-            return True, await admin.cluster_status(args.node)
+            return 200, await admin.cluster_status()
         if args.command == "progress":
-            return True, await admin.progress(args.node)
+            return 200, await admin.progress()
         if args.command == "rollback":
-            return await admin.rollback(args.node, args.generation, args.reason)
+            return await admin.rollback(args.generation, args.reason)
         if args.command == "transfer":
-            return await admin.transfer(args.node, args.to)
-        return await admin.drain(args.node)
+            return await admin.transfer(args.to)
+        return await admin.drain()
     finally:
         await admin.close()
 
 
-def _print(args: argparse.Namespace, answer: Any) -> None:
-    if args.json or args.command not in ("status", "progress"):
-        print(json.dumps(answer, indent=None if args.command != "progress" else 1))
-    elif args.command == "status":
-        print(format_status(answer))
-    else:
-        for g in answer.get("generations", []):
-            mark = " (rolled back)" if g["generation"] in answer.get("rolled_back", []) else ""
-            print(f"gen {g['generation']:>3}  {'promoted' if g['promoted'] else 'rejected':<8}  "
-                  f"{g['sha256'][:12]}  by {g['trained_by']}{mark}  {g.get('reason', '')[:60]}")
-        print(f"best: generation {answer.get('best_generation', 0)} ({(answer.get('current_best') or 'uniform')[:12]})")
+def _text(args: argparse.Namespace, answer: Any) -> str:
+    if args.command == "status":
+        return format_status(answer)
+    if args.command == "progress":
+        return format_progress(answer)
+    if args.command == "rollback":
+        return f"rolled back: {json.dumps(answer)}"
+    if args.command == "transfer":
+        return f"leadership handed to {args.to}: {json.dumps(answer)}"
+    return f"draining {args.node}: {json.dumps(answer)}"
 
 
 if __name__ == "__main__":

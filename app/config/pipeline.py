@@ -1,6 +1,7 @@
 """Settings of the training pipeline: model size, search, self-play, export, training,
 gauntlet and promotion gates. Read by app/ai and app/training."""
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -121,6 +122,11 @@ class GauntletConfig(StrictModel):
     # In a cluster the baseline games are cut into shards other nodes play (app/coordination/pipeline/gauntlet_spread.py).
     shard_games: int = 10  # games per shard (rounded up to even: whole opening pairs)
     shard_wait_s: float = 120.0  # then the claimant plays the shards still missing itself
+    # Solver-scored positions (Connect Four: move_scores.txt) on which every promoted model's raw
+    # network is scored after its promotion, off the hot path, for /progress and the dashboard
+    # (app/coordination/pipeline/strength_watch.py). None: the shared benchmark beside the
+    # repository (../shared/benchmarks/connect4/move_scores.txt). A missing file turns it off.
+    solved_positions: Path | None = None
 
 
 class PromotionConfig(StrictModel):

@@ -33,7 +33,7 @@ class DeadLetterRow(DeadLetterBase):
     event_type: Mapped[str] = mapped_column(String(64))
     event_key: Mapped[str] = mapped_column(String(64))  # sha256 of type + canonical payload
     payload_json: Mapped[str] = mapped_column(Text)
-    handler: Mapped[str] = mapped_column(String(256))
+    handler: Mapped[str] = mapped_column(Text)  # a handler's module.qualname: no bound of ours
     error: Mapped[str] = mapped_column(Text)
     attempts: Mapped[int] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(16), default=DeadLetterStatus.PENDING.value)

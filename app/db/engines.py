@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
 
 from app.db.sqlite_files import set_sqlite_pragmas
 
 SUPPORTED = ("postgresql", "sqlite")
+CONNECT_TIMEOUT_S = 10  # a server that never answers is an error within this, not a hang
 
 
 def is_url(target: str | Path) -> bool:
@@ -53,7 +54,8 @@ def open_engine(target: str | Path, readonly: bool = False) -> Engine:
     if url.get_backend_name() not in SUPPORTED:
         raise ValueError(f"{name}: unsupported database {url.get_backend_name()!r} (use one of {', '.join(SUPPORTED)})")
     try:
-        engine = create_engine(url, future=True, pool_pre_ping=True)
+        connect_args = {"connect_timeout": CONNECT_TIMEOUT_S} if url.get_backend_name() == "postgresql" else {}
+        engine = create_engine(url, future=True, pool_pre_ping=True, connect_args=connect_args)
     except ModuleNotFoundError as exc:
         raise ValueError(f"{name}: database driver missing ({exc.name}); pip install 'psycopg[binary]'") from None
     except NoSuchModuleError:
@@ -62,3 +64,24 @@ def open_engine(target: str | Path, readonly: bool = False) -> Engine:
     if url.get_backend_name() == "sqlite":
         event.listen(engine, "connect", set_sqlite_pragmas)
     return engine
+
+
+def check_reachable(target: str | Path) -> None:
+    """Connect once to a database URL (a path needs nothing): a ValueError with one line naming
+    the URL (password hidden) and the server's first line of complaint, so a node started on
+    an unreachable or refused database says so at once instead of failing in a daemon later."""
+    if not is_url(target):
+        return
+    engine = open_engine(target)
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except DBAPIError as exc:
+        raise ValueError(f"{display_name(target)}: cannot use the database: {first_line(exc.orig)}") from None
+    finally:
+        engine.dispose()
+
+
+def first_line(error: BaseException) -> str:
+    """A driver's message is several lines (psycopg adds hints): the first says what happened."""
+    return next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)

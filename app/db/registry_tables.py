@@ -61,11 +61,13 @@ class StatusHistoryRow(RegistryBase):
 class MatchGameRow(RegistryBase):
     __tablename__ = "match_games"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    uid: Mapped[str] = mapped_column(String(64), unique=True)
-    match_id: Mapped[str] = mapped_column(String(64), index=True)
+    # `<match id>-<opponent player>-<index>` or `<shard id>#<index>`: an opponent's name holds a
+    # 64-hex sha256, so no fixed width fits every uid (varchar(64) once stopped PostgreSQL nodes)
+    uid: Mapped[str] = mapped_column(Text, unique=True)
+    match_id: Mapped[str] = mapped_column(String(64), index=True)  # 16 hex digits
     game: Mapped[str] = mapped_column(String(32))
-    player0: Mapped[str] = mapped_column(String(128))  # moved first
-    player1: Mapped[str] = mapped_column(String(128))
+    player0: Mapped[str] = mapped_column(Text)  # moved first; a player spec's name, unbounded
+    player1: Mapped[str] = mapped_column(Text)
     winner: Mapped[int] = mapped_column(Integer)  # 0, 1, or -1 for a draw
     moves: Mapped[str] = mapped_column(Text)  # the game's notation, opening included
     opening_plies: Mapped[int] = mapped_column(Integer)
@@ -75,7 +77,7 @@ class MatchGameRow(RegistryBase):
 
 class RatingRow(RegistryBase):
     __tablename__ = "ratings"
-    player: Mapped[str] = mapped_column(String(128), primary_key=True)
+    player: Mapped[str] = mapped_column(Text, primary_key=True)
     elo: Mapped[float] = mapped_column(Float)
     elo_low: Mapped[float] = mapped_column(Float)
     elo_high: Mapped[float] = mapped_column(Float)

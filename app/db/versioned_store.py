@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import Engine, MetaData, text
+from sqlalchemy import Engine, MetaData, String, inspect, text
 from sqlalchemy.exc import DatabaseError, OperationalError
 
-from app.db.engines import display_name, is_url, open_engine
+from app.db.engines import display_name, first_line, is_url, open_engine
 from app.db.sqlite_files import create_tables, stored_schema_version
 
 
@@ -40,11 +40,12 @@ def open_store(path: str | Path, schema: StoreSchema, create: bool = True,
     try:
         if not readonly:
             create_tables(schema.metadata, engine)
+            widen_columns(schema.metadata, engine)
         version = stored_schema_version(engine, schema.version_row, schema.version_key, schema.version,
                                         create=not readonly)
     except (DatabaseError, OperationalError) as exc:
         engine.dispose()
-        raise schema.error(f"{shown}: not a usable {schema.what}: {exc.orig}") from None
+        raise schema.error(f"{shown}: not a usable {schema.what}: {first_line(exc.orig)}") from None
     if version is None and readonly:
         engine.dispose()
         raise schema.error(f"{shown}: no schema version: not a {schema.what}")
@@ -53,6 +54,37 @@ def open_store(path: str | Path, schema: StoreSchema, create: bool = True,
         raise schema.error(f"{shown}: {schema.what} schema version {version} is newer than this program's "
                            f"({schema.version}); upgrade the program rather than risk the data")
     return shown, engine
+
+
+_widened: set[tuple[str, str]] = set()  # (database, metadata) this process already checked
+
+
+def widen_columns(metadata: MetaData, engine: Engine) -> list[str]:
+    """PostgreSQL enforces a varchar's length (SQLite ignores it): a column that an older
+    version of this program created narrower than the table now declares (varchar(64) where
+    the model says text) is widened in place, so a database made before the change takes the
+    long values too. Idempotent, checked once per database and process; returns what it altered."""
+    if engine.dialect.name != "postgresql":
+        return []
+    key = (engine.url.render_as_string(hide_password=True), ",".join(sorted(metadata.tables)))
+    if key in _widened:
+        return []
+    altered = []
+    inspector = inspect(engine)
+    with engine.begin() as conn:
+        for table in metadata.tables.values():
+            stored = {c["name"]: c["type"] for c in inspector.get_columns(table.name)}
+            for column in table.columns:
+                now = stored.get(column.name)
+                if not isinstance(now, String) or now.length is None or not isinstance(column.type, String):
+                    continue
+                want = column.type.length
+                if want is None or want > now.length:
+                    type_sql = "TEXT" if want is None else f"VARCHAR({want})"
+                    conn.execute(text(f'ALTER TABLE "{table.name}" ALTER COLUMN "{column.name}" TYPE {type_sql}'))
+                    altered.append(f"{table.name}.{column.name}")
+    _widened.add(key)
+    return altered
 
 
 def parent_child_problems(engine: Engine, parent: str, count_column: str, child: str, foreign_key: str,

@@ -5,6 +5,12 @@ everything slowly; a maximum-likelihood fit over all games is order-free and giv
 confidence intervals from the curvature of the likelihood. Draws count as half a win for
 each side. The random player is the anchor at 0, so "Elo" means "stronger than random by".
 
+A run whose gauntlet never plays random (no gate configured: each candidate plays only the
+previous best) is a chain of models with no path to that anchor. `fit_elo_chains` rates each
+such chain on its own, anchored at its first player in a given order (the earliest
+generation at 0), so Elo exists whenever the gauntlet plays anything; `EloFit.anchor_of` says
+which anchor each rating is relative to.
+
 A player who won every game has an infinite MLE; like BayesElo we add `prior_draws` virtual
 draws to every pair that played, which keeps ratings finite and matters little once a pair
 has played many games. Players with no chain of games to the anchor cannot be placed on its
@@ -15,8 +21,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
-from typing import Iterable
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -42,24 +48,32 @@ class EloFit:
     unrated: list[str]  # players not connected to the anchor
     anchor: str
     iterations: int
+    anchor_of: dict[str, str] = field(default_factory=dict)  # fit_elo_chains: player -> its chain's anchor
 
 
 class EloFitError(ValueError):
     """The fit did not converge (should not happen with a positive prior)."""
 
 
-def pair_counts(games: Iterable[tuple[str, str, float]]) -> dict[tuple[str, str], list[float]]:
-    """{(a, b): [score of a, games]} with a < b, from (player_a, player_b, score_of_a) rows."""
+Game = tuple[str, str, float] | tuple[str, str, float, float]
+
+
+def pair_counts(games: Iterable[Game]) -> dict[tuple[str, str], list[float]]:
+    """{(a, b): [score of a, games]} with a < b, from (player_a, player_b, score_of_a) rows, one
+    per game, or (player_a, player_b, total score of a, games) rows, one per match: a match's
+    wins, draws and losses are all the fit needs, so a summary never has to be expanded."""
     out: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for a, b, score in games:
-        if a == b:
+    for row in games:
+        a, b, score = row[0], row[1], float(row[2])
+        n = float(row[3]) if len(row) > 3 else 1.0
+        if a == b or n == 0:
             continue  # a player against itself says nothing about its rating
-        if not 0.0 <= score <= 1.0:
-            raise ValueError(f"score {score} of {a} vs {b} is outside [0, 1]")
+        if not 0.0 <= score <= n:
+            raise ValueError(f"score {score} of {a} vs {b} is outside [0, {n:g}]")
         if a > b:
-            a, b, score = b, a, 1.0 - score
+            a, b, score = b, a, n - score
         out[(a, b)][0] += score
-        out[(a, b)][1] += 1.0
+        out[(a, b)][1] += n
     return dict(out)
 
 
@@ -77,13 +91,14 @@ def _component(anchor: str, pairs: Iterable[tuple[str, str]]) -> set[str]:
 
 
 def fit_elo(
-    games: Iterable[tuple[str, str, float]],
+    games: Iterable[Game],
     anchor: str = "random",
     prior_draws: float = 1.0,
     max_iter: int = 100,
     tol: float = 1e-10,
 ) -> EloFit:
-    """Fit ratings to (player_a, player_b, score_of_a) games; score 1, 0.5 or 0 per game."""
+    """Fit ratings to (player_a, player_b, score_of_a) games, score 1, 0.5 or 0 per game (or
+    match rows, see `pair_counts`)."""
     counts = pair_counts(games)
     players_all = sorted({p for pair in counts for p in pair})
     connected = _component(anchor, counts) if anchor in players_all else {anchor}
@@ -121,6 +136,32 @@ def fit_elo(
         half = float(Z95 * math.sqrt(max(cov[i, i], 0.0)) * ELO_PER_NAT)
         ratings[p] = Rating(p, elo, elo - half, elo + half, games_of[p])
     return EloFit(ratings, unrated, anchor, iterations)
+
+
+def fit_elo_chains(
+    games: Iterable[Game],
+    anchor: str = "random",
+    order: Sequence[str] = (),
+    prior_draws: float = 1.0,
+) -> EloFit:
+    """`fit_elo` over the players connected to `anchor`, then each other connected group of
+    players fitted alone, anchored at 0 at its first player in `order` (players not in `order`
+    come after it, by name). Every player who played a game is rated; `unrated` stays empty."""
+    games = list(games)
+    main = fit_elo(games, anchor=anchor, prior_draws=prior_draws)
+    ratings = dict(main.ratings)
+    anchor_of = {p: anchor for p in ratings}
+    rank = {p: i for i, p in enumerate(order)}
+    left = set(main.unrated)
+    counts = pair_counts(games)
+    while left:
+        first = min(left, key=lambda p: (rank.get(p, len(rank)), p))
+        group = _component(first, counts) & left
+        fit = fit_elo([g for g in games if g[0] in group and g[1] in group], anchor=first, prior_draws=prior_draws)
+        ratings.update(fit.ratings)
+        anchor_of.update({p: first for p in fit.ratings})
+        left -= group
+    return EloFit(ratings, [], anchor, main.iterations, anchor_of)
 
 
 def _grad_hess(theta: np.ndarray, rows: list[tuple[int, int, float, float]], k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -23,7 +23,7 @@ import numpy as np
 from app.ai.players import PlayerSpec, model_sha_of_player, parse_player_spec
 from app.config import Settings
 from app.db.registry import MatchGame, ModelRegistry
-from app.training.elo import Rating, fit_elo
+from app.training.elo import Rating, fit_elo_chains
 from app.training.match_games import (
     GameOutcome, GameTask, InlineExecutor, cut_waves, match_executor, match_tasks, run_wave,
 )
@@ -161,8 +161,14 @@ def play_fixed_match(
 
 def recompute_ratings(registry: ModelRegistry, net_simulations: int, anchor: str = "random") -> list[Rating]:
     """Refit Elo over every recorded game and store it; a model's registry Elo is the rating
-    of its network player at the configured search budget."""
-    fit = fit_elo(registry.match_results(), anchor=anchor)
+    of its network player at the configured search budget. Models whose games never reach
+    `anchor` (candidates that played only the previous best) are rated along their chain, the
+    earliest generation at 0 (elo.fit_elo_chains)."""
+    generation = {m.sha256: m.generation for m in registry.models()}
+    games = registry.match_results()
+    players = {p for row in games for p in row[:2]}
+    order = sorted(players, key=lambda p: (generation.get(model_sha_of_player(p) or "", 1 << 30), p))
+    fit = fit_elo_chains(games, anchor=anchor, order=order)
     ratings = sorted(fit.ratings.values(), key=lambda r: -r.elo)
     suffix = f":s{net_simulations}"
     model_player = {r.player: sha for r in ratings

@@ -140,7 +140,7 @@ def run_selfplay(
         first_player_wins=tally.wins[0], second_player_wins=tally.wins[1], draws=tally.draws,
         model_sha256=model_sha256, db_path=str(db_path), stopped=stopped,
     )
-    log.info("selfplay_done", **summary.to_json())
+    log.debug("selfplay_done", **summary.to_json())  # every batch, every few seconds: detail, not news
     return summary
 
 

@@ -14,10 +14,13 @@ nothing until their source exists.
 
 from __future__ import annotations
 
+import platform
+from importlib import metadata
 from typing import Any, Callable, Iterable, Mapping
 
 from prometheus_client import (
-    CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest,
+    CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector,
+    disable_created_metrics, generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -74,7 +77,7 @@ class _Views(Collector):
     def __init__(self, node: str) -> None:
         self.node = node
         self.daemon_states: Callable[[], list[dict[str, Any]]] | None = None
-        self.mesh_view: Callable[[], Mapping[str, float] | None] | None = None
+        self.mesh_view: Callable[[], Mapping[str, Any] | None] | None = None
 
     def describe(self) -> Iterable[Any]:
         return []  # computed series: no fixed description (keeps registration cheap)
@@ -91,8 +94,13 @@ class _Views(Collector):
         view = self.mesh_view() if self.mesh_view is not None else None
         for name, value in (view or {}).items():
             help_text = MESH_VIEW_HELP.get(name, name)
-            fam = GaugeMetricFamily(f"{NAMESPACE}_{name}", help_text, labels=["node"])
-            fam.add_metric([self.node], float(value))
+            label = MESH_VIEW_LABELS.get(name)
+            fam = GaugeMetricFamily(f"{NAMESPACE}_{name}", help_text, labels=["node"] + ([label] if label else []))
+            if label is None:
+                fam.add_metric([self.node], float(value))
+            else:  # one series per label value, e.g. model_elo{role="best"}
+                for label_value, v in value.items():
+                    fam.add_metric([self.node, str(label_value)], float(v))
             yield fam
 
 
@@ -115,7 +123,11 @@ MESH_VIEW_HELP = {
     "cluster_best_generation": "Newest promoted generation this node knows the cluster decided.",
     "cluster_games_created": "Self-play games the cluster created, as gossiped (may lag).",
     "best_model_installed_timestamp_seconds": "When this node installed the model it plays with (Unix time).",
+    "model_elo": "Elo of the cluster's best model (role=best) and of the newest decided generation "
+                 "(role=candidate), fitted over every recorded gauntlet game.",
 }
+# Views reported as {label value: number}: the label they are split by.
+MESH_VIEW_LABELS = {"model_elo": "role"}
 
 
 class Metrics:
@@ -150,7 +162,6 @@ class Metrics:
             gauge("selfplay_positions_per_second", "Deprecated alias of mesh_selfplay_samples_per_second (one release)."))
         self.selfplay_workers = gauge("selfplay_workers", "Self-play worker processes that played the latest batch.")
         self.training_loss = gauge("training_loss", "Held-out loss of the latest training run on this node.")
-        self.elo = gauge("model_elo", "Estimated Elo rating of a model generation.", "generation")
         self.generation = gauge("model_generation", "Generation of the model this node plays with.")
         self.promotions_total = counter("promotions", "Models this node promoted.")
         # Replication (app/coordination/pipeline/replication_daemon.py).
@@ -183,13 +194,21 @@ class Metrics:
             "dead_letters_abandoned", "Dead letters given up after the last retry.", "type")
         self._views = _Views(node)
         r.register(self._views)
+        # What runs here: the build (a constant 1 with its version labels) and the process's own
+        # CPU, memory and file descriptors (prometheus-client's collectors, on this registry).
+        build = Gauge(f"{n}_build_info", "The program this node runs (always 1; see the labels).",
+                      ["node", "version", "python"], registry=r)
+        build.labels(node, _version(), platform.python_version()).set(1)
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
 
     def watch_daemons(self, daemon_states: Callable[[], list[dict[str, Any]]]) -> None:
         """Export `mesh_daemon_state` from the manager's daemon states at each scrape."""
         self._views.daemon_states = daemon_states
 
-    def watch_mesh(self, view: Callable[[], Mapping[str, float] | None]) -> None:
-        """Export the mesh view (keys of MESH_VIEW_HELP; a missing key is absent) at each scrape."""
+    def watch_mesh(self, view: Callable[[], Mapping[str, Any] | None]) -> None:
+        """Export the mesh view (keys of MESH_VIEW_HELP; a missing key is absent; a dict value is
+        a series per value of the MESH_VIEW_LABELS label) at each scrape."""
         self._views.mesh_view = view
 
     def value(self, name: str, **labels: str) -> float | None:
@@ -200,6 +219,13 @@ class Metrics:
         """The Prometheus text exposition of every metric in this registry; series registered
         by other layers without a `node` label (the mesh's refusal counters) get this node's."""
         return generate_latest(_NodeLabelled(self.registry, self.node))  # type: ignore[arg-type]
+
+
+def _version() -> str:
+    try:
+        return metadata.version("selfplay-mesh")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 class _NodeLabelled:

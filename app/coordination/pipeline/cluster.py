@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -64,6 +65,7 @@ class ClusterPipeline:
         self.gauntlet = ShardBoard(pipe.paths.data_dir / "gauntlet_results.json")  # spread gauntlets
         self.rendezvous: dict[str, Any] | None = None  # gossiped while this node hosts a spanned run
         self.replication: dict[str, Any] | None = None  # the replication daemon's latest counts
+        self.readiness: Callable[[], tuple[bool, str]] | None = None  # this node's /readyz (the orchestrator's)
 
     # -- what this node gossips, and what it learns -----------------------------------
     def inventory(self) -> dict[str, Any]:
@@ -73,6 +75,7 @@ class ClusterPipeline:
             **steps.items.created_counts(self.pipe.node_id),  # games_created, positions_created, games_max_id
             **(steps.node_status(self.pipe) if isinstance(steps, ReportsStatus) else {}),  # lm: its engines
             "quorum_level": self.node.quorum_level.value,  # for other nodes' dashboards
+            **self._readiness(),
             "gen_stats": generation_stats(self.pipe.paths),  # Elo interval and loss per model sha
             **({"work": self.node.queue.summary()} if self.node.is_leader else {}),
             "models": steps.models.installed(),
@@ -83,6 +86,12 @@ class ClusterPipeline:
             **({"train_rendezvous": self.rendezvous} if self.rendezvous is not None else {}),
             **({"replication": self.replication} if self.replication is not None else {}),
         }
+
+    def _readiness(self) -> dict[str, Any]:
+        if self.readiness is None:
+            return {}
+        ready, reason = self.readiness()
+        return {"ready": ready, "ready_reason": reason[:200]}
 
     def absorb(self, view: ClusterView) -> None:
         """Merge the decided generation records: those peers gossip, and those a leader told

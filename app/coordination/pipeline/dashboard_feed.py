@@ -7,28 +7,38 @@ event loop and only read memory: everything that touches a file (registry rating
 results, games in the replay DB) is read by `run()` in a worker thread every few seconds and
 cached, so a page view or a scrape never waits on SQLite.
 
-Per-generation Elo intervals and training losses live where the candidate was trained and
-evaluated; `generation_stats()` reads them there and every node gossips its own
-(`gen_stats` in its inventory), so any node's dashboard can chart every generation.
+Per-generation training losses (and, on a lone node, Elo intervals) live where the candidate
+was trained and evaluated, and each promoted model's accuracy on solver-scored positions where
+it was scored (strength_watch.py); `generation_stats()` reads them there and every node gossips
+its own (`gen_stats` in its inventory), so any node's dashboard can chart every generation. In
+a cluster the Elo of every generation is fitted from the gauntlet results the decided records
+carry (generation_elo.py), the same on every node.
+
+The same enriched generations answer GET /progress (`progress()`), so the CLI, the page and
+the metrics (`mesh_model_elo{role="best"|"candidate"}`) agree.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from app.config.paths import NodePaths
 from app.coordination.p2p.node import MeshNode
 from app.coordination.pipeline.context import PipelineContext
+from app.coordination.pipeline.generation_elo import rate_generations
+from app.db.engines import is_url
 from app.db.registry import ModelRegistry, RegistryError
 from app.log import get_logger
+from app.training.solved_accuracy import ACCURACY_FILE, AccuracyCache
 
 log = get_logger(__name__)
 
@@ -36,6 +46,8 @@ HISTORY_POINTS = 720  # a point per sample: an hour at the default 5 s
 STATS_GOSSIPED = 100  # newest models whose Elo/loss a node gossips
 STATS_TTL_S = 5.0
 RATE_WINDOW_S = 60.0
+STATS_FIELDS = 6  # gen_stats rows: elo, elo_low, elo_high, loss, exact, outcome
+Readiness = Callable[[], tuple[bool, str]]  # (ready, why not): the daemon manager's /readyz
 
 
 # -- per-node generation stats, gossiped -------------------------------------------------
@@ -43,26 +55,34 @@ _stats_cache: dict[Path, tuple[float, dict[str, list]]] = {}
 _stats_lock = threading.Lock()
 
 
+def registry_exists(target: Path | str) -> bool:
+    """A registry file that exists, or a database URL (whose tables the node creates)."""
+    return is_url(target) or Path(target).exists()
+
+
 def generation_stats(paths: NodePaths, ttl_s: float = STATS_TTL_S) -> dict[str, list]:
-    """{sha256: [elo, elo_low, elo_high, loss]} of the models this node registered or trained
-    (newest STATS_GOSSIPED); cached for `ttl_s` since the inventory asks every second."""
+    """{sha256: [elo, elo_low, elo_high, loss, exact, outcome]} of the models this node
+    registered, trained or scored on the solved positions (newest STATS_GOSSIPED); cached for
+    `ttl_s` since the inventory asks every second."""
     now = time.monotonic()
     with _stats_lock:
         hit = _stats_cache.get(paths.data_dir)
         if hit is not None and now - hit[0] < ttl_s:
             return hit[1]
     stats: dict[str, list] = {}
+    row = lambda sha: stats.setdefault(sha, [None] * STATS_FIELDS)  # noqa: E731
     for sha, loss in _training_losses(paths.runs_dir).items():
-        stats[sha] = [None, None, None, loss]
-    if paths.registry_db.exists():
+        row(sha)[3] = loss
+    if registry_exists(paths.registry_db):
         try:
             with ModelRegistry(paths.registry_db, create=False) as registry:
                 for m in registry.models():
                     if m.elo is not None:
-                        loss = stats.get(m.sha256, [None] * 4)[3]
-                        stats[m.sha256] = [m.elo, m.elo_low, m.elo_high, loss]
+                        row(m.sha256)[:3] = [m.elo, m.elo_low, m.elo_high]
         except RegistryError as exc:
             log.warning("dashboard_registry_unreadable", error=str(exc))
+    for sha, result in AccuracyCache(paths.data_dir / ACCURACY_FILE).load().items():
+        row(sha)[4:6] = [result["exact"], result["outcome"]]
     newest = dict(list(stats.items())[-STATS_GOSSIPED:])
     with _stats_lock:
         _stats_cache[paths.data_dir] = (now, newest)
@@ -98,10 +118,13 @@ class _Cache:
 
 
 class DashboardFeed:
-    def __init__(self, pipe: PipelineContext, node: MeshNode, history: int = HISTORY_POINTS) -> None:
+    def __init__(self, pipe: PipelineContext, node: MeshNode, history: int = HISTORY_POINTS,
+                 readiness: Readiness | None = None) -> None:
         self.pipe = pipe
         self.node = node
+        self.readiness = readiness  # this node's; other nodes gossip theirs (`ready` in the inventory)
         self.cache = _Cache()
+        self._record_elo: tuple[object, dict[int, list[float]]] = (None, {})  # (records it was fitted on, ratings)
         self.series: deque[dict[str, float]] = deque(maxlen=history)  # cluster games/positions over time
         self.node_games: dict[str, deque[tuple[float, int]]] = {}  # per node (t, games created)
 
@@ -128,12 +151,11 @@ class DashboardFeed:
                 cache.best_installed_at = os.stat(self.pipe.steps.models.installed_path(best)).st_mtime
             except OSError:
                 cache.best_installed_at = None
-        if self.pipe.cluster is None and paths.registry_db.exists():
+        if self.pipe.cluster is None and registry_exists(paths.registry_db):
             try:
                 with ModelRegistry(paths.registry_db, create=False) as registry:
-                    cache.local_generations = [
-                        {"generation": m.generation, "sha256": m.sha256, "promoted": m.promoted_at is not None, "reason": m.reason, "trained_by": self.pipe.node_id}
-                        for m in registry.models() if m.generation > 0]
+                    cache.local_generations = [_registry_generation(m.to_json(), self.pipe.node_id)
+                                               for m in registry.models() if m.generation > 0 and m.status.value != "candidate"]
             except RegistryError:
                 pass
         return cache
@@ -177,12 +199,14 @@ class DashboardFeed:
             state = view.nodes.get(nid)
             i = inv.get(nid, {})
             me = nid == node.node_id
+            ready, why = self._ready(nid, i, alive)
             nodes.append({
                 "node_id": nid, "self": me, "voter": nid in node.voters,
                 "role": node.role.value if me else (state.role if state else "unknown"),
                 "term": node.term if me else (state.term if state else None),
                 "quorum_level": node.quorum_level.value if me else i.get("quorum_level"),
                 "health": view.liveness.get(nid).value if view.liveness.get(nid) else ("alive" if me else "unknown"),
+                "ready": ready, "ready_reason": why,
                 "generation": self.pipe.state.best_generation if me else i.get("best_generation"),
                 "model": self.pipe.state.best_sha256 if me else i.get("best_sha256"),
                 "games": i.get("games_created"), "games_per_s": self.games_per_second(nid),
@@ -191,23 +215,30 @@ class DashboardFeed:
         work = next((i.get("work") for nid, i in inv.items() if nid == view.leader and i.get("work")), None)
         claims = [{"item": c.item_id, "node": s.node_id, "term": c.token.term}
                   for s in view.nodes.values() for c in s.claims]
+        not_ready = [n["node_id"] for n in nodes if n["voter"] and n["ready"] is not True]
         return {
             "cluster": {"leader": view.leader, "term": node.term, "quorum_level": node.quorum_level.value,
                         "voters": list(node.voters), "voters_alive": sorted(set(node.voters) & alive),
-                        "quorum_size": len(node.voters) // 2 + 1},
+                        "voters_not_ready": not_ready, "quorum_size": len(node.voters) // 2 + 1},
             "nodes": nodes, "work": work, "claims": claims,
             "generations": self.generations(inv),
             "series": list(self.series),
         }
 
+    def _ready(self, node_id: str, inventory: dict[str, Any], alive: set[str]) -> tuple[bool | None, str]:
+        """(ready, why not) of a node: this node's own readiness, another's as it gossips it
+        (None: not known); a node not seen alive is not ready, whatever it last said."""
+        if node_id == self.node.node_id:
+            return self.readiness() if self.readiness is not None else (None, "")
+        if node_id not in alive:
+            return False, "not seen alive"
+        ready = inventory.get("ready")
+        return (bool(ready), str(inventory.get("ready_reason") or "")[:200]) if isinstance(ready, bool) else (None, "")
+
     def generations(self, inv: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         """Decided generations (cluster log, or the local registry on a lone node), each with
-        the Elo interval and training loss of its candidate wherever in the cluster they are."""
-        inv = inv if inv is not None else self._inventories()
-        stats: dict[str, list] = {}
-        for i in inv.values():
-            stats.update(i.get("gen_stats") or {})
-        stats.update(self.cache.local_stats)
+        the Elo interval, training loss and solved-position accuracy of its model wherever in
+        the cluster they are."""
         cluster = self.pipe.cluster
         if cluster is not None:
             effective = cluster.effective_records()  # a rolled-back promotion shows as withdrawn
@@ -217,18 +248,69 @@ class DashboardFeed:
                        for r in (effective[g] for g in sorted(effective))]
         else:
             records = [dict(r) for r in self.cache.local_generations]
+        return self.enrich(records, inv)
+
+    def enrich(self, records: list[dict[str, Any]], inv: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """Each record with elo, elo_low, elo_high, loss and accuracy ({exact, outcome} or None):
+        a cluster's Elo from its records' games, else the rater's registry (gossiped)."""
+        inv = inv if inv is not None else self._inventories()
+        stats: dict[str, list] = {}
+        for i in inv.values():
+            stats.update(i.get("gen_stats") or {})
+        stats.update(self.cache.local_stats)
+        record_elo = self.record_elo()
         for r in records:
-            elo, low, high, loss = (stats.get(r["sha256"]) or [None] * 4)[:4]
-            r.update(elo=r.get("elo") if r.get("elo") is not None else elo, elo_low=low, elo_high=high, loss=loss)
+            row = _stats_row(stats.get(r["sha256"]))
+            elo, low, high, loss, exact, outcome = row + [None] * (STATS_FIELDS - len(row))
+            fitted = record_elo.get(r["generation"])
+            if fitted is not None:
+                elo, low, high = fitted
+            elif r.get("elo") is not None:
+                elo = r["elo"]
+            accuracy = {"exact": exact, "outcome": outcome} if exact is not None and outcome is not None else None
+            r.update(elo=elo, elo_low=low, elo_high=high, loss=loss, accuracy=accuracy)
         return records
 
-    def mesh_gauges(self) -> dict[str, float]:
-        """The mesh and cluster state as gauges (daemons/metrics.MESH_VIEW_HELP names)."""
+    def record_elo(self) -> dict[int, list[float]]:
+        """A cluster's generation -> [elo, low, high], fitted again whenever its decided records
+        change (a new decision is rated on the next read, not 5 s later: the gauges never lose a
+        series in between); a few ms for a hundred records, so the loop may do it."""
+        cluster = self.pipe.cluster
+        if cluster is None:
+            return {}
+        records = cluster.generations.records  # replaced, never changed in place, on every merge
+        if self._record_elo[0] is not records:
+            try:
+                rated = rate_generations(dict(records))
+            except ValueError as exc:  # a fit that did not converge: no cluster Elo until the next decision
+                log.warning("generation_elo_failed", error=str(exc))
+                rated = {}
+            self._record_elo = (records, {g: [r.elo, r.low, r.high] for g, r in rated.items()})
+        return self._record_elo[1]
+
+    def progress(self, base: dict[str, Any]) -> dict[str, Any]:
+        """GET /progress: `base` (the cluster's decided records, or a lone node's registry
+        report) with every generation rated as the dashboard shows it, and the best named."""
+        out = dict(base)
+        if self.pipe.cluster is not None:
+            out["generations"] = self.generations()
+            return out
+        generations = [_registry_generation(m, self.pipe.node_id) for m in base.get("models", [])
+                       if m["generation"] > 0 and m["status"] != "candidate"]
+        current = next((m for m in base.get("models", []) if m.get("current")), None)
+        out["generations"] = self.enrich(generations)
+        out["best_generation"] = current["generation"] if current is not None else 0
+        out["rolled_back"] = [g["generation"] for g in generations if g["rolled_back"]]
+        return out
+
+    def mesh_gauges(self) -> dict[str, Any]:
+        """The mesh and cluster state as gauges (daemons/metrics.MESH_VIEW_HELP names; a dict
+        value is one series per label value, metrics.MESH_VIEW_LABELS names the label)."""
         node = self.node
         now = time.monotonic()
         alive = node.membership.alive_ids(now)
         inv = self._inventories()
-        out: dict[str, float] = {
+        out: dict[str, Any] = {
             "term": node.term, "is_leader": 1 if node.is_leader else 0,
             "leader_known": 1 if node.leader_id is not None else 0,
             "voters": len(node.voters), "voters_alive": len(set(node.voters) & alive),
@@ -241,4 +323,39 @@ class DashboardFeed:
         out["cluster_best_generation"] = best.generation if best is not None else self.pipe.state.best_generation
         if self.cache.best_installed_at is not None:
             out["best_model_installed_timestamp_seconds"] = self.cache.best_installed_at
+        elo = model_elo(self.generations(inv), best.sha256 if best is not None else self.pipe.state.best_sha256)
+        if elo:
+            out["model_elo"] = elo
         return out
+
+
+def model_elo(generations: list[dict[str, Any]], best_sha256: str | None) -> dict[str, float]:
+    """{"best": Elo of the model the cluster plays with, "candidate": Elo of the newest decided
+    generation}: two series however many generations there are (pure)."""
+    out: dict[str, float] = {}
+    best = next((g for g in generations if g["sha256"] == best_sha256), None)
+    if best is not None and best.get("elo") is not None:
+        out["best"] = float(best["elo"])
+    newest = max(generations, key=lambda g: g["generation"], default=None)
+    if newest is not None and newest.get("elo") is not None:
+        out["candidate"] = float(newest["elo"])
+    return out
+
+
+def _stats_row(value: Any) -> list[float | None]:
+    """A gossiped gen_stats row as numbers (a peer's message is checked like any other: a row
+    that is not a list of finite numbers or nulls is ignored; older nodes send four fields)."""
+    if not isinstance(value, list):
+        return []
+    row = value[:STATS_FIELDS]
+    ok = all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)) for v in row)
+    return list(row) if ok else []
+
+
+def _registry_generation(model: dict[str, Any], node_id: str) -> dict[str, Any]:
+    """A lone node's registry entry (ModelEntry.to_json / progress_report) as a decided generation
+    (a rolled-back promotion shows as withdrawn, as the cluster's effective records show it)."""
+    rolled_back = model["status"] == "rolled_back"
+    return {"generation": model["generation"], "sha256": model["sha256"],
+            "promoted": model.get("promoted_at") is not None and not rolled_back, "rolled_back": rolled_back,
+            "reason": model.get("reason", ""), "trained_by": node_id, "elo": model.get("elo")}

@@ -13,9 +13,21 @@ from app.training.sprt import SprtDecision, SprtResult
 
 
 def evaluation_from_report(report: GauntletReport) -> dict:
-    """The parts of a report the gate and operators need, JSON-ready."""
+    """The parts of a report the gate, the Elo fit and operators need, JSON-ready."""
     data = report.to_json()
-    return {"match_id": data["match_id"], "results": data["results"], "elapsed_s": data["elapsed_s"]}
+    return {"match_id": data["match_id"], "player": data["candidate"], "results": data["results"],
+            "elapsed_s": data["elapsed_s"]}
+
+
+def match_summary(evaluation: dict | None) -> dict | None:
+    """What a decided generation's record keeps of its gauntlet (GenerationRecord.matches):
+    the candidate's player and its wins, draws and losses per opponent. None for an evaluation
+    that is not a gauntlet (the LM workload's held-out scores) or predates the player name."""
+    if not isinstance(evaluation, dict) or not isinstance(evaluation.get("player"), str):
+        return None
+    results = [[r["opponent"], int(r["wins"]), int(r["draws"]), int(r["losses"])]
+               for r in evaluation.get("results", []) if r.get("wins", 0) + r.get("draws", 0) + r.get("losses", 0)]
+    return {"player": evaluation["player"], "results": results}
 
 
 def _result_from_json(data: dict) -> OpponentResult:

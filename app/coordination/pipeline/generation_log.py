@@ -19,6 +19,9 @@ from app.atomic_files import atomic_write_json
 
 COMMIT_PREFIX = "generation/"
 HELDOUT_KEYS_MAX = 8
+MATCHES_MAX = 8  # opponents of one gauntlet
+NAME_MAX = 200  # a player's name (a model player's holds its 64-hex sha256)
+GAMES_MAX = 1_000_000  # wins, draws or losses against one opponent
 
 
 @dataclass(frozen=True)
@@ -31,8 +34,14 @@ class GenerationRecord:
     reason: str = ""
     elo: float | None = None
     heldout: dict[str, float] | None = None  # lm: held-out reward, its interval and exact match
+    # games: the gauntlet's results, {"player": the candidate's player name, "results":
+    # [[opponent player, wins, draws, losses], ...]}, so every node rates every generation
+    # from the same games (generation_elo.py), whichever node played them
+    matches: dict | None = None
 
     def __post_init__(self) -> None:
+        if self.matches is not None:
+            _check_matches(self.generation, self.matches)
         if self.heldout is not None:  # a gossiped record is bounded like any message
             if not isinstance(self.heldout, dict) or len(self.heldout) > HELDOUT_KEYS_MAX:
                 raise ValueError(f"generation {self.generation}: heldout must be a dict of at most "
@@ -49,8 +58,9 @@ class GenerationRecord:
         """The record's fields; `heldout` only where there is one (Connect Four records stay
         byte for byte what they were before the field existed)."""
         data = asdict(self)
-        if data["heldout"] is None:
-            del data["heldout"]
+        for optional in ("heldout", "matches"):
+            if data[optional] is None:
+                del data[optional]
         return data
 
     def to_value(self) -> str:
@@ -64,7 +74,28 @@ class GenerationRecord:
             generation=int(data["generation"]), sha256=str(data["sha256"]), promoted=bool(data["promoted"]),
             games_mark=int(data["games_mark"]), trained_by=str(data["trained_by"]),
             reason=str(data.get("reason", "")), elo=data.get("elo"), heldout=data.get("heldout"),
+            matches=data.get("matches"),
         )
+
+
+def _check_matches(generation: int, matches: object) -> None:
+    """A gossiped record is bounded like any message: names, counts and sizes."""
+    def bad(why: str) -> ValueError:
+        return ValueError(f"generation {generation}: matches {why}")
+
+    if not isinstance(matches, dict) or set(matches) != {"player", "results"}:
+        raise bad("must be {player, results}")
+    player, results = matches["player"], matches["results"]
+    if not isinstance(player, str) or not 0 < len(player) <= NAME_MAX:
+        raise bad(f"player must be a name of 1-{NAME_MAX} characters")
+    if not isinstance(results, list) or len(results) > MATCHES_MAX:
+        raise bad(f"results must be a list of at most {MATCHES_MAX}")
+    for row in results:
+        if not isinstance(row, list) or len(row) != 4 or not isinstance(row[0], str) \
+                or not 0 < len(row[0]) <= NAME_MAX:
+            raise bad("rows must be [opponent, wins, draws, losses]")
+        if any(isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= GAMES_MAX for n in row[1:]):
+            raise bad(f"counts must be integers in 0..{GAMES_MAX}")
 
 
 def latest(records: dict[int, GenerationRecord]) -> GenerationRecord | None:

@@ -1,34 +1,37 @@
-"""The operator's one-line view of the loop: generation, stage, games, loss, last gauntlet.
+"""The operator's view of the loop moving: generation, stage, games, loss, last gauntlet.
 
-Printed to stdout every few seconds when something changed (structlog keeps stderr for
-machine-readable lines), so `make run` in a terminal shows the loop moving.
+Logged as a `progress` event every few seconds when something changed, through structlog like
+every other line: JSON on a pipe (one format in one stream, for collectors), the console
+renderer on a terminal (`make run`), where it reads as one line per change.
 """
 
 from __future__ import annotations
 
 import asyncio
-import sys
-from typing import TextIO
+from typing import Any
 
 from app.coordination.daemons.metrics import Metrics
 from app.coordination.pipeline.context import PipelineContext
 from app.coordination.pipeline.state import PipelineState
+from app.log import get_logger
+
+log = get_logger(__name__)
 
 
-def describe(state: PipelineState, games: int, loss: float | None, last_gauntlet: str) -> str:
-    """Pure: the status line for a state."""
-    best = f"gen {state.best_generation} ({state.best_sha256[:10]})" if state.best_sha256 else "untrained"
-    parts = [
-        f"generation {state.generation}: {state.stage.value}",
-        f"games {games} (+{max(0, games - state.export_mark)} new)",
-        f"best {best}",
-        f"promoted {state.promoted} rejected {state.rejected}",
-    ]
+def describe(state: PipelineState, games: int, loss: float | None, last_gauntlet: str) -> dict[str, Any]:
+    """Pure: the fields of the progress event for a state (absent: not known yet)."""
+    fields: dict[str, Any] = {
+        "generation": state.generation, "stage": state.stage.value,
+        "games": games, "new_games": max(0, games - state.export_mark),
+        "best_generation": state.best_generation if state.best_sha256 else None,
+        "best_sha256": state.best_sha256[:12] if state.best_sha256 else None,
+        "promoted": state.promoted, "rejected": state.rejected,
+    }
     if loss is not None:
-        parts.append(f"loss {loss:.3f}")
+        fields["loss"] = round(loss, 4)
     if last_gauntlet:
-        parts.append(f"last gauntlet {last_gauntlet}")
-    return " | ".join(parts)
+        fields["last_gauntlet"] = last_gauntlet
+    return fields
 
 
 def summarize_evaluation(evaluation: dict) -> str:
@@ -37,10 +40,9 @@ def summarize_evaluation(evaluation: dict) -> str:
     )
 
 
-async def show_progress(pipe: PipelineContext, metrics: Metrics, interval_s: float = 5.0,
-                        out: TextIO = sys.stdout) -> None:
+async def show_progress(pipe: PipelineContext, metrics: Metrics, interval_s: float = 5.0) -> None:
     """Runs until cancelled."""
-    last_line = ""
+    last: dict[str, Any] = {}
     last_gauntlet = ""
     while True:
         state = pipe.state
@@ -48,8 +50,8 @@ async def show_progress(pipe: PipelineContext, metrics: Metrics, interval_s: flo
             last_gauntlet = summarize_evaluation(state.evaluation)
         games = await asyncio.to_thread(pipe.newest_item_id)
         loss = metrics.value("mesh_training_loss")
-        line = describe(state, games, loss or None, last_gauntlet)
-        if line != last_line:
-            print(line, file=out, flush=True)
-            last_line = line
+        fields = describe(state, games, loss or None, last_gauntlet)
+        if fields != last:
+            log.info("progress", **fields)
+            last = fields
         await asyncio.sleep(interval_s)

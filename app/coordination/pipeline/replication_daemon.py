@@ -84,8 +84,8 @@ async def replication_daemon(pipe: PipelineContext, ctx: DaemonContext[Replicati
             ctx.metrics.games_under_replicated_oldest_age_seconds.set(status.oldest_under_replicated_s or 0.0)
             if report.pulled:
                 ctx.metrics.replication_pulled_games_total.inc(report.pulled)
-                ctx.log.info("games_replicated", pulled=report.pulled, bytes=report.bytes_in,
-                             under_replicated=status.under_replicated)
+                ctx.log.debug("games_replicated", pulled=report.pulled, bytes=report.bytes_in,
+                              under_replicated=status.under_replicated)
             if report.bytes_in:
                 ctx.metrics.replication_received_bytes_total.inc(report.bytes_in)
             ctx.mark_healthy()

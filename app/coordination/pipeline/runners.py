@@ -19,6 +19,7 @@ from app.coordination.daemons.daemon_registry import DaemonContext, RunnerEntry
 from app.coordination.daemons.events import EventType
 from app.coordination.pipeline.shard_worker import gauntlet_shards_daemon
 from app.coordination.pipeline.generation_log import GenerationRecord
+from app.coordination.pipeline.evaluation_record import match_summary
 from app.coordination.pipeline.context import PipelineContext, wait_for_wake, wake_on
 from app.coordination.sync.streaming import FetchError
 from app.coordination.pipeline.train_join import train_join_daemon
@@ -221,6 +222,7 @@ def cluster_record(pipe: PipelineContext, cluster: Cluster, state: ps.PipelineSt
         games_mark=claim.games_mark if claim is not None else 0, trained_by=pipe.node_id,
         reason=decision.summary()[:500],
         heldout=steps.heldout(state.evaluation) if isinstance(steps, ReportsStatus) else None,
+        matches=match_summary(state.evaluation),
     )
 
 

@@ -153,9 +153,6 @@ class Connect4Steps:
             self.paths.registry_db, workers=pipe.settings.gauntlet.workers, seed=state.generation,
             should_stop=ctx.stopping.is_set,
         ))
-        candidate = next((r for r in report.ratings if r.player == report.candidate), None)
-        if candidate is not None:
-            ctx.metrics.elo.labels(str(state.generation)).set(candidate.elo)
         record = evaluation_from_report(report)
         passed = decide_from_evaluation(record, gates, has_best=state.best_sha256 is not None).promote
         results = {r["kind"]: {k: r[k] for k in ("wins", "draws", "losses", "score")} for r in record["results"]}

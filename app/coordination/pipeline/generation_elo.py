@@ -1,0 +1,55 @@
+"""Elo of every decided generation, from the games the cluster's records carry (pure).
+
+Each node's registry holds only the gauntlet games that node played, so in a cluster no
+registry sees the whole chain of candidate-vs-best matches, and each would anchor what it sees
+differently. The decided records carry every gauntlet's results (`GenerationRecord.matches`)
+and are the same on every node, so a fit over them gives every node the same ratings: anchored
+at random where the games reach it, else at the chain's earliest generation
+(app/training/elo.py `fit_elo_chains`). Wins, draws and losses per pair are all a
+Bradley-Terry fit needs, so the summary loses nothing the registry's games would add.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from app.ai.players import model_sha_of_player
+from app.coordination.pipeline.generation_log import GenerationRecord
+from app.training.elo import Rating, fit_elo_chains
+
+
+def match_rows(records: Mapping[int, GenerationRecord]) -> list[tuple[str, str, float, float]]:
+    """(candidate player, opponent player, candidate's total score, games) per match the
+    records carry: the summary form elo.pair_counts takes, never expanded game by game."""
+    rows: list[tuple[str, str, float, float]] = []
+    for generation in sorted(records):
+        matches = records[generation].matches
+        if not matches:
+            continue
+        for opponent, wins, draws, losses in matches["results"]:
+            rows.append((matches["player"], opponent, wins + 0.5 * draws, float(wins + draws + losses)))
+    return rows
+
+
+def rate_generations(records: Mapping[int, GenerationRecord]) -> dict[int, Rating]:
+    """generation -> its model's rating (with the 95 % interval), for every generation whose
+    model played or was played in a recorded gauntlet."""
+    games = match_rows(records)
+    if not games:
+        return {}
+    generation_of = {r.sha256: g for g, r in sorted(records.items(), reverse=True)}  # the earliest wins
+    players = {p for row in games for p in row[:2]}
+    order = sorted(players, key=lambda p: (generation_of.get(model_sha_of_player(p) or "", 1 << 62), p))
+    fit = fit_elo_chains(games, order=order)
+    by_sha: dict[str, list[Rating]] = {}
+    for name, rating in fit.ratings.items():
+        sha = model_sha_of_player(name)
+        if sha is not None:
+            by_sha.setdefault(sha, []).append(rating)
+    out: dict[int, Rating] = {}
+    for generation, record in records.items():
+        own = record.matches["player"] if record.matches else None
+        ratings = by_sha.get(record.sha256, [])
+        if ratings:  # its own player when it played, else the player that played it most
+            out[generation] = next((r for r in ratings if r.player == own), max(ratings, key=lambda r: r.games))
+    return out

@@ -1,0 +1,72 @@
+"""A default single node, as `make run` starts one (no promotion gate: each candidate plays only
+the previous best), on tiny networks: after three promotions its dashboard, in a real headless
+Chromium, charts an Elo point per generation (rated from the chain of best matches, the first
+at 0) and lists each promoted model's exact-move and outcome accuracy on the solver-scored
+positions; /progress says the same, and the page reflows on a phone.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.cdp import Browser
+from tests.ops_tools import require_tool
+from tests.orchestrator_helpers import (
+    SMALL_DAEMONS, TINY_CONFIG, get_json, start_node, stop_nodes, tail, tiny_selfplay, wait_until, write_node_files,
+)
+
+pytestmark = pytest.mark.slow
+
+PROMOTIONS = 3
+CONFIG = {**{k: v for k, v in TINY_CONFIG.items() if k != "promotion"},  # the default gates: none
+          "train": {**TINY_CONFIG["train"], "max_steps": 30}, "export": {"window_games": 300, "window_base_games": 0}}
+DAEMONS = {**SMALL_DAEMONS, "daemons": {
+    **SMALL_DAEMONS["daemons"],
+    "selfplay": tiny_selfplay(16),
+    "export": {"critical": True, "settings": {"min_new_games": 32, "poll_s": 0.5}},
+}}
+
+
+@pytest.mark.timeout(600)
+async def test_a_default_node_charts_elo_and_solved_accuracy_after_three_promotions(tmp_path) -> None:
+    require_tool("chromium")
+    files = write_node_files(tmp_path / "solo", "solo", CONFIG, DAEMONS)
+    proc = start_node(files)
+    try:
+        wait_until(lambda: files.state().get("promoted", 0) >= PROMOTIONS, 480, interval=1.0,
+                   what=f"{PROMOTIONS} promotions")
+
+        def progress_complete() -> dict | None:
+            p = get_json(files.mesh_port, "/progress") or {}
+            gens = [g for g in p.get("generations", []) if g["promoted"]][:PROMOTIONS]
+            return p if len(gens) == PROMOTIONS and all(g["elo"] is not None and g["accuracy"] for g in gens) else None
+
+        progress = wait_until(progress_complete, 90, interval=1.0, what="every promoted generation rated and scored")
+        first = progress["generations"][0]
+        assert first["generation"] == 1 and first["elo"] == 0.0  # the chain's anchor
+        assert all(0.0 <= g["accuracy"]["exact"] <= g["accuracy"]["outcome"] <= 1.0
+                   for g in progress["generations"][:PROMOTIONS])
+        async with Browser(width=1280, height=1500) as browser:
+            await browser.open(f"http://127.0.0.1:{files.health_port}/")
+            # the page draws what the node reports: an Elo point per rated generation and an
+            # accuracy row per scored promoted model (three, unless a fourth came in between)
+            counts = await browser.wait_for("""(async () => {
+                const d = await (await fetch('dashboard.json', {cache: 'no-store'})).json();
+                const rated = d.generations.filter(g => g.elo !== null).length;
+                const scored = d.generations.filter(g => g.promoted && g.accuracy).length;
+                const points = document.querySelectorAll('#chart-elo svg circle.point').length;
+                const rows = document.querySelectorAll('#accuracy tbody tr td[data-label="exact move"]').length;
+                return points === rated && rows === scored && rows >= 3 ? [points, rows] : null; })()""",
+                                            90, "the Elo chart and the accuracy panel")
+            assert counts[0] >= PROMOTIONS and counts[1] >= PROMOTIONS, counts
+            assert await browser.eval("document.getElementById('state').textContent") == "healthy"
+            assert await browser.eval("document.querySelector('#nodes .readiness').textContent") == "ready"
+            await browser.open(f"http://127.0.0.1:{files.health_port}/", width=390, height=844, mobile=True)
+            await browser.wait_for("document.querySelectorAll('#accuracy tbody tr').length", 60, "the phone layout")
+            assert await browser.eval("""[...document.querySelectorAll('table')].every(t =>
+                t.getBoundingClientRect().width <= t.parentElement.clientWidth + 1)""")
+    except AssertionError:
+        print(tail(files, 6000))
+        raise
+    finally:
+        stop_nodes([proc], timeout=35)

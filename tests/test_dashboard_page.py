@@ -1,0 +1,104 @@
+"""The dashboard page in a real headless Chromium, served by the real health server from a
+snapshot the test controls (the `dashboard` callable the orchestrator hands the server): the
+header degrades when any voter is not ready, and on a 390 px phone no table is cut off."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from app.config import Settings
+from app.coordination.daemons.event_router import EventRouter
+from app.coordination.daemons.health_server import HealthServer
+from app.coordination.daemons.manager import DaemonManager
+from app.coordination.daemons.daemon_registry import build_registry
+from tests.cdp import Browser
+from tests.ops_tools import require_tool
+
+pytestmark = pytest.mark.timeout(180)
+SHA = "0123456789abcdef" * 4
+IDS = ["node-alpha-1", "node-beta-2", "node-gamma-3"]
+
+
+async def _worker(ctx) -> None:
+    ctx.mark_healthy()
+    await ctx.stopping.wait()
+
+
+def snapshot(not_ready: set[str]) -> dict:
+    """A three-voter cluster as the feed reports it: all alive, quorum healthy, 14 generations."""
+    return {
+        "cluster": {"leader": IDS[0], "term": 12, "quorum_level": "healthy", "voters": IDS, "voters_alive": IDS,
+                    "voters_not_ready": sorted(not_ready), "quorum_size": 2},
+        "nodes": [{"node_id": n, "self": i == 0, "voter": True, "role": "leader" if i == 0 else "follower", "term": 12,
+                   "quorum_level": "healthy", "health": "alive", "ready": n not in not_ready,
+                   "ready_reason": "critical daemon selfplay gave up" if n in not_ready else "",
+                   "generation": 14, "model": SHA, "games": 123456, "games_per_s": 3.21, "claims": []}
+                  for i, n in enumerate(IDS)],
+        "work": {"pending": 1}, "claims": [{"item": "training:generation-15", "node": IDS[1], "term": 12}],
+        "generations": [{"generation": g, "sha256": SHA, "promoted": True, "rolled_back": False, "trained_by": IDS[0],
+                         "elo": 10.0 * g, "elo_low": 10.0 * g - 30, "elo_high": 10.0 * g + 30, "loss": 2.0 - 0.05 * g,
+                         "accuracy": {"exact": 0.4 + 0.01 * g, "outcome": 0.7},
+                         "reason": "pass: no gate configured (every candidate is promoted; the gauntlet only measures)"}
+                        for g in range(1, 15)],
+        "series": [{"t": time.time() - 60 + i, "games": 100 + i, "positions": 1000 + 10 * i} for i in range(60)],
+    }
+
+
+@pytest.fixture
+async def served():
+    """(url, set of not-ready node ids the next snapshot reports)."""
+    require_tool("chromium")
+    router = EventRouter()
+    registry = build_registry({"daemons": {"worker": {"critical": True}}}, {"worker": (_worker, {})})
+    manager = DaemonManager(registry.select("all"), router=router, settings=Settings())
+    not_ready: set[str] = set()
+    server = HealthServer(manager, router.metrics, port=0, dashboard=lambda: snapshot(not_ready))
+    await server.start()
+    await manager.start()
+    try:
+        yield server.url, not_ready
+    finally:
+        await manager.drain_and_stop(5)
+        await server.stop()
+
+
+HEADER = """(() => { const h = document.getElementById('header');
+                     return document.body.dataset.loaded ? [h.classList.contains('degraded'),
+                            document.getElementById('state').textContent] : null; })()"""
+
+
+async def test_the_header_degrades_while_a_voter_is_alive_but_not_ready(served) -> None:
+    url, not_ready = served
+    async with Browser(width=1280, height=1200) as browser:
+        await browser.open(f"{url}/")
+        assert await browser.wait_for(HEADER, 30, "the header") == [False, "healthy"]
+        not_ready.add(IDS[1])
+        await browser.open(f"{url}/")
+        await asyncio.sleep(0.2)
+        degraded, state = await browser.wait_for(HEADER, 30, "the header")
+        assert degraded and state == f"degraded: {IDS[1]} not ready"
+        cells = await browser.eval("[...document.querySelectorAll('#nodes .readiness')].map(e => e.textContent)")
+        assert cells == ["ready", "not ready", "ready"]
+        assert await browser.eval("document.querySelectorAll('#accuracy tbody tr').length") == 14
+
+
+async def test_no_table_is_cut_off_on_a_phone(served) -> None:
+    url, _ = served
+    async with Browser(width=390, height=844) as browser:
+        await browser.open(f"{url}/", width=390, height=844, mobile=True)
+        await browser.wait_for("document.body.dataset.loaded", 30, "the page")
+        # every table fits the width of its box (no hidden columns to scroll to) and every cell
+        # ends inside the viewport; the page itself does not scroll sideways either
+        widths = await browser.eval("""[...document.querySelectorAll('table')].map(t =>
+            [t.id, t.getBoundingClientRect().width, t.parentElement.clientWidth,
+             Math.max(...[...t.querySelectorAll('td, th')].filter(c => c.offsetParent)
+                      .map(c => c.getBoundingClientRect().right))])""")
+        for table_id, width, box, right in widths:
+            assert width <= box + 1 and right <= 390, (table_id, width, box, right)
+        assert {w[0] for w in widths} == {"nodes", "accuracy", "daemons", "claims", "generations"}
+        assert await browser.eval("document.documentElement.scrollWidth <= window.innerWidth + 1")
+        # each cell says what it is, the header row being hidden
+        assert await browser.eval("document.querySelector('#generations td').dataset.label") == "gen"
