@@ -121,10 +121,17 @@ _PLAYER_CACHE: dict[PlayerSpec, object] = {}
 
 
 def _cached_player(spec: PlayerSpec, seed: int):
-    """Players live as long as their worker: a network is loaded once, not once per game."""
+    """A network player lives as long as its worker (its network is loaded once, not once
+    per wave) but takes the wave's seed each time, so a wave's games depend on its task and
+    not on which waves this worker played before; the other players are cheap to build and
+    are built anew."""
+    if spec.kind != "net":
+        return make_player(spec, seed)
     player = _PLAYER_CACHE.get(spec)
     if player is None:
         player = _PLAYER_CACHE[spec] = make_player(spec, seed)
+    else:
+        player.rng = np.random.default_rng(seed)
     return player
 
 
