@@ -52,7 +52,11 @@ LEADER = "n2"
 CONFIG = {**TINY_CONFIG,
           # a claim lapses 10 s after its last renewal: long for a busy CPU to lapse by accident,
           # short for the paused claimant to lapse on purpose
-          "mesh": {"timing": {**PROFILES["fast"].model_dump(), "claim_ttl": 10.0, "request_timeout": 3.0}}}
+          "mesh": {"timing": {**PROFILES["fast"].model_dump(), "claim_ttl": 10.0, "request_timeout": 3.0},
+                   # the held decision is released past the claim TTL, so more than the default
+                   # 10 s after it was signed: a wider freshness window lets it reach the claim
+                   # check this test is about (with 10 s it is refused earlier, 401 "clock")
+                   "limits": {"clock_window_s": 60.0}}}
 WORKER_DAEMONS = {**SMALL_DAEMONS, "daemons": {
     **SMALL_DAEMONS["daemons"],
     "selfplay": tiny_selfplay(16),
