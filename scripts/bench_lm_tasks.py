@@ -71,9 +71,12 @@ def task_config(task: str, demo_dir: Path, overrides: list[tuple[str, Any]], hel
 
 def run_one(config: Path, seed: int, rl_steps: int, eval_every: int, run_dir: Path) -> dict[str, Any]:
     """SFT then GRPO of one config and seed, in this process; the held-out curve."""
+    import warnings
+
     import torch
 
     torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' deprecation notes, once per run
     from app.config import load_settings
     from app.lm.data_buffer import DataBuffer
     from app.lm.rollout.engine import InProcessEngine
