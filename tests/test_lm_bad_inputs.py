@@ -19,7 +19,7 @@ from app.lm.demo_model import arithmetic_records, make_demo, write_jsonl
 from tests.mesh_helpers import free_ports
 from tests.orchestrator_helpers import ROOT
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # five real nodes start and stop
 
 
 def node_config(model: str | Path, prompts: Path, reward: str = "math") -> dict:
