@@ -15,7 +15,8 @@ steps after `--warmup` steps.
 tokenizer, built offline into a temporary directory) at one rank against a bare `transformers`
 loop in the same process, step by step in turn: our step (the in-process engine's rollouts,
 LocalBackend's GRPO update, the weight sync) and then, on the very same prompts and rows,
-`model.generate` (pure sampling at the same temperature and length) and a plain forward,
+`model.generate` (pure sampling at the same temperature and length, on the weights our engine
+holds) and a plain forward,
 policy-gradient loss, backward and AdamW step. Reports tokens/s of each and their ratios
 (ours / bare; the aim is >= 0.9), and our step's split.
 """
@@ -115,6 +116,7 @@ def vs_bare(args: argparse.Namespace) -> dict:
         model = initial_model(lm.model, tok)
     rollout = rollout_settings(lm.rollout)
     bare = copy.deepcopy(model).train()
+    sampler = copy.deepcopy(model).eval()  # bare generate on our engine's weights: the same lengths to sample
     bare_optim = torch.optim.AdamW(bare.parameters(), lr=lm.grpo.lr)
     backend = LocalBackend(model, OptimConfig(lr=lm.grpo.lr, max_grad_norm=None), sft_loss)
     source = GeneratedGroups(InProcessEngine(copy.deepcopy(model), tok), task, tok, DataBuffer(train_prompts(task, lm.task), 0),
@@ -133,9 +135,10 @@ def vs_bare(args: argparse.Namespace) -> dict:
         prompts = [r.tokens[:r.loss_mask.index(1)] for r in rows]  # each sample's prompt, n per group
         width = max(map(len, prompts))
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+        sampler.load_state_dict(source.engine.model.state_dict())
         t0 = time.perf_counter()
         with torch.no_grad():
-            out = bare.generate(input_ids=ids, attention_mask=(ids != pad).long() if pad != eos else None,
+            out = sampler.generate(input_ids=ids, attention_mask=(ids != pad).long() if pad != eos else None,
                                 do_sample=True, temperature=rollout.temperature, top_k=0, top_p=1.0,
                                 max_new_tokens=rollout.max_new_tokens, eos_token_id=eos, pad_token_id=pad)
         t1 = time.perf_counter()
