@@ -136,7 +136,8 @@ def run_episodes(engine: Engine, task: Task, tokenizer, requests: Sequence[tuple
                  builder: ContextBuilder = append_observation) -> list[Sample]:
     """Play one episode per (prompt, group_index), all live episodes batched per model step."""
     stops = stop_token_ids(task, tokenizer)
-    encoded = {p.prompt_id: prompt_token_ids(tokenizer, p) for p, _ in requests}  # once a prompt, not once a sample
+    distinct = {p.prompt_id: p for p, _ in requests}
+    encoded = {pid: prompt_token_ids(tokenizer, p) for pid, p in distinct.items()}  # once a prompt, not once a sample
     traces = [Trace(prompt=p, group_index=i, prompt_tokens=list(encoded[p.prompt_id]),
                     episode=task.new_episode(p), weight_version=engine.weight_version) for p, i in requests]
     for t in traces:
