@@ -51,10 +51,10 @@ def final_reward(task: Task, prompt: Prompt, text: str, mask: list[int], truncat
     if metadata.get("parse_failure"):
         return settings.parse_failure_reward, mask, {}
     if truncation_reason == "max_seq_len":
-        reward = 0.0 if settings.overlong_reward == "zero" else task.reward(prompt, text)
+        reward = 0.0 if settings.overlong_reward == "zero" else task.reward(prompt.record, text)
         if settings.overlong_group == "mask_loss":
             mask = [0] * len(mask)
         return reward, mask, {"overlong": settings.overlong_group}
     if truncation_reason is not None and settings.truncated_reward is not None:
         return settings.truncated_reward, mask, {}
-    return task.reward(prompt, text), mask, {}
+    return task.reward(prompt.record, text), mask, {}

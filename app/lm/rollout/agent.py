@@ -25,7 +25,7 @@ import structlog
 
 from app.lm.rollout.engine import Engine
 from app.lm.samples import Sample
-from app.lm.tasks import Episode, Prompt, Task
+from app.lm.tasks import Episode, Prompt, Task, prompt_token_ids
 from app.lm.truncation import RolloutSettings, final_reward
 
 log = structlog.get_logger(__name__)
@@ -136,7 +136,9 @@ def run_episodes(engine: Engine, task: Task, tokenizer, requests: Sequence[tuple
                  builder: ContextBuilder = append_observation) -> list[Sample]:
     """Play one episode per (prompt, group_index), all live episodes batched per model step."""
     stops = stop_token_ids(task, tokenizer)
-    traces = [Trace(prompt=p, group_index=i, prompt_tokens=tokenizer(p.text)["input_ids"],
+    distinct = {p.prompt_id: p for p, _ in requests}
+    encoded = {pid: prompt_token_ids(tokenizer, p) for pid, p in distinct.items()}  # once a prompt, not once a sample
+    traces = [Trace(prompt=p, group_index=i, prompt_tokens=list(encoded[p.prompt_id]),
                     episode=task.new_episode(p), weight_version=engine.weight_version) for p, i in requests]
     for t in traces:
         if len(t.prompt_tokens) >= settings.max_seq_len:

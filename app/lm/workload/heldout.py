@@ -81,7 +81,7 @@ def greedy_scores(engine: Engine, task: Task, tokenizer, prompts: Sequence[Promp
             exact.append(float(sample.reward >= 1.0))
         else:
             text = tokenizer.decode(sample.response_tokens, skip_special_tokens=True)
-            exact.append(0.0 if failed else float(exact_task.reward(by_id[group.prompt_id], text) >= 1.0))
+            exact.append(0.0 if failed else float(exact_task.reward(by_id[group.prompt_id].record, text) >= 1.0))
     return HeldoutScores(engine.weight_version, [g.prompt_id for g in groups], rewards, exact)
 
 
@@ -103,7 +103,7 @@ def heldout_record(lm: LMConfig, candidate: ModelRef, best: ModelRef) -> dict[st
     """The LM workload's evaluation: candidate and best greedy on the held-out prompts, paired;
     the record keeps the per-prompt rewards, so the gate can be recomputed from it alone."""
     tokenizer = build_tokenizer(lm.tokenizer)  # its own: a fast tokenizer is not shared across threads
-    task = build_task(lm.task)
+    task = build_task(lm.task, tokenizer)
     engines = [InProcessEngine(model_at(lm.model, ref.path, tokenizer), tokenizer, weight_version=ref.version,
                                name=name) for name, ref in (("candidate", candidate), ("best", best))]
     ev = evaluate_pair(*engines, task, tokenizer, heldout_prompts(task, lm.task), greedy_settings(lm),

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 from aiohttp import web
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase
 
 from app.atomic_files import atomic_write_json
 from app.config import Settings
@@ -45,7 +45,7 @@ from app.lm.rollout.batches import batch_prompts, rollout_batch
 from app.lm.rollout.engine import Engine
 from app.lm.rollout.engine_config import build_engine
 from app.lm.rollout.rollout_dataset import export_rollouts
-from app.lm.setup import build_task, build_tokenizer, model_at, rollout_settings, train_prompts
+from app.lm.setup import check_inputs, model_at, rollout_settings, train_prompts
 from app.lm.tasks import Prompt, Task
 from app.lm.workload.gate import GateResult, paired_gate
 from app.lm.workload.heldout import ModelRef, heldout_record
@@ -74,19 +74,18 @@ class LMSteps:
         self.mesh = LMMesh(self.paths)  # what it serves to peers and fetches from them
         self._lock = threading.Lock()
         self._selfplay: tuple[str, Engine] | None = None  # (model id, engine) self-play generates with
-        self._kit: tuple[PreTrainedTokenizerFast, Task, list[Prompt]] | None = None  # see _task_kit
+        # Self-play's (tokenizer, task, training prompt pool), built once at start: a node's config
+        # is fixed for its life, and what it names (model dir, prompt file, reward) is checked
+        # here, so a bad path or import stops the node with one line (a ValueError) before any daemon.
+        tokenizer, task = check_inputs(self.lm)
+        self._kit: tuple[PreTrainedTokenizerBase, Task, list[Prompt]] = (tokenizer, task,
+                                                                         train_prompts(task, self.lm.task))
 
     # -- building blocks ------------------------------------------------------------------
-    def _task_kit(self) -> tuple[PreTrainedTokenizerFast, Task, list[Prompt]]:
-        """Self-play's (tokenizer, task, training prompt pool): built once, since a node's config
-        is fixed for its life (self-play asks for them every batch, about twice a second)."""
-        with self._lock:
-            if self._kit is None:
-                task = build_task(self.lm.task)
-                self._kit = (build_tokenizer(self.lm.tokenizer), task, train_prompts(task, self.lm.task))
-            return self._kit
+    def _task_kit(self) -> tuple[PreTrainedTokenizerBase, Task, list[Prompt]]:
+        return self._kit
 
-    def _selfplay_engine(self, pipe: Pipe, tokenizer: PreTrainedTokenizerFast) -> tuple[str, Engine]:
+    def _selfplay_engine(self, pipe: Pipe, tokenizer: PreTrainedTokenizerBase) -> tuple[str, Engine]:
         """The first configured engine, holding the best weights (rebuilt when they change)."""
         state = pipe.state
         model_id = state.best_sha256 or INITIAL_MODEL_ID
