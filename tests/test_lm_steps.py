@@ -10,10 +10,14 @@ from pathlib import Path
 import pytest
 
 from app.config import Settings
+from app.lm.workload.lm_engines import INIT_MODEL_DIR
 from app.lm.workload.lm_steps import LMSteps
 from app.coordination.pipeline.state import PipelineState
 from app.workloads import pipeline_context
-from tests.test_lm_http_engines import FakeServer
+import asyncio
+import shutil
+
+from tests.engine_stubs import SGLangStub
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -24,7 +28,8 @@ def lm_settings(tmp_path: Path, engines: list[dict]) -> Settings:
 
 
 async def test_a_switch_syncs_every_http_engine_and_status_shows_each_version(tmp_path: Path) -> None:
-    good, bad = await FakeServer("ok").start(), await FakeServer("refuse").start()
+    good, bad = await SGLangStub().start(), await SGLangStub().start()
+    bad.fail.add("/update_weights_from_disk")
     try:
         pipe = pipeline_context(lm_settings(tmp_path, [
             {"name": "local", "kind": "in_process"},
@@ -33,17 +38,27 @@ async def test_a_switch_syncs_every_http_engine_and_status_shows_each_version(tm
         assert isinstance(pipe.steps, LMSteps)
         before = pipe.steps.node_status(pipe)["lm_engines"]
         assert {name: e["weight_version"] for name, e in before.items()} == {"local": 0, "sg": 0, "sg2": 0}
+        assert all(e["in_service"] is None for e in before.values())  # not built yet
+        tokenizer = pipe.steps._task_kit()[0]
+        # self-play builds the engines and syncs the servers to the initial model (its own thread)
+        engine = await asyncio.to_thread(pipe.steps.engines.rollout_engine, None, 0, None, tokenizer)
+        assert engine is not None and engine.name == "local"
+        started = pipe.steps.node_status(pipe)["lm_engines"]
+        assert started["sg"]["in_service"] is True and started["sg2"]["in_service"] is False
 
-        model_dir = tmp_path / "models" / ("a" * 64)
+        model_dir = tmp_path / "models" / ("a" * 64)  # a real model directory: the initial one, copied
+        shutil.copytree(tmp_path / "data" / INIT_MODEL_DIR, model_dir)
         await pipe.steps.models.switched("a" * 64, model_dir, 3)
     finally:
         await good.stop()
         await bad.stop()
     engines = pipe.steps.node_status(pipe)["lm_engines"]
-    assert engines["local"] == {"kind": "in_process", "weight_version": 3, "sha256": "a" * 64}
-    assert engines["sg"] == {"kind": "http", "weight_version": 3, "sha256": "a" * 64}
-    assert "error" in engines["sg2"] and engines["sg2"].get("weight_version") is None
-    update = next(body for method, path, body in good.calls if path == "/update_weights_from_disk")
+    assert engines["local"]["weight_version"] == 3 and engines["local"]["sha256"] == "a" * 64
+    assert engines["sg"] == {"kind": "sglang", "sync": "disk", "weight_version": 3, "sha256": "a" * 64,
+                             "in_service": True}
+    assert engines["sg2"]["in_service"] is False and "sg2" in engines["sg2"]["error"]
+    assert engines["sg2"]["weight_version"] != 3
+    update = good.bodies("/update_weights_from_disk")[-1]
     assert update["model_path"] == str(model_dir) and update["weight_version"] == "3"
 
 
