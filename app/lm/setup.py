@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from app.config.lm import LMConfig, LMModelSettings, LMRolloutSettings, LMTaskSettings, LMTokenizerSettings
 from app.lm.causal_lm import LMModelConfig, build_model, load_model
+from app.lm.reward_pool import RewardPool
 from app.lm.tasks import CalculatorTask, DigitTask, Prompt, Task
 from app.lm.tokenizer import build_digit_tokenizer, load_tokenizer
 from app.lm.truncation import RolloutSettings
@@ -69,3 +70,8 @@ def greedy_settings(cfg: LMConfig) -> RolloutSettings:
     """Evaluation: one greedy completion per prompt, with the rollouts' truncation rules."""
     return rollout_settings(cfg.rollout).model_copy(
         update={"n": 1, "temperature": 0.0, "max_new_tokens": cfg.eval.max_new_tokens})
+
+
+def reward_pool(cfg: LMConfig, task: Task) -> RewardPool:
+    """The task's reward in `lm.reward_pool.workers` processes, each call within `timeout_s`."""
+    return RewardPool(task, workers=cfg.reward_pool.workers, timeout_s=cfg.reward_pool.timeout_s)
