@@ -1,0 +1,147 @@
+"""The online loop (scripts/sft_rl.py's run: sft_grpo.run over GeneratedGroups) with an SGLang or
+a vLLM engine on a loopback server with the real routes and field names (tests/engine_stubs.py
+cites the upstream files): the trainer's weights reach the server after every step as a
+`save_pretrained` directory, each load is confirmed by the version the server reports, every
+generation request between two loads carries a seed per request and is answered with the
+version just loaded; a load the server refuses (twice) stops the run before anything is
+generated with weights the server did not confirm, so nothing after it is trained on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.lm.causal_lm import LMModelConfig, build_model
+from app.lm.rollout.engine import EngineOutOfService
+from app.lm.rollout.sglang_engine import SGLangEngine
+from app.lm.rollout.vllm_engine import VLLMEngine
+from app.lm.tasks import DigitTask
+from app.lm.tokenizer import build_digit_tokenizer
+from app.lm.train.backend import LocalBackend, OptimConfig
+from app.lm.train.grpo import GRPOConfig, grpo_loss_fn, sft_loss
+from app.lm.train.rollout_sources import GeneratedGroups
+from app.lm.train.sft_grpo import RunPlan, run
+from app.lm.train.weight_publish import WeightPublisher
+from app.lm.truncation import RolloutSettings
+from tests.engine_stubs import SGLangStub, VLLMStub
+
+pytestmark = pytest.mark.timeout(180)
+TOK = build_digit_tokenizer()
+TASK = DigitTask("copy", 2, 3, "partial")
+PROMPTS = TASK.make_prompts(16, 4, "train")
+ROLLOUT = RolloutSettings(n=2, max_new_tokens=4, temperature=1.0, length_is_parse_failure=False)
+STEPS = 3
+
+
+def online_run(engine, run_dir: Path) -> dict:
+    """The online run of scripts/sft_rl.py, GRPO only, `STEPS` steps, weights synced from disk."""
+    torch.set_num_threads(1)
+    model = build_model(LMModelConfig(seed=3), TOK)
+    backend = LocalBackend(model, OptimConfig(lr=1e-3), sft_loss)
+    publish = WeightPublisher(backend.get_weights, model=backend.model, tokenizer=TOK,
+                              out_dir=run_dir / "engine_weights")
+    source = GeneratedGroups(engine, TASK, TOK, PROMPTS, seed=9, prompts_per_step=2, rollout=ROLLOUT,
+                             publish=publish)
+    return run(backend, TOK, run_dir, RunPlan(None, 1e-3, STEPS, 1e-3, save=False), demonstrations=[],
+               source=source, loss_fn=grpo_loss_fn(GRPOConfig(), ROLLOUT.temperature, None))
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def loads_and_generations(server, load_path: str, gen_path: str) -> list[tuple[str, object]]:
+    return [(path, body) for _, path, _, body in server.calls if path in (load_path, gen_path)]
+
+
+async def test_sglang_gets_every_steps_weights_and_serves_each_step_with_them(tmp_path):
+    server = await SGLangStub().start()
+    try:
+        engine = SGLangEngine("sg", server.url, sync_timeout_s=30.0)
+        await asyncio.to_thread(online_run, engine, tmp_path / "run")
+    finally:
+        await server.stop()
+    loads = server.bodies("/update_weights_from_disk")
+    # the weights GRPO starts from (version 0), then the trainer's after every step
+    assert [(b["model_path"], b["weight_version"]) for b in loads] == [
+        (str(tmp_path / "run" / "engine_weights" / f"step_{v}"), str(v)) for v in range(STEPS + 1)]
+    assert all(b["flush_cache"] is True and b["abort_all_requests"] is False for b in loads)
+    assert all(set(b) == {"model_path", "weight_version", "flush_cache", "abort_all_requests"} for b in loads)
+    # each load is read back (/model_info) before anything is generated with it
+    order = [p for p in server.paths() if p in ("/update_weights_from_disk", "/model_info", "/generate")]
+    for i, path in enumerate(order):
+        if path == "/update_weights_from_disk":
+            assert order[i + 1] == "/model_info"
+    # between load v and load v+1 the server is asked for step v+1's rollouts, one seed per request
+    version, seen = None, {}
+    for path, body in loads_and_generations(server, "/update_weights_from_disk", "/generate"):
+        if path == "/update_weights_from_disk":
+            version = body["weight_version"]
+            continue
+        seeds = [p["sampling_seed"] for p in body["sampling_params"]]
+        assert len(seeds) == len(body["input_ids"]) and len(set(seeds)) == len(seeds)
+        seen.setdefault(version, []).extend(seeds)
+    assert sorted(seen) == [str(v) for v in range(STEPS)]
+    lines = metrics(tmp_path / "run")
+    # step k trains on the rollouts of the weights the server confirmed as version k - 1
+    assert [line["weight_version"] for line in lines if "weight_version" in line] == list(range(STEPS))
+    assert engine.weight_version == STEPS and engine.in_service
+
+
+async def test_vllm_gets_every_steps_weights_with_its_prefix_cache_reset_each_time(tmp_path):
+    server = await VLLMStub().start()
+    try:
+        engine = VLLMEngine("vl", server.url, sync_timeout_s=30.0)
+        await asyncio.to_thread(online_run, engine, tmp_path / "run")
+    finally:
+        await server.stop()
+    versions = [b["new_version"] for b in server.bodies("/update_weight_version")]
+    assert versions == [str(v) for v in range(STEPS + 1)]
+    configs = [b["args"][0]["model_config"]["model"] for b in server.bodies("/collective_rpc")
+               if b["method"] == "update_config"]
+    assert configs == [str(tmp_path / "run" / "engine_weights" / f"step_{v}") for v in range(STEPS + 1)]
+    assert server.paths().count("/reset_prefix_cache") == STEPS + 1
+    assert server.stale_hits == 0  # no generation found KV blocks computed with older weights
+    completions = server.bodies("/v1/completions")
+    # one request per completion (the rollout manager asks for exactly the samples it lacks), each its own seed
+    assert len(completions) == STEPS * 2 * ROLLOUT.n and all(b["n"] == 1 for b in completions)
+    assert len({b["seed"] for b in completions}) == len(completions)
+    assert engine.weight_version == STEPS and engine.in_service and not server.paused
+
+
+class RefusesFrom(SGLangStub):
+    """Loads versions below `version`; from `version` on it refuses the load (as SGLang does a bad path)."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__()
+        self.refuse_from = version
+
+    async def record(self, request):
+        body = await super().record(request)
+        if request.path == "/update_weights_from_disk" and int(body["weight_version"]) >= self.refuse_from:
+            self.fail.add(request.path)
+        return body
+
+
+async def test_a_refused_load_stops_the_run_and_nothing_after_it_is_generated_or_trained(tmp_path):
+    server = await RefusesFrom(2).start()
+    try:
+        engine = SGLangEngine("sg", server.url, sync_timeout_s=30.0)
+        with pytest.raises(EngineOutOfService, match="sg.*no such path"):
+            await asyncio.to_thread(online_run, engine, tmp_path / "run")
+    finally:
+        await server.stop()
+    order = [(p, b) for p, b in loads_and_generations(server, "/update_weights_from_disk", "/generate")]
+    first_refused = next(i for i, (p, b) in enumerate(order) if p == "/update_weights_from_disk"
+                         and b["weight_version"] == "2")
+    after = [p for p, _ in order[first_refused:]]
+    assert "/generate" not in after  # nothing generated once the server failed to confirm version 2
+    assert after == ["/update_weights_from_disk", "/update_weights_from_disk"]  # the step's sync and one retry
+    trained = [line for line in metrics(tmp_path / "run") if "weight_version" in line]
+    assert [line["weight_version"] for line in trained] == [0, 1]  # steps 1 and 2; step 3 never ran
+    assert not engine.in_service and engine.weight_version == 1 and "no such path" in engine.last_error
