@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import time
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -67,12 +68,13 @@ class StubServer:
         self.runner: web.AppRunner | None = None
         self.url = ""
         self.release = asyncio.Event()
+        self.busy_s: dict[str, float] = {}  # seconds spent inside each route's handler (benchmarks subtract it)
 
     def routes(self) -> list[web.RouteDef]:
         raise NotImplementedError
 
     async def start(self) -> StubServer:
-        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app = web.Application(client_max_size=256 * 1024 * 1024, middlewares=[self.timed])
         app.add_routes(self.routes())
         app.add_routes([web.route("*", "/{tail:.*}", self.missing)])  # a route this server lacks: 404, recorded
         self.runner = web.AppRunner(app)
@@ -81,6 +83,14 @@ class StubServer:
         await site.start()
         self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
         return self
+
+    @web.middleware
+    async def timed(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        started = time.perf_counter()
+        try:
+            return await handler(request)
+        finally:
+            self.busy_s[request.path] = self.busy_s.get(request.path, 0.0) + time.perf_counter() - started
 
     async def stop(self) -> None:
         self.release.set()
