@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from app.lm.tasks import DigitTask, Prompt
 
@@ -17,7 +19,7 @@ class ScriptedReward:
 
     name: str = "scripted"
 
-    def reward(self, prompt: object, completion_text: str) -> float:
+    def reward(self, record: Mapping[str, Any], completion_text: str) -> float:
         if completion_text == "hang":
             time.sleep(3600)
         if completion_text == "raise":
@@ -31,16 +33,27 @@ class ScriptedReward:
         return float(completion_text)
 
 
+def odd_digit_sum(answer: str) -> bool:
+    return sum(int(c) for c in answer) % 2 == 1
+
+
 def hangs_on(prompt: Prompt) -> bool:
-    """The prompts whose reward never returns: those with an odd digit sum."""
-    return sum(int(c) for c in prompt.prompt_id.split(":")[-1]) % 2 == 1
+    """The prompts whose reward never returns: those whose answer has an odd digit sum."""
+    return odd_digit_sum(prompt.answer)
 
 
 @dataclass(frozen=True)
 class HangsOnOddDigitSums(DigitTask):
     """The digit task, except that its reward hangs on some prompts (hangs_on)."""
 
-    def reward(self, prompt: Prompt, completion_text: str) -> float:
-        if hangs_on(prompt):
+    def reward(self, record: Mapping[str, Any], completion_text: str) -> float:
+        if odd_digit_sum(record["answer"]):
             time.sleep(3600)
-        return super().reward(prompt, completion_text)
+        return super().reward(record, completion_text)
+
+
+def slow_on_odd(record: Mapping[str, Any], completion_text: str) -> float:
+    """A team's reward by import path (`tests.reward_tasks:slow_on_odd`): hangs on an odd `n`."""
+    if int(record["n"]) % 2:
+        time.sleep(3600)
+    return float(completion_text.strip() == str(record["n"]))

@@ -97,7 +97,14 @@ def test_connect4_keys_of_shared_sections_are_errors_on_an_lm_node_and_shared_ke
 
 BAD_LM = [
     ({"rollout": {"temprature": 1.0}}, "lm.rollout.temprature: Extra inputs are not permitted"),
-    ({"task": {"name": "sort"}}, "lm.task.name: Input should be 'copy', 'reverse' or 'calc'"),
+    ({"task": {"name": "sort"}}, "lm.task.name: Input should be 'copy', 'reverse', 'calc' or 'jsonl'"),
+    ({"task": {"name": "jsonl", "path": "p.jsonl"}}, "task jsonl needs path (the prompt file) and reward"),
+    ({"task": {"name": "copy", "reward": "math"}}, "reward: not read by task copy"),
+    ({"task": {"name": "jsonl", "path": "p.jsonl", "reward": "math", "max_digits": 4}}, "max_digits: not read by task jsonl"),
+    ({"task": {"name": "jsonl", "path": "p.jsonl", "reward": []}}, "reward: an empty list of terms"),
+    ({"model": {"path": "some/dir", "hidden_size": 64}}, "hidden_size shape a random-init model and would not act"),
+    ({"model": {"dtype": "float16"}}, "lm.model.dtype: Input should be 'float32' or 'bfloat16'"),
+    ({"lora": {"r": 0}}, "lm.lora.r: Input should be greater than or equal to 1"),
     ({"grpo": {"mode": "dpo"}}, "lm.grpo.mode: Input should be 'rl' or 'sft+rl'"),
     ({"engines": [{"name": "s", "kind": "sglang"}]}, "a sglang engine needs a url"),
     ({"engines": [{"name": "l", "url": "http://127.0.0.1:1"}]}, "an in_process engine takes no url"),

@@ -52,7 +52,7 @@ def test_tokenizer_round_trip_markers_and_offline_reload(tok, tmp_path, monkeypa
     assert (tmp_path / "tok" / "tokenizer.json").is_file()
     again = load_tokenizer(tmp_path / "tok")
     assert again(text)["input_ids"] == ids and again.eos_token_id == tok.eos_token_id
-    with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+    with pytest.raises(ValueError, match="missing is not a local directory"):
         load_tokenizer(tmp_path / "missing")
 
 
@@ -100,11 +100,11 @@ def test_digit_tasks_prompts_rewards_and_split():
     assert not {p.text for p in train} & {p.text for p in test}
     assert all(split_of(p.answer) == "test" for p in test)
     p = train[0]
-    assert copy.reward(p, copy.demonstration(p)) == 1.0 and copy.reward(p, p.answer[:2]) == 0.0
+    assert copy.reward(p.record, copy.demonstration(p)) == 1.0 and copy.reward(p.record, p.answer[:2]) == 0.0
     rev = DigitTask("reverse", 3, 3, reward_kind="partial")
     q = Prompt("r", "rev:123=", "321")
-    assert rev.reward(q, "321") == 1.0 and rev.reward(q, "021") == pytest.approx(2 / 3)
-    assert rev.reward(q, "3210") == pytest.approx(3 / 4)
+    assert rev.reward(q.record, "321") == 1.0 and rev.reward(q.record, "021") == pytest.approx(2 / 3)
+    assert rev.reward(q.record, "3210") == pytest.approx(3 / 4)
     assert positional_credit("", "") == 1.0
     with pytest.raises(ValueError, match="distinct"):
         DigitTask("copy", 1, 1).make_prompts(11, seed=0)
@@ -119,7 +119,7 @@ def test_calculator_task_and_tool():
     prompts = task.make_prompts(10, seed=0)
     p = prompts[0]
     assert p.text.startswith("calc:") and p.answer == str(evaluate(p.text[5:-1]))
-    assert task.reward(p, task.demonstration(p)) == 1.0 and task.reward(p, p.answer) == 1.0
+    assert task.reward(p.record, task.demonstration(p)) == 1.0 and task.reward(p.record, p.answer) == 1.0
     episode = task.new_episode(p)
     step = episode.step(f"<call>{p.text[5:-1]}</call>")
     assert step.observation == f"<result>{p.answer}</result>" and not step.terminated

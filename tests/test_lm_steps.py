@@ -86,7 +86,7 @@ async def test_nothing_is_stored_from_a_server_whose_sync_failed_or_that_restart
     server.fail.add("/update_weights_from_disk")
     settings = Settings.model_validate({"workload": "lm", "node": {"data_dir": str(tmp_path / "data")}, "lm": {
         "engines": [{"name": "sg", "kind": "sglang", "url": server.url}],
-        "task": {"name": "copy", "min_digits": 2, "max_digits": 2, "train_prompts": 32},
+        "task": {"name": "copy", "min_digits": 2, "max_digits": 2, "train_prompts": 32, "heldout_prompts": 8},
         "rollout": {"n": 2, "batch_groups": 2, "max_new_tokens": 3}}})
     pipe = pipeline_context(settings)
     batch = SelfplaySettings()

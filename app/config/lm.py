@@ -22,7 +22,7 @@ that place training on processes and nodes (`nproc`, `max_nodes`, `span_cpu_node
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -53,10 +53,25 @@ class LMModelShape(StrictModel):
         return self
 
 
+SHAPE_KEYS = ("hidden_size", "layers", "heads", "kv_heads", "intermediate", "max_position", "seed")
+
+
 class LMModelSettings(LMModelShape):
-    """The model: a random-init Llama of this shape, or a local Hugging Face directory (`path`)."""
+    """The model: a random-init Llama of this shape, or any local Hugging Face causal-LM
+    directory (`path`: read with AutoModelForCausalLM, never downloaded; its config.json gives
+    the architecture, so the shape keys are refused beside it)."""
 
     path: Path | None = None  # a save_pretrained directory; None = build from the shape
+    dtype: Literal["float32", "bfloat16"] = "float32"  # of the weights, in training and in the engine
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory)
+
+    @model_validator(mode="after")
+    def _shape_or_path(self) -> LMModelSettings:
+        given = [k for k in SHAPE_KEYS if k in self.model_fields_set]
+        if self.path is not None and given:
+            raise ValueError(f"{', '.join(given)} shape a random-init model and would not act beside path "
+                             f"{self.path} (its config.json gives the shape): remove them")
+        return self
 
 
 class LMTokenizerSettings(StrictModel):
@@ -72,25 +87,57 @@ class LMTokenizerSettings(StrictModel):
         return self
 
 
+class RewardTerm(StrictModel):
+    """One term of a reward: a built-in (`exact_match`, `math`, `format`: app/lm/rewards.py) or
+    an import path `package.module:function` (or a class, built with `args`), times `weight`."""
+
+    fn: str = Field(min_length=1)
+    weight: float = 1.0
+    args: dict[str, Any] = Field(default_factory=dict)  # keyword arguments of the function or class
+
+
+TASK_KEYS = {  # the keys each task reads, besides name, train_prompts, heldout_prompts and seed
+    "copy": {"reward_kind", "min_digits", "max_digits"},
+    "reverse": {"reward_kind", "min_digits", "max_digits"},
+    "calc": {"reward_kind", "max_operand", "terms", "max_calls"},
+    "jsonl": {"path", "reward", "demonstration_field"},
+}
+
+
 class LMTaskSettings(StrictModel):
     """The task and its prompt sets. Train and held-out prompts never share a string
-    (app/lm/tasks.py splits by a hash of the text)."""
+    (app/lm/tasks.py splits by a hash of the text). `jsonl` is the user's own: a prompt file
+    (app/lm/prompt_file.py) and a reward named by import path (app/lm/rewards.py); the others
+    are built-in toys with their own rewards."""
 
-    name: Literal["copy", "reverse", "calc"] = "copy"
+    name: Literal["copy", "reverse", "calc", "jsonl"] = "copy"
     reward_kind: Literal["exact", "partial"] = "exact"
     min_digits: int = Field(3, ge=1)  # copy / reverse
     max_digits: int = Field(3, ge=1)
     max_operand: int = Field(99, ge=1)  # calc
     terms: int = Field(2, ge=2)
     max_calls: int = Field(1, ge=0)
-    train_prompts: int = Field(512, ge=1)  # size of the training prompt pool
+    path: Path | None = None  # jsonl: one JSON object a line, `prompt` or `messages` plus the reward's fields
+    # jsonl: the reward, one term (a name or import path) or a weighted sum of terms
+    reward: str | list[RewardTerm] | None = None
+    demonstration_field: str = Field("completion", min_length=1)  # jsonl: what SFT trains on
+    train_prompts: int = Field(512, ge=1)  # size of the training prompt pool (jsonl: at most)
     heldout_prompts: int = Field(64, ge=1)  # the held-out set of the gate (same prompts for both models)
     seed: int = 0
 
     @model_validator(mode="after")
-    def _digits_ordered(self) -> LMTaskSettings:
+    def _keys_of_the_task(self) -> LMTaskSettings:
         if self.min_digits > self.max_digits:
             raise ValueError(f"min_digits {self.min_digits} is above max_digits {self.max_digits}")
+        others = set().union(*TASK_KEYS.values()) - TASK_KEYS[self.name]
+        stray = sorted(others & self.model_fields_set)
+        if stray:
+            raise ValueError(f"{', '.join(stray)}: not read by task {self.name} (it reads "
+                             f"{', '.join(sorted(TASK_KEYS[self.name]))})")
+        if self.name == "jsonl" and (self.path is None or self.reward is None):
+            raise ValueError("task jsonl needs path (the prompt file) and reward (a name or package.module:function)")
+        if isinstance(self.reward, list) and not self.reward:
+            raise ValueError("reward: an empty list of terms")
         return self
 
 
@@ -154,6 +201,16 @@ class LMSFTSettings(StrictModel):
     lr: float = Field(3e-3, gt=0)
 
 
+class LMLoRASettings(StrictModel):
+    """Low-rank adapters (peft) instead of training every weight: the base weights stay frozen;
+    a candidate is saved merged (what engines load) with its adapter beside it."""
+
+    r: int = Field(8, ge=1)
+    alpha: float = Field(16.0, gt=0)  # the update is scaled by alpha / r
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)  # > 0 makes the first GRPO ratio differ from 1
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"  # module names, or every linear layer
+
+
 class LMGRPOSettings(StrictModel):
     """One generation's GRPO run (app/lm/train/grpo.py)."""
 
@@ -162,6 +219,7 @@ class LMGRPOSettings(StrictModel):
     groups_per_step: int = Field(8, ge=1)
     micro_batches: int = Field(1, ge=1)
     lr: float = Field(1e-3, gt=0)
+    warmup_steps: int = Field(0, ge=0)  # the learning rate rises linearly to lr over these first steps
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float | None = Field(1.0, gt=0)
     clip_low: float = Field(0.2, ge=0)
@@ -209,9 +267,21 @@ class LMConfig(StrictModel):
     engines: list[LMEngineSettings] = Field(default_factory=lambda: [LMEngineSettings()], min_length=1)
     rollout: LMRolloutSettings = LMRolloutSettings()
     grpo: LMGRPOSettings = LMGRPOSettings()
+    lora: LMLoRASettings | None = None  # None: every weight trains
     export: LMExportSettings = LMExportSettings()
     eval: LMEvalSettings = LMEvalSettings()
     reward_pool: LMRewardPoolSettings = LMRewardPoolSettings()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tokenizer_of_the_model(cls, data: Any) -> Any:
+        """A model directory brings its tokenizer: without a `tokenizer` section, it is read from there."""
+        if isinstance(data, dict) and "tokenizer" not in data:
+            model = data.get("model")
+            path = model.get("path") if isinstance(model, dict) else getattr(model, "path", None)
+            if path is not None:
+                return {**data, "tokenizer": {"kind": "file", "path": path}}
+        return data
 
     @model_validator(mode="after")
     def _engines_distinct(self) -> LMConfig:

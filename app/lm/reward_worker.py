@@ -20,7 +20,7 @@ from typing import Any
 
 def call_reward(task: Any, prompt: Any, completion_text: str) -> float:
     """A task's reward of one completion (the task's own signature, in one place)."""
-    return task.reward(prompt, completion_text)
+    return task.reward(prompt.record, completion_text)
 
 
 def serve(requests: Connection, answers: Connection) -> None:

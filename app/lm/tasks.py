@@ -1,5 +1,10 @@
 """Tasks with verifiable rewards, as pure objects: prompts, rewards, demonstrations, episodes.
 
+A prompt carries its record: the JSON object it came from (a prompt file's line,
+app/lm/prompt_file.py), or for the built-in tasks `{"prompt": text, "answer": answer}`. A
+task's reward is one call, `task.reward(prompt.record, completion_text) -> float`, the same
+signature as a user's reward function (app/lm/rewards.py).
+
 A prompt's split is a pure function of its content (a hash), so the held-out split never
 shares a string with the training split whatever the seeds. Rewards are either exact match or
 partial credit (the fraction of answer positions right, over the longer of answer and
@@ -14,8 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import random
-from dataclasses import dataclass
-from typing import Literal, Protocol
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
 
 from app.lm.calculator import CalculatorError, evaluate
 
@@ -28,7 +34,19 @@ CALL, END_CALL, RESULT, END_RESULT = "<call>", "</call>", "<result>", "</result>
 class Prompt:
     prompt_id: str
     text: str
-    answer: str
+    answer: str = ""  # the reference completion (what SFT trains on), "" when there is none
+    record: Mapping[str, Any] = field(default_factory=dict)  # what the reward reads; see the module doc
+    rendered: bool = False  # `text` is a chat template's output: its special tokens are already in it
+
+    def __post_init__(self) -> None:
+        if not self.record:
+            object.__setattr__(self, "record", {"prompt": self.text, "answer": self.answer})
+
+
+def prompt_token_ids(tokenizer: Any, prompt: Prompt) -> list[int]:
+    """The prompt's tokens: the tokenizer's own special tokens (a BOS) are added to plain text,
+    never to a chat template's output, which already holds them."""
+    return tokenizer(prompt.text, add_special_tokens=not prompt.rendered)["input_ids"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +67,7 @@ class Task(Protocol):
     stop_markers: tuple[str, ...]   # texts that end a model step, besides the eos token
 
     def make_prompts(self, n: int, seed: int, split: Split = "train") -> list[Prompt]: ...
-    def reward(self, prompt: Prompt, completion_text: str) -> float: ...
+    def reward(self, record: Mapping[str, Any], completion_text: str) -> float: ...
     def demonstration(self, prompt: Prompt) -> str: ...
     def new_episode(self, prompt: Prompt) -> Episode: ...
 
@@ -92,7 +110,7 @@ def _draw_unique(n: int, seed: int, split: Split, draw, name: str, space: int) -
     return seen
 
 
-class _SingleTurn:
+class SingleTurn:
     """One model step, then the episode is over."""
 
     def step(self, model_text: str) -> EnvStep:
@@ -127,14 +145,14 @@ class DigitTask:
         return [Prompt(prompt_id=f"{self.name}:{d}", text=f"{self.marker}{d}=",
                        answer=d if self.kind == "copy" else d[::-1]) for d in digits]
 
-    def reward(self, prompt: Prompt, completion_text: str) -> float:
-        return score(prompt.answer, completion_text, self.reward_kind)
+    def reward(self, record: Mapping[str, Any], completion_text: str) -> float:
+        return score(record["answer"], completion_text, self.reward_kind)
 
     def demonstration(self, prompt: Prompt) -> str:
         return prompt.answer
 
     def new_episode(self, prompt: Prompt) -> Episode:
-        return _SingleTurn()
+        return SingleTurn()
 
 
 class _CalculatorEpisode:
@@ -189,8 +207,8 @@ class CalculatorTask:
             return completion_text[completion_text.rindex(END_RESULT) + len(END_RESULT):]
         return completion_text
 
-    def reward(self, prompt: Prompt, completion_text: str) -> float:
-        return score(prompt.answer, self.final_answer(completion_text), self.reward_kind)
+    def reward(self, record: Mapping[str, Any], completion_text: str) -> float:
+        return score(record["answer"], self.final_answer(completion_text), self.reward_kind)
 
     def demonstration(self, prompt: Prompt) -> str:
         expression = prompt.text[len("calc:"):-1]

@@ -5,6 +5,10 @@ that a marker can never be split into characters the model could half-produce. T
 tokenizer cuts the text at those markers or at any single character; the decoder fuses the
 pieces back without spaces, so `decode(encode(text)) == text` for every text of the alphabet.
 Saved as `tokenizer.json` (plus the files `save_pretrained` writes) and read back offline.
+
+`load_tokenizer` reads any saved tokenizer (this one, a model directory's, the BPE of
+app/lm/demo_model.py) with `AutoTokenizer`, local files only, with its chat template when it
+has one.
 """
 
 from __future__ import annotations
@@ -13,7 +17,10 @@ import re
 from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers.utils import logging as hf_logging
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]
@@ -61,11 +68,27 @@ def save_tokenizer(tok: PreTrainedTokenizerFast, directory: str | Path) -> Path:
     return directory
 
 
-def load_tokenizer(directory: str | Path) -> PreTrainedTokenizerFast:
-    """Read a saved tokenizer from a local directory; a missing `tokenizer.json` is an error naming it."""
-    path = Path(directory) / "tokenizer.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no tokenizer.json in {directory}")
-    tok = PreTrainedTokenizerFast.from_pretrained(str(directory), local_files_only=True)
+class TokenizerLoadError(ValueError):
+    """A tokenizer directory that cannot be read; one line naming the path and the config key."""
+
+
+def load_tokenizer(directory: str | Path, key: str = "lm.tokenizer.path") -> PreTrainedTokenizerBase:
+    """A saved tokenizer from a local directory (never the hub), padding on the left (the
+    engine's batches), with a pad token (the eos when the tokenizer has none, as for Llama)."""
+    path = Path(directory)
+    if not path.is_dir():
+        raise TokenizerLoadError(f"{key}: {directory} is not a local directory (nothing is downloaded)")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise TokenizerLoadError(f"{key}: {directory} holds none of {', '.join(TOKENIZER_FILES)}")
+    hf_logging.disable_progress_bar()
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise TokenizerLoadError(f"{key}: {directory}: cannot load its tokenizer: {first}") from None
+    if tok.eos_token_id is None:
+        raise TokenizerLoadError(f"{key}: {directory}: the tokenizer has no eos token (a completion could not stop)")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
     tok.padding_side = "left"
     return tok

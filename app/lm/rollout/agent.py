@@ -33,7 +33,7 @@ import structlog
 from app.lm.reward_pool import InlineRewards, RewardScorer
 from app.lm.rollout.engine import Engine
 from app.lm.samples import Sample
-from app.lm.tasks import Episode, Prompt, Task
+from app.lm.tasks import Episode, Prompt, Task, prompt_token_ids
 from app.lm.truncation import RolloutSettings, reward_rule
 
 log = structlog.get_logger(__name__)
@@ -154,7 +154,7 @@ def run_episodes(engine: Engine, task: Task, tokenizer, requests: Sequence[tuple
     """Play one episode per (prompt, group_index), all live episodes batched per model step;
     score them with `rewards` (default: the task's reward inline, in this thread)."""
     stops = stop_token_ids(task, tokenizer)
-    traces = [Trace(prompt=p, group_index=i, prompt_tokens=tokenizer(p.text)["input_ids"],
+    traces = [Trace(prompt=p, group_index=i, prompt_tokens=prompt_token_ids(tokenizer, p),
                     episode=task.new_episode(p), weight_version=engine.weight_version) for p, i in requests]
     for t in traces:
         if len(t.prompt_tokens) >= settings.max_seq_len:

@@ -29,6 +29,7 @@ from torch import nn
 
 from app.lm.train import dcp_io
 from app.lm.train.grpo import Batch
+from app.lm.lora import merged_weights
 
 T = TypeVar("T")
 LossFn = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict[str, float]]]
@@ -72,9 +73,10 @@ class TrainingBackend(Protocol):
 
 
 def make_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+    """AdamW over the parameters that train (all of them, or LoRA's adapters alone)."""
     # foreach=False: the per-parameter loop gives the same arithmetic on a whole tensor and on
     # its FSDP shards, so runs at different world sizes stay equal to rounding.
-    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                              weight_decay=cfg.weight_decay, foreach=False)
 
 
@@ -153,7 +155,9 @@ class LocalBackend(AccumulatingBackend):
         super().__init__(model.to(self.device), optim, loss_fn)
 
     def get_weights(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        """The policy's whole weights as a plain model of its architecture (LoRA merged)."""
+        state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        return merged_weights(self.model, state)
 
     def full_state(self) -> dict[str, Any]:
         return dcp_io.full_state(self.model, self.optimizer, rank0_only=False)

@@ -9,6 +9,10 @@ manifest that appears at `<run_dir>/candidate` whole and verified, or not at all
 result.json is written before the rename, so a run is finished exactly when the candidate
 verifies against the sha256 its result.json names (`finished`); a run killed between the two
 steps just writes both again on its next start.
+
+With LoRA the candidate holds the MERGED weights (a plain model of the base architecture:
+what the mesh promotes, what every engine loads, what the next generation starts from), and
+the adapter alone is written beside it, `<run_dir>/adapter/` (peft's layout), first.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from app.atomic_files import atomic_write_json, fsync_dir
+from app.lm.lora import base_model, is_lora, merged_weights, save_adapter
 from app.lm.train import dcp_io
 from app.lm.train.backend import TrainingBackend
 from app.lm.train.hf_io import write_pretrained
@@ -32,6 +37,7 @@ from app.lm.model_dir import (
 )
 
 RUN_NAME = "lm_run.json"  # what a run dir was started on: a restart on other inputs is refused
+ADAPTER_NAME = "adapter"  # <run_dir>/adapter/: a LoRA run's adapter (the candidate is merged)
 
 
 def stage_candidate(backend: TrainingBackend, tokenizer: Any, run_dir: Path, name: str) -> tuple[Path, str] | None:
@@ -40,11 +46,16 @@ def stage_candidate(backend: TrainingBackend, tokenizer: Any, run_dir: Path, nam
     weights = dcp_io.full_state(backend.model, None, rank0_only=backend.world_size > 1)["model"]
     if backend.rank != 0:
         return None
-    for stale in run_dir.glob(f".staging-{name}-*"):
+    for stale in [*run_dir.glob(f".staging-{name}-*"), *run_dir.glob(f".staging-{ADAPTER_NAME}-*")]:
         shutil.rmtree(stale, ignore_errors=True)
+    if is_lora(backend.model):
+        adapter = run_dir / f".staging-{ADAPTER_NAME}-{secrets.token_hex(4)}"
+        save_adapter(backend.model, weights, adapter)
+        fsync_dir(adapter)
+        publish_candidate(adapter, run_dir / ADAPTER_NAME)
     staging = run_dir / f".staging-{name}-{secrets.token_hex(4)}"
     staging.mkdir(parents=True)
-    write_pretrained(backend.model, weights, staging, tokenizer)
+    write_pretrained(base_model(backend.model), merged_weights(backend.model, weights), staging, tokenizer)
     sha = write_manifest(staging)
     problem = verify_model_dir(staging, sha)
     if problem is not None:

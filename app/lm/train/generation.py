@@ -31,7 +31,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from app.atomic_files import atomic_write_json
 from app.config import ConfigError, load_settings
 from app.config.lm import LMConfig
-from app.lm.causal_lm import load_model
+from app.lm.causal_lm import ModelLoadError, load_model
 from app.lm.train.backend import LocalBackend, OptimConfig
 from app.lm.train.checkpoint_dirs import CheckpointDirError
 from app.lm.data_buffer import DataBuffer
@@ -57,8 +57,10 @@ from app.lm.rollout.rollout_dataset import (
 )
 from app.lm.model_dir import ModelDirError
 from app.lm.setup import (
+    LMInputError,
     build_task,
     build_tokenizer,
+    for_training,
     initial_model,
     train_prompts,
 )
@@ -101,7 +103,10 @@ def load_inputs(args: argparse.Namespace) -> tuple[LMConfig, list, str, str | No
         groups = load_rollout_dataset(args.dataset, dataset_sha)
     except RolloutDatasetError as exc:
         raise LMTrainInputError(str(exc)) from None
-    task_name = build_task(lm.task).name
+    try:
+        task_name = build_task(lm.task, build_tokenizer(lm.tokenizer)).name
+    except LMInputError as exc:
+        raise LMTrainInputError(f"{args.config}: {exc}") from None
     if manifest.get("task") != task_name:
         raise LMTrainInputError(f"{args.dataset}: rollouts of task {manifest.get('task')!r}, config trains {task_name!r}")
     try:
@@ -113,9 +118,12 @@ def load_inputs(args: argparse.Namespace) -> tuple[LMConfig, list, str, str | No
 
 def build_model(lm: LMConfig, tok, parent: Path | None):
     if parent is None:
-        return initial_model(lm.model, tok)
+        try:
+            return initial_model(lm.model, tok)
+        except ModelLoadError as exc:
+            raise LMTrainInputError(str(exc)) from None
     try:
-        model = load_model(parent)
+        model = load_model(parent, lm.model.dtype, key="--parent", attn_implementation=lm.model.attn_implementation)
     except (OSError, ValueError) as exc:
         raise LMTrainInputError(f"--parent {parent}: cannot load the model: {exc}") from None
     if model.config.vocab_size < len(tok):
@@ -140,12 +148,15 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
     if problem:
         raise LMTrainInputError(problem)
     g = lm.grpo
-    tok, task = build_tokenizer(lm.tokenizer), build_task(lm.task)
+    sft_steps = g.sft.steps if g.mode == "sft+rl" and args.parent is None else 0
+    tok = build_tokenizer(lm.tokenizer)
+    task = build_task(lm.task, tok, need_demonstrations=sft_steps > 0)
     model = build_model(lm, tok, args.parent)
     bad = dataset_problem(groups, model.config.vocab_size)
     if bad:
         raise LMTrainInputError(f"{args.dataset}: {bad}")
     reference = reference_model(model, g.reference) if g.kl_coef else None
+    model = for_training(lm, model, g.seed)  # LoRA: adapters on the policy; the reference stays whole
     optim = OptimConfig(lr=g.lr, weight_decay=g.weight_decay, max_grad_norm=g.max_grad_norm)
     # Ranks on several nodes: each commits checkpoints only where rank 0 runs (no shared file
     # system is assumed), so a spanned run neither resumes nor reloads between phases; it keeps
@@ -162,11 +173,11 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
         keys = ("loss", "grad_norm", "mean_reward", "mean_ratio", "clip_fraction")
         say(env, f"{phase} step {step}: " + " ".join(f"{k} {stats[k]:.4g}" for k in keys if k in stats))
 
-    sft_steps = g.sft.steps if g.mode == "sft+rl" and args.parent is None else 0
     micro = max(1, -(-rank_share(g.sft.batch_size, 0, env.world_size)[1] // g.micro_batches))
     plan = RunPlan(SFTConfig(steps=sft_steps, batch_size=g.sft.batch_size, micro_batch_size=micro) if sft_steps else None,
                    g.sft.lr,
-                   g.steps, g.lr, seed=g.seed, checkpoint_every=args.checkpoint_every, save=not spans)
+                   g.steps, g.lr, seed=g.seed, checkpoint_every=args.checkpoint_every, save=not spans,
+                   rl_warmup=g.warmup_steps)
     source = StoredGroups(DataBuffer(groups, g.seed + 1), g.groups_per_step, micro_batches=g.micro_batches,
                           scale_by_std=g.scale_by_std, eps=g.eps)
     demonstrations = sft_rows(task, tok, train_prompts(task, lm.task)) if sft_steps else []
@@ -211,7 +222,7 @@ def log_dropped_groups(env: DistContext, run_dir: Path, dataset: Path) -> dict[s
 @record
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return run_rank(lambda env: run(args, env), args.device, (LMTrainInputError, CheckpointDirError),
+    return run_rank(lambda env: run(args, env), args.device, (LMTrainInputError, CheckpointDirError, *LMInputError),
                     "lm training", timeout_s=GROUP_TIMEOUT_S)
 
 if __name__ == "__main__":

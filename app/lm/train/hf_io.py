@@ -22,6 +22,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
 from app.atomic_files import replace_durably, temp_sibling
+from app.lm.lora import base_model, merged_weights
 from app.lm.train.backend import TrainingBackend
 from app.lm.train.checkpoint_dirs import commit_dir, fresh_staging
 
@@ -86,12 +87,14 @@ def write_pretrained(model: nn.Module, weights: dict[str, torch.Tensor], directo
 
 def save_hf(backend: TrainingBackend, root: str | Path, name: str, tokenizer: Any = None,
             max_shard_size: int | str = "5GB", metadata: dict[str, Any] | None = None) -> Path:
-    """A Hugging Face directory `root/name`, appearing whole (rename after a COMPLETE marker). Collective."""
+    """A Hugging Face directory `root/name` (LoRA merged), appearing whole (rename after a
+    COMPLETE marker). Collective."""
     root = Path(root)
     weights = _full_state(backend)["model"]
     if backend.rank == 0:
         staging = fresh_staging(root, name)
-        write_pretrained(backend.model, weights, staging, tokenizer, max_shard_size)
+        write_pretrained(base_model(backend.model), merged_weights(backend.model, weights), staging, tokenizer,
+                         max_shard_size)
         commit_dir(staging, root, name, {"name": name, **(metadata or {})}, update_latest=False)
     backend.barrier()
     return root / name

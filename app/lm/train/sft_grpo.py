@@ -27,7 +27,7 @@ from typing import Any
 from torch import nn
 
 from app.lm.data_buffer import DataBuffer
-from app.lm.tasks import Prompt, Task
+from app.lm.tasks import Prompt, Task, prompt_token_ids
 from app.lm.train.backend import LossFn, TrainingBackend, wait
 from app.lm.train.batching import TrainSequence, chunk, collate, sft_sequence
 from app.lm.train.checkpoint_dirs import load_training_checkpoint, newest_complete, save_training_checkpoint
@@ -63,6 +63,12 @@ class RunPlan:
     seed: int = 0  # the SFT demonstrations' order (the rollout source has its own buffer)
     checkpoint_every: int = 20
     save: bool = True  # checkpoints (and resume from them)
+    rl_warmup: int = 0  # GRPO's learning rate rises linearly to rl_lr over these first steps
+
+    def rl_lr_at(self, step: int) -> float:
+        """The learning rate of GRPO step `step` (1-based): a pure function, so a resumed run
+        continues the schedule where it stopped."""
+        return self.rl_lr * min(1.0, step / self.rl_warmup) if self.rl_warmup else self.rl_lr
 
 
 def train_on(backend: TrainingBackend, rows: Sequence[TrainSequence], pad_id: int, micro: int, loss_fn: LossFn,
@@ -75,11 +81,11 @@ def train_on(backend: TrainingBackend, rows: Sequence[TrainSequence], pad_id: in
 
 
 def sft_rows(task: Task, tokenizer: Any, prompts: Sequence[Prompt]) -> list[TrainSequence]:
-    """prompt (with BOS) -> demonstration + EOS, trained on the demonstration only."""
+    """prompt (as a rollout tokenizes it) -> demonstration + EOS, trained on the demonstration only."""
     rows = []
     for p in prompts:
         completion = tokenizer(task.demonstration(p), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        rows.append(sft_sequence(tokenizer(p.text)["input_ids"], completion))
+        rows.append(sft_sequence(prompt_token_ids(tokenizer, p), completion))
     return rows
 
 
@@ -127,12 +133,17 @@ def grpo_step(backend: TrainingBackend, source: RolloutSource, pad_id: int, loss
 
 
 def grpo_loop(backend: TrainingBackend, source: RolloutSource, pad_id: int, loss_fn: LossFn, steps: int, *,
-              start_step: int = 0, on_step: StepHook | None = None) -> list[dict[str, Any]]:
-    """GRPO steps start_step+1 .. steps."""
+              start_step: int = 0, on_step: StepHook | None = None,
+              lr_at: Callable[[int], float] | None = None) -> list[dict[str, Any]]:
+    """GRPO steps start_step+1 .. steps, each at `lr_at(step)` when given."""
     source.begin(backend, start_step)
     history = []
     for step in range(start_step + 1, steps + 1):
+        if lr_at is not None:
+            set_lr(backend, lr_at(step))
         stats = grpo_step(backend, source, pad_id, loss_fn, step)
+        if lr_at is not None:
+            stats["lr"] = lr_at(step)
         history.append(stats)
         if on_step:
             on_step(step, stats)
@@ -178,7 +189,8 @@ def run(backend: TrainingBackend, tokenizer: Any, run_dir: str | Path, plan: Run
         on_phase("rl", start + 1, plan.rl_steps)
     history = grpo_loop(backend, source, tokenizer.pad_token_id, loss_fn, plan.rl_steps, start_step=start,
                         on_step=checkpoint_hook(backend, run_dir / "rl", run_dir, "rl", plan.rl_steps,
-                                                plan.checkpoint_every, source.buffer, hook("rl"), save=plan.save))
+                                                plan.checkpoint_every, source.buffer, hook("rl"), save=plan.save),
+                        lr_at=plan.rl_lr_at)
     report["rl"] = {"from": start, "to": plan.rl_steps}
     report["final"] = history[-1] if history else {}
     return report

@@ -108,7 +108,7 @@ def heldout_record(lm: LMConfig, candidate: ModelRef, best: ModelRef,
     """The LM workload's evaluation: candidate and best greedy on the held-out prompts, paired;
     the record keeps the per-prompt rewards, so the gate can be recomputed from it alone."""
     tokenizer = build_tokenizer(lm.tokenizer)  # its own: a fast tokenizer is not shared across threads
-    task = build_task(lm.task)
+    task = build_task(lm.task, tokenizer)
     engines = [InProcessEngine(model_at(lm.model, ref.path, tokenizer), tokenizer, weight_version=ref.version,
                                name=name) for name, ref in (("candidate", candidate), ("best", best))]
     ev = evaluate_pair(*engines, task, tokenizer, heldout_prompts(task, lm.task), greedy_settings(lm),

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 from aiohttp import web
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase
 
 from app.atomic_files import atomic_write_json
 from app.config import Settings
@@ -54,7 +54,7 @@ from app.lm.rollout.batches import batch_prompts, rollout_batch
 from app.lm.rollout.engine import EngineOutOfService
 from app.lm.rollout.rollout_dataset import export_rollouts
 from app.lm.rollout.rollout_manager import ManagerSettings
-from app.lm.setup import build_task, build_tokenizer, reward_pool, rollout_settings, train_prompts
+from app.lm.setup import check_inputs, reward_pool, rollout_settings, train_prompts
 from app.lm.tasks import Prompt, Task
 from app.lm.workload.gate import GateResult, paired_gate
 from app.lm.workload.heldout import ModelRef, heldout_record
@@ -84,7 +84,12 @@ class LMSteps:
         self.models = ModelDirs(self.lm, self.paths, self.engines)
         self.mesh = LMMesh(self.paths)  # what it serves to peers and fetches from them
         self._lock = threading.Lock()
-        self._kit: tuple[PreTrainedTokenizerFast, Task, list[Prompt]] | None = None  # see _task_kit
+        # Self-play's (tokenizer, task, training prompt pool), built once at start: a node's config
+        # is fixed for its life, and what it names (model dir, prompt file, reward) is checked
+        # here, so a bad path or import stops the node with one line (a ValueError) before any daemon.
+        tokenizer, task = check_inputs(self.lm)
+        self._kit: tuple[PreTrainedTokenizerBase, Task, list[Prompt]] = (tokenizer, task,
+                                                                         train_prompts(task, self.lm.task))
         self._rewards: RewardPool | None = None
         self._dropped: Counter[str] | None = None  # this node's dropped groups by reason (from the store)
         r = self.lm.rollout
@@ -92,20 +97,14 @@ class LMSteps:
                                        max_staleness=r.max_staleness, zero_variance=r.zero_variance)
 
     # -- building blocks ------------------------------------------------------------------
-    def _task_kit(self) -> tuple[PreTrainedTokenizerFast, Task, list[Prompt]]:
-        """Self-play's (tokenizer, task, training prompt pool): built once, since a node's config
-        is fixed for its life (self-play asks for them every batch, about twice a second)."""
-        with self._lock:
-            if self._kit is None:
-                task = build_task(self.lm.task)
-                self._kit = (build_tokenizer(self.lm.tokenizer), task, train_prompts(task, self.lm.task))
-            return self._kit
+    def _task_kit(self) -> tuple[PreTrainedTokenizerBase, Task, list[Prompt]]:
+        return self._kit
 
     def _reward_pool(self) -> RewardPool:
         """The node's reward workers (self-play and evaluation), started at first use."""
         with self._lock:
             if self._rewards is None:
-                self._rewards = reward_pool(self.lm, build_task(self.lm.task))
+                self._rewards = reward_pool(self.lm, self._kit[1])
             return self._rewards
 
     # -- self-play --------------------------------------------------------------------------
