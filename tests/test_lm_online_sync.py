@@ -59,13 +59,22 @@ def loads_and_generations(server, load_path: str, gen_path: str) -> list[tuple[s
     return [(path, body) for _, path, _, body in server.calls if path in (load_path, gen_path)]
 
 
-async def test_sglang_gets_every_steps_weights_and_serves_each_step_with_them(tmp_path):
-    server = await SGLangStub().start()
+async def run_against(server, kind: str, run_dir: Path, built: list | None = None):
+    """Start `server`, run the online loop against it (in a thread: the loop blocks), stop it;
+    the engine is returned, and appended to `built` (for a run that raises)."""
+    await server.start()
     try:
-        engine = SGLangEngine("sg", server.url, sync_timeout_s=30.0)
-        await asyncio.to_thread(online_run, engine, tmp_path / "run")
+        engine = (SGLangEngine if kind == "sglang" else VLLMEngine)(kind, server.url, sync_timeout_s=30.0)
+        (built if built is not None else []).append(engine)
+        await asyncio.to_thread(online_run, engine, run_dir)
+        return engine
     finally:
         await server.stop()
+
+
+async def test_sglang_gets_every_steps_weights_and_serves_each_step_with_them(tmp_path):
+    server = SGLangStub()
+    engine = await run_against(server, "sglang", tmp_path / "run")
     loads = server.bodies("/update_weights_from_disk")
     # the weights GRPO starts from (version 0), then the trainer's after every step
     assert [(b["model_path"], b["weight_version"]) for b in loads] == [
@@ -94,12 +103,8 @@ async def test_sglang_gets_every_steps_weights_and_serves_each_step_with_them(tm
 
 
 async def test_vllm_gets_every_steps_weights_with_its_prefix_cache_reset_each_time(tmp_path):
-    server = await VLLMStub().start()
-    try:
-        engine = VLLMEngine("vl", server.url, sync_timeout_s=30.0)
-        await asyncio.to_thread(online_run, engine, tmp_path / "run")
-    finally:
-        await server.stop()
+    server = VLLMStub()
+    engine = await run_against(server, "vllm", tmp_path / "run")
     versions = [b["new_version"] for b in server.bodies("/update_weight_version")]
     assert versions == [str(v) for v in range(STEPS + 1)]
     configs = [b["args"][0]["model_config"]["model"] for b in server.bodies("/collective_rpc")
@@ -129,13 +134,10 @@ class RefusesFrom(SGLangStub):
 
 
 async def test_a_refused_load_stops_the_run_and_nothing_after_it_is_generated_or_trained(tmp_path):
-    server = await RefusesFrom(2).start()
-    try:
-        engine = SGLangEngine("sg", server.url, sync_timeout_s=30.0)
-        with pytest.raises(EngineOutOfService, match="sg.*no such path"):
-            await asyncio.to_thread(online_run, engine, tmp_path / "run")
-    finally:
-        await server.stop()
+    server, built = RefusesFrom(2), []
+    with pytest.raises(EngineOutOfService, match="sglang.*no such path"):
+        await run_against(server, "sglang", tmp_path / "run", built)
+    (engine,) = built
     order = [(p, b) for p, b in loads_and_generations(server, "/update_weights_from_disk", "/generate")]
     first_refused = next(i for i, (p, b) in enumerate(order) if p == "/update_weights_from_disk"
                          and b["weight_version"] == "2")
