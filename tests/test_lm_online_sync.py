@@ -17,6 +17,7 @@ import torch
 
 from app.lm.causal_lm import LMModelConfig, build_model
 from app.lm.rollout.engine import EngineOutOfService
+from app.lm.rollout.groups import DROP_REASONS
 from app.lm.rollout.sglang_engine import SGLangEngine
 from app.lm.rollout.vllm_engine import VLLMEngine
 from app.lm.tasks import DigitTask
@@ -99,6 +100,8 @@ async def test_sglang_gets_every_steps_weights_and_serves_each_step_with_them(tm
     lines = metrics(tmp_path / "run")
     # step k trains on the rollouts of the weights the server confirmed as version k - 1
     assert [line["weight_version"] for line in lines if "weight_version" in line] == list(range(STEPS))
+    # and says how many groups the rollout manager dropped, by reason (none of these is on here)
+    assert all(line[f"dropped_{reason}"] == 0 for line in lines for reason in DROP_REASONS)
     assert engine.weight_version == STEPS and engine.in_service
 
 
