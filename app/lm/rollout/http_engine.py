@@ -54,14 +54,20 @@ class HttpEngine:
         return EngineOutOfService(f"{self.kind} engine {self.name}: out of service: {why}")
 
     async def request(self, method: str, path: str, payload: Any = None, *, params: Mapping[str, str] | None = None,
-                      timeout_s: float | None = None, allow_missing: bool = False) -> Any:
+                      timeout_s: float | None = None, allow_missing: bool = False,
+                      session: aiohttp.ClientSession | None = None) -> Any:
         """The JSON answer (None for an empty 200). `allow_missing`: a 404 answers the sentinel
-        MISSING instead of failing (a route an older server does not have)."""
+        MISSING instead of failing (a route an older server does not have). `session`: one the
+        caller shares across the requests of a batch (its connections are reused)."""
+        if session is None:
+            async with aiohttp.ClientSession() as own:
+                return await self.request(method, path, payload, params=params, timeout_s=timeout_s,
+                                          allow_missing=allow_missing, session=own)
         url = f"{self.base_url}{path}"
         limit = self.request_timeout_s if timeout_s is None else timeout_s
         try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=limit)) as session, \
-                    session.request(method, url, json=payload, params=params) as resp:
+            async with session.request(method, url, json=payload, params=params,
+                                       timeout=aiohttp.ClientTimeout(total=limit)) as resp:
                 body = await resp.text()
                 if resp.status == 404 and allow_missing:
                     return MISSING

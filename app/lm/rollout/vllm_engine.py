@@ -47,6 +47,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+import aiohttp
 import torch
 
 from app.lm.rollout.engine import Completion, EngineError, WeightUpdate, check_seeds
@@ -153,19 +154,20 @@ class VLLMEngine(HttpEngine):
                         stop_token_ids) -> list[list[Completion]]:
         check_seeds(prompt_token_lists, seeds)
 
-        async def one(prompt: Sequence[int], seed: int) -> list[Completion]:
+        async def one(prompt: Sequence[int], seed: int, session: aiohttp.ClientSession) -> list[Completion]:
             payload = {"model": self.model, "prompt": list(prompt), "n": n, "max_tokens": max_new_tokens,
                        "temperature": temperature, "seed": int(seed), "logprobs": 0,
                        "return_tokens_as_token_ids": True, "stop_token_ids": list(stop_token_ids or []),
                        "skip_special_tokens": False, "include_stop_str_in_output": True}
-            answer = await self.request("POST", "/v1/completions", payload)
+            answer = await self.request("POST", "/v1/completions", payload, session=session)
             choices = answer.get("choices") if isinstance(answer, dict) else None
             if not isinstance(choices, list) or len(choices) != n:
                 raise self._fail(f"/v1/completions answered {len(choices) if isinstance(choices, list) else 'no'} "
                                  f"choices for n={n}")
             return [self._completion(c) for c in sorted(choices, key=lambda c: c.get("index", 0))]
 
-        out = list(await asyncio.gather(*(one(p, s) for p, s in zip(prompt_token_lists, seeds))))
+        async with aiohttp.ClientSession() as session:  # one request a prompt, over shared connections
+            out = list(await asyncio.gather(*(one(p, s, session) for p, s in zip(prompt_token_lists, seeds))))
         if self.reports_version:
             shown = (await self.request("GET", "/weight_info") or {}).get("weight_version")
             if str(shown) != str(self.weight_version):
