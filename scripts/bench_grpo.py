@@ -20,6 +20,14 @@ the seconds of rollout, reward, training and sync; for the HTTP engines also the
 stub spent in its handlers (generation and load, which a real server would spend on the GPU)
 and rollout / sync with it subtracted: what the loop itself costs around a server. And the
 groups dropped, by reason, over the measured steps.
+
+`--vs-bare` instead measures the demo model (configs/lm_demo.yaml: the Qwen2 with its BPE
+tokenizer, built offline into a temporary directory) at one rank against a bare `transformers`
+loop in the same process, step by step in turn: our step (the in-process engine's rollouts,
+LocalBackend's GRPO update, the weight sync) and then, on the very same prompts and rows,
+`model.generate` (pure sampling at the same temperature and length) and a plain forward,
+policy-gradient loss, backward and AdamW step. Reports tokens/s of each and their ratios
+(ours / bare; the aim is >= 0.9), and our step's split.
 """
 
 from __future__ import annotations
@@ -161,6 +169,98 @@ def engine_run(kind: str, args: argparse.Namespace, work: Path) -> dict:
     return result
 
 
+def vs_bare(args: argparse.Namespace) -> dict:
+    """Ours against a bare transformers loop on the demo model, interleaved per step (see the doc)."""
+    import copy
+    import statistics
+    import time
+    import warnings
+
+    import torch
+    import yaml
+
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    from app.config.lm import LMConfig
+    from app.lm.demo_model import make_demo
+    from app.lm.rollout.engine import InProcessEngine
+    from app.lm.setup import check_inputs, initial_model, rollout_settings, train_prompts
+    from app.lm.train.backend import LocalBackend, OptimConfig
+    from app.lm.train.grpo import GRPOConfig, grpo_loss_fn, sft_loss
+    from app.lm.train.rollout_sources import GeneratedGroups
+    from app.lm.train.sft_grpo import grpo_step
+    from app.log import configure_logging
+
+    configure_logging(level="WARNING")
+    with tempfile.TemporaryDirectory() as tmp:
+        demo = make_demo(Path(tmp))
+        raw = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "lm_demo.yaml").read_text())["lm"]
+        raw["model"]["path"], raw["task"]["path"] = str(demo["model"]), str(demo["prompts"])
+        lm = LMConfig.model_validate(raw)
+        tok, task = check_inputs(lm)
+        model = initial_model(lm.model, tok)
+    rollout = rollout_settings(lm.rollout)
+    bare = copy.deepcopy(model).train()
+    bare_optim = torch.optim.AdamW(bare.parameters(), lr=lm.grpo.lr)
+    backend = LocalBackend(model, OptimConfig(lr=lm.grpo.lr, max_grad_norm=None), sft_loss)
+    source = GeneratedGroups(InProcessEngine(copy.deepcopy(model), tok), task, tok, train_prompts(task, lm.task),
+                             seed=0, prompts_per_step=args.prompts_per_step, rollout=rollout)
+    taken: list = []
+    batch_of = source.batch
+    source.batch = lambda backend, step: taken.append(batch_of(backend, step)) or taken[-1]  # type: ignore[method-assign]
+    loss_fn = grpo_loss_fn(GRPOConfig(), rollout.temperature)
+    pad, eos = tok.pad_token_id, tok.eos_token_id
+    rows_of: dict[str, list[float]] = {k: [] for k in ("ours_rollout", "bare_rollout", "ours_train", "bare_train")}
+    split = {"rollout_s": 0.0, "train_s": 0.0, "sync_s": 0.0}
+    source.begin(backend, 0)
+    for step in range(1, args.warmup + args.steps + 1):
+        stats = grpo_step(backend, source, pad, loss_fn, step)
+        rows = taken.pop().rows
+        prompts = [r.tokens[:r.loss_mask.index(1)] for r in rows]  # each sample's prompt, n per group
+        width = max(map(len, prompts))
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = bare.generate(input_ids=ids, attention_mask=(ids != pad).long() if pad != eos else None,
+                                do_sample=True, temperature=rollout.temperature, top_k=0, top_p=1.0,
+                                max_new_tokens=rollout.max_new_tokens, eos_token_id=eos, pad_token_id=pad)
+        t1 = time.perf_counter()
+        new = out[:, width:]
+        ended = (new == eos).long().cumsum(-1)
+        generated = int(((ended == 0) | ((ended == 1) & (new == eos))).sum())  # up to and with the eos
+        longest = max(len(r.tokens) for r in rows)
+        x = torch.tensor([r.tokens + [pad] * (longest - len(r.tokens)) for r in rows])
+        m = torch.tensor([r.loss_mask + [0] * (longest - len(r.tokens)) for r in rows], dtype=torch.float32)
+        adv = torch.tensor([r.advantage for r in rows])
+        t2 = time.perf_counter()
+        logits = bare(input_ids=x, attention_mask=(torch.arange(longest) < torch.tensor(
+            [len(r.tokens) for r in rows])[:, None]).long()).logits[:, :-1].float()
+        logp = torch.log_softmax(logits, -1).gather(-1, x[:, 1:, None]).squeeze(-1)
+        loss = -(adv[:, None] * logp * m[:, 1:]).sum() / m.sum().clamp(min=1)
+        loss.backward()
+        bare_optim.step()
+        bare_optim.zero_grad(set_to_none=True)
+        t3 = time.perf_counter()
+        if step <= args.warmup:
+            continue
+        rows_of["ours_rollout"].append(stats["generated_tokens"] / stats["rollout_s"])
+        rows_of["ours_train"].append(stats["trained_tokens"] / stats["train_s"])
+        rows_of["bare_rollout"].append(generated / (t1 - t0))
+        rows_of["bare_train"].append(float(m.sum()) / (t3 - t2))
+        for k in split:
+            split[k] += stats[k]
+    med = {k: statistics.median(v) for k, v in rows_of.items()}
+    total = sum(split.values())
+    return {"model": f"demo {type(model).__name__}, {sum(p.numel() for p in model.parameters())} params",
+            "steps": args.steps, "rows_per_step": args.prompts_per_step * rollout.n,
+            "max_new_tokens": rollout.max_new_tokens,
+            "rollout_tokens_per_s": {"ours": med["ours_rollout"], "bare": med["bare_rollout"],
+                                     "ratio": med["ours_rollout"] / med["bare_rollout"]},
+            "training_tokens_per_s": {"ours": med["ours_train"], "bare": med["bare_train"],
+                                      "ratio": med["ours_train"] / med["bare_train"]},
+            "step_s": total / args.steps, "share": {k.removesuffix("_s"): v / total for k, v in split.items()}}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=20)
@@ -173,11 +273,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="auto: NCCL on GPUs when each rank has one, else gloo on the CPU")
     p.add_argument("--backend", choices=("auto", "local", "fsdp"), default="auto",
                    help="auto: FSDP2 from 2 ranks on; fsdp forces it at 1 rank too (FSDP2 on one GPU)")
+    p.add_argument("--vs-bare", action="store_true",
+                   help="the demo model at one rank against a bare transformers loop (tokens/s ratios)")
     p.add_argument("--result", help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         return worker(args)
+    if args.vs_bare:
+        import os
+
+        print(json.dumps({"benchmark": "grpo_vs_bare", "load_avg_1m": os.getloadavg()[0], **vs_bare(args)}))
+        return 0
     import io
     import os
 
