@@ -289,3 +289,22 @@ async def test_vllm_generate_wrong_answers_and_hangs_name_the_engine(stubs, faul
     server.short = True
     with pytest.raises(EngineError, match=f"vllm engine vl-odd: .*{message}"):
         await engine.agenerate([[1, 5]], n=2, max_new_tokens=2, temperature=1.0, seeds=[0])
+
+
+async def test_a_vllm_server_restarted_with_its_old_weights_is_caught_and_synced_back(stubs):
+    server = await stubs("vllm")
+    engine = VLLMEngine("vl", server.url)
+    await engine.start()
+    await sync_engines([engine], WeightUpdate(4, path="/ckpt/step_4"))
+    server.restart()  # the weights and version it was started with: /weight_info says "default"
+    with pytest.raises(EngineOutOfService, match="vl.*'default'"):
+        await engine.agenerate([[1, 5]], n=1, max_new_tokens=2, temperature=1.0, seeds=[0])
+    assert not engine.in_service
+    calls = len(server.calls)
+    with pytest.raises(EngineOutOfService):  # refused before asking the server
+        await engine.agenerate([[1, 5]], n=1, max_new_tokens=2, temperature=1.0, seeds=[0])
+    assert len(server.calls) == calls
+    await sync_engines([engine], WeightUpdate(4, path="/ckpt/step_4"))
+    assert engine.in_service and server.loaded == "/ckpt/step_4"
+    out = await engine.agenerate([[1, 5]], n=1, max_new_tokens=2, temperature=1.0, seeds=[0])
+    assert out[0][0].weight_version == 4
