@@ -150,3 +150,30 @@ async def test_a_refused_load_stops_the_run_and_nothing_after_it_is_generated_or
     trained = [line for line in metrics(tmp_path / "run") if "weight_version" in line]
     assert [line["weight_version"] for line in trained] == [0, 1]  # steps 1 and 2; step 3 never ran
     assert not engine.in_service and engine.weight_version == 1 and "no such path" in engine.last_error
+
+
+async def test_sft_rl_cli_runs_its_online_loop_against_a_server_with_the_flags_it_takes(tmp_path):
+    """scripts/sft_rl.py as a user runs it: --engine sglang --engine-url ... --sync-timeout,
+    KL on, zero-variance groups dropped, rewards in a worker: every flag acts."""
+    import sys
+
+    server = await SGLangStub().start()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "scripts/sft_rl.py", "--run-dir", str(tmp_path / "run"), "--mode", "rl", "--rl-steps", "2",
+            "--prompts-per-step", "2", "--group-size", "4", "--engine", "sglang", "--engine-url", server.url,
+            "--sync-timeout", "30", "--kl-coef", "0.1", "--zero-variance", "drop", "--oversample", "2",
+            "--reward-workers", "1", "--reward-timeout", "5", "--reward", "partial",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 150)
+    finally:
+        await server.stop()
+    assert proc.returncode == 0, err.decode()[-3000:]
+    report = json.loads(out.decode().strip().splitlines()[-1])
+    assert set(report["dropped_groups"]) <= set(DROP_REASONS)
+    loads = server.bodies("/update_weights_from_disk")
+    assert [b["weight_version"] for b in loads] == ["0", "1", "2"]
+    assert all(b["model_path"].startswith(str(tmp_path / "run" / "engine_weights")) for b in loads)
+    lines = metrics(tmp_path / "run")
+    rl = [line for line in lines if line.get("phase") == "rl"]
+    assert len(rl) == 2 and rl[0]["kl"] <= 1e-7 and "dropped_zero_variance" in rl[0]
