@@ -116,10 +116,9 @@ async def test_vllm_gets_every_steps_weights_with_its_prefix_cache_reset_each_ti
     assert server.paths().count("/reset_prefix_cache") == STEPS + 1
     assert server.stale_hits == 0  # no generation found KV blocks computed with older weights
     completions = server.bodies("/v1/completions")
-    # one request a prompt for its whole group (n completions, child j drawn with seed + j)
-    assert len(completions) == STEPS * 2 and all(b["n"] == ROLLOUT.n for b in completions)
-    seeds = [b["seed"] + j for b in completions for j in range(b["n"])]
-    assert len(set(seeds)) == len(seeds)
+    # one request per completion (the rollout manager asks for exactly the samples it lacks), each its own seed
+    assert len(completions) == STEPS * 2 * ROLLOUT.n and all(b["n"] == 1 for b in completions)
+    assert len({b["seed"] for b in completions}) == len(completions)
     assert engine.weight_version == STEPS and engine.in_service and not server.paused
 
 

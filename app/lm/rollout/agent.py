@@ -14,12 +14,9 @@ sampled ones, so `check_append_only` stops the rollout with the first differing 
 How an episode ends is recorded apart from the engine's `finish_reason` (see `samples.py`):
 the episode's rules (terminated), `max_steps`, the environment ("env"), or `max_seq_len`.
 
-Sampling is reproducible: each model step of an episode is drawn with a seed derived from
-(the draw's seed, prompt id, sample index, step) (`request_seed`: the prompt's seed for the
-step, plus the sample index, which is vLLM's own rule for the children of an n > 1 request);
-the draw's seed is kept in the sample's metadata (`sampling_seed`), so a rollout can be
-redone. So a prompt's samples that share their context (whole groups at the first step) go
-to the engine as one request of n completions, and a sample redone alone draws the same. Rewards are
+Sampling is reproducible: each model step of an episode is one engine request whose seed is
+derived from (the draw's seed, prompt id, sample index, step) (`request_seed`); the draw's seed
+is kept in the sample's metadata (`sampling_seed`), so a rollout can be redone. Rewards are
 scored together at the end by a reward scorer (app/lm/reward_pool.py); a failed reward leaves
 the sample marked (`reward_failure`) and the rollout filter drops its group.
 """
@@ -46,30 +43,9 @@ SEED_SPACE = 2**31 - 2**16  # below int32, with room for an engine's seed + comp
 
 
 def request_seed(seed: int, prompt_id: str, sample_index: int, step: int = 0) -> int:
-    """The sampling seed of one sample's model step: a pure function of (the draw's seed,
-    prompt, sample, step), consecutive over a prompt's samples (see the module doc)."""
-    if not 0 <= sample_index < 2**16:
-        raise ValueError(f"sample index {sample_index} outside 0..65535")
-    digest = hashlib.sha256(f"{seed}\0{prompt_id}\0{step}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") % SEED_SPACE + sample_index
-
-
-def engine_requests(live: Sequence[Trace]) -> tuple[list[list[Trace]], int]:
-    """The live traces as engine requests, and their `n`: runs of one prompt's consecutive
-    samples with the same context become one request of n completions when every run has the
-    same length n (whole groups at the first step); otherwise one request a trace."""
-    runs: list[list[Trace]] = []
-    for t in live:
-        last = runs[-1][-1] if runs else None
-        if (last is not None and t.prompt.prompt_id == last.prompt.prompt_id
-                and t.group_index == last.group_index + 1 and t.context == last.context):
-            runs[-1].append(t)
-        else:
-            runs.append([t])
-    n = len(runs[0]) if runs else 1
-    if n > 1 and all(len(r) == n for r in runs):
-        return runs, n
-    return [[t] for t in live], 1
+    """The seed of one engine request: a pure function of (the draw's seed, prompt, sample, step)."""
+    digest = hashlib.sha256(f"{seed}\0{prompt_id}\0{sample_index}\0{step}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % SEED_SPACE
 
 
 class PrefixMismatchError(RuntimeError):
@@ -189,13 +165,10 @@ def run_episodes(engine: Engine, task: Task, tokenizer, requests: Sequence[tuple
         if not live:
             break
         version = engine.weight_version
-        runs, n = engine_requests(live)
-        seeds = [request_seed(seed, r[0].prompt.prompt_id, r[0].group_index, step) for r in runs]
-        outs = engine.generate([r[0].context for r in runs], n=n, max_new_tokens=settings.max_new_tokens,
+        seeds = [request_seed(seed, t.prompt.prompt_id, t.group_index, step) for t in live]
+        outs = engine.generate([t.context for t in live], n=1, max_new_tokens=settings.max_new_tokens,
                                temperature=settings.temperature, seeds=seeds, stop_token_ids=stops)
-        answered = [(t, c) for run, completions in zip(runs, outs, strict=True)
-                    for t, c in zip(run, completions, strict=True)]
-        for t, c in answered:
+        for t, (c,) in zip(live, outs):
             produced_by = c.weight_version if c.weight_version is not None else version
             t.weight_version = min(t.weight_version, produced_by)
             t.steps += 1
