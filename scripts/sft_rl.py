@@ -30,7 +30,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from app.config.lm import LMGRPOSettings  # noqa: E402  (after the path)
+
 PROMPTS = 400  # training prompts (the demonstrations of SFT, the prompts of GRPO)
+GRPO_LR = LMGRPOSettings.model_fields["lr"].default  # the measured default (docs/benchmarks/lm_tasks.md)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sft-steps", type=int, default=60)
     p.add_argument("--rl-steps", type=int, default=150)
     p.add_argument("--sft-lr", type=float, default=2e-3)
-    p.add_argument("--rl-lr", type=float, default=2e-3)
+    p.add_argument("--rl-lr", type=float, default=GRPO_LR, help="default: lm.grpo.lr's (app/config/lm.py)")
     p.add_argument("--prompts-per-step", type=int, default=8)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--checkpoint-every", type=int, default=20)

@@ -154,7 +154,9 @@ def run_episodes(engine: Engine, task: Task, tokenizer, requests: Sequence[tuple
     """Play one episode per (prompt, group_index), all live episodes batched per model step;
     score them with `rewards` (default: the task's reward inline, in this thread)."""
     stops = stop_token_ids(task, tokenizer)
-    traces = [Trace(prompt=p, group_index=i, prompt_tokens=prompt_token_ids(tokenizer, p),
+    distinct = {p.prompt_id: p for p, _ in requests}
+    encoded = {pid: prompt_token_ids(tokenizer, p) for pid, p in distinct.items()}  # once a prompt, not once a sample
+    traces = [Trace(prompt=p, group_index=i, prompt_tokens=list(encoded[p.prompt_id]),
                     episode=task.new_episode(p), weight_version=engine.weight_version) for p, i in requests]
     for t in traces:
         if len(t.prompt_tokens) >= settings.max_seq_len:
