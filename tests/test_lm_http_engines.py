@@ -39,6 +39,19 @@ async def stubs():
         await server.stop()
 
 
+async def assert_caught_after_restart(engine, server, match: str) -> None:
+    """`server` restarted with its old weights: the engine's next generation is refused and
+    takes it out of service, and the one after is refused without asking the server."""
+    server.restart()
+    with pytest.raises(EngineOutOfService, match=match):
+        await engine.agenerate([[1, 5]], n=1, max_new_tokens=2, temperature=1.0, seeds=[0])
+    assert not engine.in_service
+    calls = len(server.calls)
+    with pytest.raises(EngineOutOfService):
+        await engine.agenerate([[1, 5]], n=1, max_new_tokens=2, temperature=1.0, seeds=[0])
+    assert len(server.calls) == calls
+
+
 def weights() -> dict[str, torch.Tensor]:
     return {"model.embed_tokens.weight": torch.arange(6.0).reshape(3, 2), "lm_head.bias": torch.tensor([0.5, -1.0])}
 
@@ -88,14 +101,8 @@ async def test_sglang_generate_carries_a_seed_per_request_and_a_restart_takes_it
     assert [c.tokens for c in out[1]] == [sample_tokens(200, 2), sample_tokens(201, 2)]
     assert all(c.weight_version == 6 and c.logprobs == [-0.5, -0.5] for g in out for c in g)
 
-    server.restart()  # back with the weights it was started with: it says "default", not 6
-    with pytest.raises(EngineOutOfService, match="weight_version 'default'.*restarted"):
-        await engine.agenerate([[1, 5]], n=1, max_new_tokens=2, temperature=1.0, seeds=[0])
-    assert not engine.in_service
-    calls = len(server.calls)
-    with pytest.raises(EngineOutOfService):  # refused before asking the server
-        await engine.agenerate([[1, 5]], n=1, max_new_tokens=2, temperature=1.0, seeds=[0])
-    assert len(server.calls) == calls
+    # back with the weights it was started with: it says "default", not 6
+    await assert_caught_after_restart(engine, server, "weight_version 'default'.*restarted")
     await sync_engines([engine], WeightUpdate(6, path="/ckpt/v6"))  # a successful sync brings it back
     assert engine.in_service and (await engine.agenerate([[1, 5]], n=1, max_new_tokens=2, temperature=1.0,
                                                          seeds=[0]))[0][0].weight_version == 6
@@ -296,14 +303,7 @@ async def test_a_vllm_server_restarted_with_its_old_weights_is_caught_and_synced
     engine = VLLMEngine("vl", server.url)
     await engine.start()
     await sync_engines([engine], WeightUpdate(4, path="/ckpt/step_4"))
-    server.restart()  # the weights and version it was started with: /weight_info says "default"
-    with pytest.raises(EngineOutOfService, match="vl.*'default'"):
-        await engine.agenerate([[1, 5]], n=1, max_new_tokens=2, temperature=1.0, seeds=[0])
-    assert not engine.in_service
-    calls = len(server.calls)
-    with pytest.raises(EngineOutOfService):  # refused before asking the server
-        await engine.agenerate([[1, 5]], n=1, max_new_tokens=2, temperature=1.0, seeds=[0])
-    assert len(server.calls) == calls
+    await assert_caught_after_restart(engine, server, "vl.*'default'")  # /weight_info says "default"
     await sync_engines([engine], WeightUpdate(4, path="/ckpt/step_4"))
     assert engine.in_service and server.loaded == "/ckpt/step_4"
     out = await engine.agenerate([[1, 5]], n=1, max_new_tokens=2, temperature=1.0, seeds=[0])
