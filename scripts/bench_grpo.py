@@ -1,15 +1,25 @@
 #!/usr/bin/env python3
-"""GRPO throughput of the digit Llama at 1 and 2 ranks: prints ONE JSON object.
+"""GRPO steps of the digit Llama: by rank count, and by engine. Prints ONE JSON object.
 
     python scripts/bench_grpo.py [--steps 20 --warmup 3 --prompts-per-step 8 --group-size 8] [--ranks 1,2]
-                                 [--device auto|cpu|cuda] [--backend auto|local|fsdp]
+                                 [--engines in_process,sglang,vllm] [--device auto|cpu|cuda]
+                                 [--backend auto|local|fsdp]
 
-Each rank count runs under torchrun (app.shared.launcher): 1 rank with LocalBackend, more
-with FSDP2, every rank generating its share of each step's prompts with its own in-process
-engine. Per rank count: rollout tokens/s (generated tokens of all ranks / rollout wall time),
+`runs` (per rank count in `--ranks`, under torchrun through app.shared.launcher: 1 rank with
+LocalBackend, more with FSDP2, every rank generating its share of each step's prompts with its
+own in-process engine): rollout tokens/s (generated tokens of all ranks / rollout wall time),
 training tokens/s (response tokens trained / training wall time), and the share of a step in
-rollout, training and weight sync (the engine reloading the new weights), over the measured
-steps after `--warmup` steps.
+rollout, training and weight sync, over the measured steps after `--warmup` steps.
+
+`engines` (per engine in `--engines`, one process): the online loop as scripts/sft_rl.py runs
+it (the rollout manager with over-sampling 1.5, zero-variance groups dropped, overlong groups
+dropped; rewards in a one-worker RewardPool), with the in-process engine (tensor sync) or an
+SGLang / vLLM engine on a loopback stub server (tests/engine_stubs.py: the real routes; disk
+sync, so each step writes a `save_pretrained` directory the server is told to load). Per step:
+the seconds of rollout, reward, training and sync; for the HTTP engines also the time the
+stub spent in its handlers (generation and load, which a real server would spend on the GPU)
+and rollout / sync with it subtracted: what the loop itself costs around a server. And the
+groups dropped, by reason, over the measured steps.
 
 `--vs-bare` instead measures the demo model (configs/lm_demo.yaml: the Qwen2 with its BPE
 tokenizer, built offline into a temporary directory) at one rank against a bare `transformers`
@@ -46,7 +56,6 @@ def worker(args: argparse.Namespace) -> int:
     from app.lm.truncation import RolloutSettings
     from app.log import configure_logging
     from app.lm.train.backend import LocalBackend, OptimConfig
-    from app.lm.data_buffer import DataBuffer
     from app.lm.train.dist_env import init_distributed, shutdown
     from app.lm.train.fsdp_backend import FSDPBackend
     from app.lm.train.grpo import GRPOConfig, grpo_loss_fn, sft_loss
@@ -63,7 +72,7 @@ def worker(args: argparse.Namespace) -> int:
     backend = FSDPBackend(model, optim, sft_loss, env) if use_fsdp else LocalBackend(model, optim, sft_loss)
     task = DigitTask("copy", 3, 3, "partial")
     rollout = RolloutSettings(n=args.group_size, max_new_tokens=4, length_is_parse_failure=False)
-    source = GeneratedGroups(engine, task, tok, DataBuffer(task.make_prompts(400, 1, "train"), 0), seed=0,
+    source = GeneratedGroups(engine, task, tok, task.make_prompts(400, 1, "train"), seed=0,
                              prompts_per_step=args.prompts_per_step, rollout=rollout, micro_batch_size=64)
     history = grpo_loop(backend, source, tok.pad_token_id, grpo_loss_fn(GRPOConfig(), rollout.temperature),
                         args.warmup + args.steps)[args.warmup:]
@@ -84,6 +93,84 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def engine_run(kind: str, args: argparse.Namespace, work: Path) -> dict:
+    """The online loop with one engine kind, in this process (a stub server in a thread)."""
+    import asyncio
+    import copy
+    import threading
+
+    import torch
+
+    torch.set_num_threads(1)
+    from app.lm.causal_lm import LMModelConfig, build_model
+    from app.lm.reward_pool import RewardPool
+    from app.lm.rollout.engine import InProcessEngine
+    from app.lm.rollout.groups import DROP_REASONS
+    from app.lm.rollout.sglang_engine import SGLangEngine
+    from app.lm.rollout.vllm_engine import VLLMEngine
+    from app.lm.tasks import DigitTask
+    from app.lm.tokenizer import build_digit_tokenizer
+    from app.lm.train.backend import LocalBackend, OptimConfig
+    from app.lm.train.grpo import GRPOConfig, grpo_loss_fn, sft_loss
+    from app.lm.train.rollout_sources import GeneratedGroups, LoopFilters
+    from app.lm.train.sft_grpo import grpo_loop
+    from app.lm.train.weight_publish import WeightPublisher
+    from app.lm.truncation import RolloutSettings
+    from tests.engine_stubs import SGLangStub, VLLMStub
+
+    tok = build_digit_tokenizer()
+    model = build_model(LMModelConfig(seed=0), tok)
+    backend = LocalBackend(model, OptimConfig(lr=3e-3), sft_loss)
+    stub, loop = None, None
+    if kind == "in_process":
+        engine = InProcessEngine(copy.deepcopy(model), tok)
+    else:
+        loop = asyncio.new_event_loop()
+        threading.Thread(target=loop.run_forever, daemon=True).start()
+        stub = asyncio.run_coroutine_threadsafe((SGLangStub() if kind == "sglang" else VLLMStub()).start(),
+                                                loop).result(30)
+        engine = SGLangEngine("sg", stub.url) if kind == "sglang" else VLLMEngine("vl", stub.url)
+    publish = WeightPublisher(backend.get_weights, model=backend.model, tokenizer=tok,
+                              out_dir=work / kind if engine.sync_mode == "disk" else None)
+    task = DigitTask("copy", 2, 4, "partial")  # 4-digit prompts (7 tokens) + 4 new tokens pass max_seq_len 10
+    rollout = RolloutSettings(n=args.group_size, max_new_tokens=4, max_seq_len=10, overlong_group="drop_group",
+                              length_is_parse_failure=False)
+    rewards = RewardPool(task, workers=1, timeout_s=10.0)
+    source = GeneratedGroups(engine, task, tok, task.make_prompts(400, 1, "train"), seed=0,
+                             prompts_per_step=args.prompts_per_step, rollout=rollout, publish=publish, rewards=rewards,
+                             filters=LoopFilters(oversample=1.5, zero_variance="drop", max_empty_rounds=32))
+    busy_at_warmup: dict[str, float] = {}
+
+    def after(step: int, stats: dict) -> None:
+        if step == args.warmup and stub is not None:
+            busy_at_warmup.update(stub.busy_s)
+
+    try:
+        history = grpo_loop(backend, source, tok.pad_token_id, grpo_loss_fn(GRPOConfig(), rollout.temperature),
+                            args.warmup + args.steps, on_step=after)[args.warmup:]
+    finally:
+        rewards.close()
+        if stub is not None and loop is not None:
+            asyncio.run_coroutine_threadsafe(stub.stop(), loop).result(30)
+            loop.call_soon_threadsafe(loop.stop)
+    n = len(history)
+    per_step = {k: sum(h[k] for h in history) / n for k in ("rollout_s", "reward_s", "train_s", "sync_s")}
+    result = {"sync": engine.sync_mode, "steps": n, "per_step_s": per_step,
+              "step_s": sum(per_step.values()),
+              "generated_tokens_per_step": sum(h["generated_tokens"] for h in history) / n,
+              "dropped_groups": {r: sum(h.get(f"dropped_{r}", 0) for h in history) for r in DROP_REASONS},
+              "mean_reward_last": history[-1]["mean_reward"]}
+    if stub is not None:
+        busy = {p: stub.busy_s.get(p, 0.0) - busy_at_warmup.get(p, 0.0) for p in stub.busy_s}
+        gen_paths = ("/generate", "/v1/completions")
+        stub_gen = sum(v for p, v in busy.items() if p in gen_paths) / n
+        stub_load = sum(v for p, v in busy.items() if p not in gen_paths) / n
+        result["stub_s_per_step"] = {"generate": stub_gen, "load": stub_load}
+        result["without_stub_s"] = {"rollout_s": per_step["rollout_s"] - stub_gen,
+                                    "sync_s": per_step["sync_s"] - stub_load}
+    return result
+
+
 def vs_bare(args: argparse.Namespace) -> dict:
     """Ours against a bare transformers loop on the demo model, interleaved per step (see the doc)."""
     import copy
@@ -97,7 +184,6 @@ def vs_bare(args: argparse.Namespace) -> dict:
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", category=FutureWarning)
     from app.config.lm import LMConfig
-    from app.lm.data_buffer import DataBuffer
     from app.lm.demo_model import make_demo
     from app.lm.rollout.engine import InProcessEngine
     from app.lm.setup import check_inputs, initial_model, rollout_settings, train_prompts
@@ -120,7 +206,7 @@ def vs_bare(args: argparse.Namespace) -> dict:
     sampler = copy.deepcopy(model).eval()  # bare generate on our engine's weights: the same lengths to sample
     bare_optim = torch.optim.AdamW(bare.parameters(), lr=lm.grpo.lr)
     backend = LocalBackend(model, OptimConfig(lr=lm.grpo.lr, max_grad_norm=None), sft_loss)
-    source = GeneratedGroups(InProcessEngine(copy.deepcopy(model), tok), task, tok, DataBuffer(train_prompts(task, lm.task), 0),
+    source = GeneratedGroups(InProcessEngine(copy.deepcopy(model), tok), task, tok, train_prompts(task, lm.task),
                              seed=0, prompts_per_step=args.prompts_per_step, rollout=rollout)
     taken: list = []
     batch_of = source.batch
@@ -188,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--prompts-per-step", type=int, default=8)
     p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--ranks", default="1,2")
+    p.add_argument("--ranks", default="1,2", help="rank counts of `runs` (empty: none)")
+    p.add_argument("--engines", default="in_process,sglang,vllm", help="engine kinds of `engines` (empty: none)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: NCCL on GPUs when each rank has one, else gloo on the CPU")
     p.add_argument("--backend", choices=("auto", "local", "fsdp"), default="auto",
@@ -210,11 +297,17 @@ def main(argv: list[str] | None = None) -> int:
 
     from app.shared.launcher import LaunchSpec, launch
 
-    out = {"benchmark": "grpo", "model": "digit llama ~75k params", "task": "copy 3 digits, partial credit",
+    from app.log import configure_logging
+
+    configure_logging(level="WARNING")
+    out = {"benchmark": "grpo", "model": "digit llama ~75k params",
+           "task": "runs: copy 3 digits; engines: copy 2-4 digits, max_seq_len 10; partial credit",
            "prompts_per_step": args.prompts_per_step, "group_size": args.group_size,
-           "load_avg_1m": os.getloadavg()[0], "runs": {}}
+           "load_avg_1m": os.getloadavg()[0], "runs": {}, "engines": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        for nproc in [int(x) for x in args.ranks.split(",")]:
+        for kind in [k for k in args.engines.split(",") if k]:
+            out["engines"][kind] = engine_run(kind, args, Path(tmp))
+        for nproc in [int(x) for x in args.ranks.split(",") if x]:
             result = Path(tmp) / f"r{nproc}.json"
             launch(LaunchSpec(target=[str(Path(__file__).resolve()), "--worker", "--steps", str(args.steps),
                                       "--warmup", str(args.warmup), "--prompts-per-step", str(args.prompts_per_step),
@@ -222,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
                                       "--device", args.device, "--backend", args.backend],
                               nproc=nproc, log_dir=Path(tmp) / f"logs{nproc}", status_every_s=0), out=io.StringIO())
             out["runs"][str(nproc)] = json.loads(result.read_text())
+    out["load_avg_1m_end"] = os.getloadavg()[0]
     print(json.dumps(out))
     return 0
 

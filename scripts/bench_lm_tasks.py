@@ -83,14 +83,14 @@ def run_one(config: Path, seed: int, rl_steps: int, eval_every: int, run_dir: Pa
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' deprecation notes, once per run
     from app.config import load_settings
-    from app.lm.data_buffer import DataBuffer
     from app.lm.rollout.engine import InProcessEngine
     from app.lm.setup import (
         check_inputs, for_training, greedy_settings, heldout_prompts, initial_model, rollout_settings, train_prompts,
     )
     from app.lm.train.backend import LocalBackend, OptimConfig
     from app.lm.train.grpo import GRPOConfig, grpo_loss_fn, sft_loss
-    from app.lm.train.rollout_sources import GeneratedGroups
+    from app.lm.train.reference import reference_model
+    from app.lm.train.rollout_sources import GeneratedGroups, LoopFilters
     from app.lm.train.sft_grpo import RunPlan, SFTConfig, run, sft_rows
     from app.lm.workload.heldout import greedy_scores
     from app.log import configure_logging
@@ -104,7 +104,7 @@ def run_one(config: Path, seed: int, rl_steps: int, eval_every: int, run_dir: Pa
     model = initial_model(lm.model, tok)
     engine = InProcessEngine(copy.deepcopy(model), tok)
     judge = InProcessEngine(copy.deepcopy(model), tok, name="heldout")
-    reference = copy.deepcopy(model).eval().requires_grad_(False) if g.kl_coef else None
+    reference = reference_model(model, g.reference) if g.kl_coef else None
     backend = LocalBackend(for_training(lm, model, seed),
                            OptimConfig(lr=g.sft.lr, weight_decay=g.weight_decay, max_grad_norm=g.max_grad_norm),
                            sft_loss)
@@ -128,8 +128,10 @@ def run_one(config: Path, seed: int, rl_steps: int, eval_every: int, run_dir: Pa
 
     plan = RunPlan(SFTConfig(steps=g.sft.steps, batch_size=g.sft.batch_size), g.sft.lr, rl_steps, g.lr, seed=seed,
                    save=False, rl_warmup=g.warmup_steps)
-    source = GeneratedGroups(engine, task, tok, DataBuffer(prompts, seed + 1), seed=seed,
-                             prompts_per_step=g.groups_per_step, rollout=rollout, scale_by_std=g.scale_by_std)
+    r = lm.rollout
+    source = GeneratedGroups(engine, task, tok, prompts, seed=seed, prompts_per_step=g.groups_per_step,
+                             rollout=rollout, scale_by_std=g.scale_by_std,
+                             filters=LoopFilters(r.oversample, r.zero_variance, r.max_staleness))
     started = time.perf_counter()
     run(backend, tok, run_dir, plan, demonstrations=sft_rows(task, tok, prompts), source=source,
         loss_fn=grpo_loss_fn(GRPOConfig(g.clip_low, g.clip_high, g.kl_coef), rollout.temperature, reference),

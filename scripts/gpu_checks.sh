@@ -77,7 +77,7 @@ part env 60 $PY -c 'import json, sys, torch; print(json.dumps({"python": sys.ver
   and ".".join(map(str, torch.cuda.nccl.version()))}))'
 part train 150 $PY scripts/bench_train.py --device cuda --channels 96 --blocks 8 --batch 1024 --steps 20 --rounds 3 \
   --games 400 --torchrun-steps 40
-part grpo 90 $PY scripts/bench_grpo.py --device cuda --backend fsdp --ranks 1 --steps 10 --warmup 2
+part grpo 90 $PY scripts/bench_grpo.py --device cuda --backend fsdp --ranks 1 --engines "" --steps 10 --warmup 2
 part selfplay_cuda 170 $PY scripts/bench_selfplay.py --device cuda --channels 96 --blocks 8 --concurrent 128 --sims 96 \
   --moves 3 --batches 2 --playout-batch 5000 --server-workers 12 --server-seconds 30
 part selfplay_cpu 80 $PY scripts/bench_selfplay.py --device cpu --channels 96 --blocks 8 --concurrent 128 --sims 8 \

@@ -3,19 +3,27 @@
 
     python scripts/sft_rl.py --run-dir runs/lm1 [--mode sft+rl] [--task copy --digits 3]
         [--sft-steps 60 --rl-steps 150] [--nproc N] [--export DIR]
+        [--temperature T] [--kl-coef C [--reference DIR]]
+        [--oversample F] [--zero-variance keep|drop] [--max-staleness K]
+        [--overlong-group keep|mask_loss|drop_group] [--max-seq-len L]
+        [--engine in_process|sglang|vllm --engine-url URL --sync disk|tensor --sync-timeout S]
+        [--reward-workers W --reward-timeout S]
 
 The online run: the same SFT -> GRPO run a mesh generation trains (app/lm/train/sft_grpo.py),
-with rollouts generated as it trains by an in-process engine that gets the new weights after
-every step. One process (LocalBackend) by default; `--nproc N` re-runs itself under torchrun
-through `app.shared.launcher` with the FSDP2 backend. Re-running the same command resumes each
-phase from its newest complete checkpoint. Prints one JSON object: what ran and the greedy
-exact match on held-out prompts.
+through the same loss (grpo_loss_fn: temperature, KL reference), with rollouts generated as it
+trains through the rollout manager's over-sampling and filters, by an engine that gets the new
+weights after every step: in process (default), or an SGLang / vLLM server loading them from
+`RUN/engine_weights/step_N` (sync disk) or as tensors (sync tensor). Rewards run in a pool of
+worker processes, each call bounded. One process (LocalBackend) by default; `--nproc N` re-runs
+itself under torchrun through `app.shared.launcher` with the FSDP2 backend (in-process engines
+only). Re-running the same command resumes each phase from its newest complete checkpoint.
+Prints one JSON object: what ran, the dropped groups by reason and the greedy exact match on
+held-out prompts.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 from pathlib import Path
@@ -43,6 +51,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--checkpoint-every", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--kl-coef", type=float, default=0.0)
+    p.add_argument("--reference", type=Path, help="KL reference model directory (default: the policy GRPO starts from)")
+    p.add_argument("--oversample", type=float, default=1.0)
+    p.add_argument("--zero-variance", choices=("keep", "drop"), default="keep")
+    p.add_argument("--max-staleness", type=int, default=1)
+    p.add_argument("--overlong-group", choices=("keep", "mask_loss", "drop_group"), default="keep")
+    p.add_argument("--max-seq-len", type=int, default=128)
+    p.add_argument("--engine", choices=("in_process", "sglang", "vllm"), default="in_process")
+    p.add_argument("--engine-url", help="http://host:port of the SGLang / vLLM server")
+    p.add_argument("--engine-model", default="default", help="vllm: the served model name")
+    p.add_argument("--sync", choices=("disk", "tensor"), help="default: tensor in process, disk over HTTP")
+    p.add_argument("--sync-timeout", type=float, default=300.0)
+    p.add_argument("--nccl-master", help="vllm tensor sync: host:port of the trainer's NCCL group")
+    p.add_argument("--reward-workers", type=int, default=1)
+    p.add_argument("--reward-timeout", type=float, default=10.0)
     p.add_argument("--export", type=Path, help="save_pretrained directory of the final weights")
     p.add_argument("--nproc", type=int, default=1)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -53,9 +77,11 @@ def worker(args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(1)
-    from app.lm.data_buffer import DataBuffer
-    from app.lm.rollout.engine import InProcessEngine
+    from app.config.lm import LMEngineSettings
     from app.lm.causal_lm import LMModelConfig, build_model
+    from app.lm.reward_pool import RewardPool
+    from app.lm.rollout.engine import InProcessEngine
+    from app.lm.rollout.engine_config import build_engine
     from app.lm.tasks import DigitTask
     from app.lm.tokenizer import build_digit_tokenizer
     from app.lm.truncation import RolloutSettings
@@ -66,36 +92,54 @@ def worker(args: argparse.Namespace) -> int:
     from app.lm.train.fsdp_backend import FSDPBackend
     from app.lm.train.grpo import GRPOConfig, grpo_loss_fn, sft_loss
     from app.lm.train.hf_io import save_hf
-    from app.lm.train.rollout_sources import GeneratedGroups
+    from app.lm.train.reference import reference_model
+    from app.lm.train.rollout_sources import GeneratedGroups, LoopFilters
     from app.lm.train.sft_grpo import RunPlan, SFTConfig, run, sft_rows
+    from app.lm.train.weight_publish import WeightPublisher
 
     configure_logging(level="INFO")
     env = init_distributed("auto")
     tok = build_digit_tokenizer()
     model = build_model(LMModelConfig(seed=args.seed), tok)
-    engine = InProcessEngine(copy.deepcopy(model).to(env.device), tok)
+    evaluator = InProcessEngine(build_model(LMModelConfig(seed=args.seed), tok).to(env.device), tok)
+    engine_cfg = LMEngineSettings(name=args.engine, kind=args.engine, url=args.engine_url, model=args.engine_model,
+                                  sync=args.sync, sync_timeout_s=args.sync_timeout, nccl_master=args.nccl_master)
+    engine = build_engine(engine_cfg, build_model(LMModelConfig(seed=args.seed), tok).to(env.device), tok)
+    reference = reference_model(model, args.reference, env.device) if args.kl_coef else None
     optim = OptimConfig(lr=args.sft_lr)
     backend = (FSDPBackend(model, optim, sft_loss, env) if env.world_size > 1
                else LocalBackend(model, optim, sft_loss, env.device))
     task = DigitTask(args.task, args.digits, args.digits, args.reward)
     prompts = task.make_prompts(PROMPTS, args.seed, "train")
-    rollout = RolloutSettings(n=args.group_size, max_new_tokens=args.digits + 2)
+    rollout = RolloutSettings(n=args.group_size, max_new_tokens=args.digits + 2, temperature=args.temperature,
+                              max_seq_len=args.max_seq_len, overlong_group=args.overlong_group)
     plan = RunPlan(SFTConfig(steps=args.sft_steps) if args.mode != "rl" else None, args.sft_lr,
                    args.rl_steps if args.mode != "sft" else 0, args.rl_lr, seed=args.seed,
                    checkpoint_every=args.checkpoint_every)
-    # the same run as a mesh generation (app/lm/train/generation.py); only the rollouts differ:
-    # generated here, by an engine given the trainer's weights after every step
-    source = GeneratedGroups(engine, task, tok, DataBuffer(prompts, args.seed + 1), seed=args.seed,
-                             prompts_per_step=args.prompts_per_step, rollout=rollout)
-    report = run(backend, tok, args.run_dir, plan, demonstrations=sft_rows(task, tok, prompts), source=source,
-                 loss_fn=grpo_loss_fn(GRPOConfig(), rollout.temperature))
+    publish = WeightPublisher(backend.get_weights, model=backend.model, tokenizer=tok, writer=env.is_main,
+                              out_dir=args.run_dir / "engine_weights" if engine.sync_mode == "disk" else None)
+    rewards = RewardPool(task, workers=args.reward_workers, timeout_s=args.reward_timeout)
+    # the same run and the same loss as a mesh generation (app/lm/train/generation.py); only the
+    # rollouts differ: generated here, by an engine given the trainer's weights after every step
+    source = GeneratedGroups(engine, task, tok, prompts, seed=args.seed, prompts_per_step=args.prompts_per_step,
+                             rollout=rollout, publish=publish, rewards=rewards, rank=env.rank,
+                             world_size=env.world_size,
+                             filters=LoopFilters(args.oversample, args.zero_variance, args.max_staleness))
+    try:
+        report = run(backend, tok, args.run_dir, plan, demonstrations=sft_rows(task, tok, prompts), source=source,
+                     loss_fn=grpo_loss_fn(GRPOConfig(kl_coef=args.kl_coef), rollout.temperature, reference),
+                     reference=reference, reference_is_start=args.reference is None)
+    finally:
+        rewards.close()
     report.pop("final", None)
-    engine.load_weights(backend.get_weights(), -1)
+    evaluator.load_weights(backend.get_weights(), -1)
     if args.export:
         save_hf(backend, args.export.parent, args.export.name, tok)
     if env.is_main:
-        result = evaluate(engine, task, tok, task.make_prompts(64, args.seed, "test"), max_new_tokens=args.digits + 2)
-        print(json.dumps({**report, "greedy_exact_match": result.exact_match}), flush=True)
+        heldout = task.make_prompts(64, args.seed, "test")
+        result = evaluate(evaluator, task, tok, heldout, max_new_tokens=args.digits + 2)
+        print(json.dumps({**report, "dropped_groups": source.manager.dropped(),
+                          "greedy_exact_match": result.exact_match}), flush=True)
     shutdown()
     return 0
 

@@ -36,7 +36,7 @@ TEST = COPY.make_prompts(64, 2, "test")
 RL_ROLLOUT = RolloutSettings(n=8, max_new_tokens=8)
 
 
-def online_grpo(backend, engine, task, prompts: DataBuffer, steps: int, rollout: RolloutSettings,
+def online_grpo(backend, engine, task, prompts: list, steps: int, rollout: RolloutSettings,
                 shuffle: bool = False) -> list[dict]:
     """GRPO steps with groups generated as it trains (scripts/sft_rl.py's rollout source)."""
     source = GeneratedGroups(engine, task, TOK, prompts, seed=0, prompts_per_step=8, rollout=rollout,
@@ -68,7 +68,7 @@ def after_sft():
 def grpo(after_sft, shuffle: bool) -> tuple[float, float, float]:
     backend, engine, _, before = after_sft
     backend, engine = copy.deepcopy(backend), copy.deepcopy(engine)  # both runs start from the same SFT state
-    online_grpo(backend, engine, COPY, DataBuffer(TRAIN, 1), 150, RL_ROLLOUT, shuffle=shuffle)
+    online_grpo(backend, engine, COPY, TRAIN, 150, RL_ROLLOUT, shuffle=shuffle)
     return before, sampled(engine), greedy(engine)
 
 
@@ -100,7 +100,7 @@ def test_pure_grpo_from_random_init_learns_three_digit_copy_with_partial_credit(
     backend = LocalBackend(model, OptimConfig(lr=3e-3), sft_loss)
     engine = InProcessEngine(copy.deepcopy(model), TOK)
     rollout = RolloutSettings(n=8, max_new_tokens=3, length_is_parse_failure=False)
-    history = online_grpo(backend, engine, task, DataBuffer(task.make_prompts(400, 1, "train"), 0), 400, rollout)
+    history = online_grpo(backend, engine, task, task.make_prompts(400, 1, "train"), 400, rollout)
     rewards = [h["mean_reward"] for h in history]
     first, last = sum(rewards[:25]) / 25, sum(rewards[-25:]) / 25
     assert first < 0.2  # it really starts from nothing

@@ -33,7 +33,8 @@ class ScriptedEngine:
         self.script, self.weight_version, self.contexts = script, weight_version, []
         self.reported = reported or [None] * len(script)   # version each step's completions claim
 
-    def generate(self, prompt_token_lists, *, n, max_new_tokens, temperature, seed, stop_token_ids=None):
+    def generate(self, prompt_token_lists, *, n, max_new_tokens, temperature, seeds, stop_token_ids=None):
+        assert len(seeds) == len(prompt_token_lists)  # one sampling seed per request
         out = []
         for context in prompt_token_lists:
             self.contexts.append(list(context))

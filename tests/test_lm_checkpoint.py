@@ -31,7 +31,6 @@ from app.lm.train.checkpoint_dirs import (
 )
 from app.lm.train.grpo import sft_loss
 from app.lm.train.hf_io import WeightsFormatError, load_weight_files
-from app.lm.data_buffer import DataBuffer
 from app.lm.train.grpo import GRPOConfig, grpo_loss_fn
 from app.lm.train.rollout_sources import GeneratedGroups
 from app.lm.train.sft_grpo import NoSFTCheckpoint, RunPlan, SFTConfig, run, sft_rows
@@ -120,7 +119,7 @@ def online(backend, engine, task, tok, run_dir: Path, plan: RunPlan) -> dict:
     """scripts/sft_rl.py's run, small: groups generated as it trains."""
     prompts = task.make_prompts(40, 0, "train")
     rollout = RolloutSettings(n=2, max_new_tokens=4)
-    source = GeneratedGroups(engine, task, tok, DataBuffer(prompts, 1), seed=0, prompts_per_step=2, rollout=rollout)
+    source = GeneratedGroups(engine, task, tok, prompts, seed=0, prompts_per_step=2, rollout=rollout)
     return run(backend, tok, run_dir, plan, demonstrations=sft_rows(task, tok, prompts), source=source,
                loss_fn=grpo_loss_fn(GRPOConfig(), rollout.temperature))
 

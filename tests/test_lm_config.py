@@ -53,7 +53,8 @@ def test_the_example_loads_and_builds_the_models_task_and_engine_it_names() -> N
     assert len(train) == lm.task.train_prompts and len(held) == lm.task.heldout_prompts
     assert not {p.text for p in train} & {p.text for p in held}
     rollout = rollout_settings(lm.rollout)
-    assert rollout.model_dump() == {**lm.rollout.model_dump(exclude={"batch_groups", "max_staleness"})}
+    assert rollout.model_dump() == {**lm.rollout.model_dump(
+        exclude={"batch_groups", "max_staleness", "oversample", "zero_variance"})}  # the manager's (lm_steps.py)
     assert greedy_settings(lm).temperature == 0.0 and greedy_settings(lm).n == 1
     engine = build_engine(lm.engines[0], model, tok)
     assert engine.name == "local" and engine.weight_version == 0
@@ -134,3 +135,17 @@ def test_a_node_started_with_a_connect4_setting_on_an_lm_config_exits_2_naming_i
     assert proc.returncode == 2, proc.stderr
     assert f"error: {path}: search: a connect4 setting on an lm node" in proc.stderr, proc.stderr
     assert not data_dir.exists()  # refused before anything was written
+
+
+def test_an_engines_timeouts_and_sync_mode_reach_the_engine_it_builds() -> None:
+    """lm.engines[*].sync_timeout_s is the bound weight_sync puts on that engine's load (once
+    dropped on the way, capping every load at the client's 120 s default)."""
+    from app.config.lm import LMEngineSettings
+    from app.lm.rollout.engine_config import build_engine
+
+    sg = build_engine(LMEngineSettings(name="sg", kind="sglang", url="http://127.0.0.1:1", sync_timeout_s=7.5,
+                                       request_timeout_s=3.0, sync="tensor", tp_size=2))
+    vl = build_engine(LMEngineSettings(name="vl", kind="vllm", url="http://127.0.0.1:2", sync_timeout_s=900.0))
+    assert (sg.sync_timeout_s, sg.request_timeout_s, sg.sync_mode, sg.tp_size) == (7.5, 3.0, "tensor", 2)
+    assert (vl.sync_timeout_s, vl.request_timeout_s, vl.sync_mode) == (900.0, 120.0, "disk")
+    assert not sg.in_service and not vl.in_service  # a server's weights are unknown until this node loads some

@@ -138,7 +138,7 @@ def _reference_logprobs(model, prompt: list[int], tokens: list[int]) -> list[flo
 def test_in_process_engine_logprobs_match_full_forward(tok, model):
     engine = InProcessEngine(model, tok, weight_version=7)
     prompts = [tok("copy:123=")["input_ids"], tok("calc:12*3+45=")["input_ids"]]
-    out = engine.generate(prompts, n=3, max_new_tokens=10, temperature=1.0, seed=5)
+    out = engine.generate(prompts, n=3, max_new_tokens=10, temperature=1.0, seeds=[5, 6])
     assert [len(g) for g in out] == [3, 3]
     for prompt, group in zip(prompts, out):
         for c in group:
@@ -147,35 +147,39 @@ def test_in_process_engine_logprobs_match_full_forward(tok, model):
             if c.finish_reason == "length":
                 assert len(c.tokens) == 10
             assert c.logprobs == pytest.approx(_reference_logprobs(model, prompt, c.tokens), abs=1e-4)
-    again = engine.generate(prompts, n=3, max_new_tokens=10, temperature=1.0, seed=5)
+    again = engine.generate(prompts, n=3, max_new_tokens=10, temperature=1.0, seeds=[5, 6])
     assert [[c.tokens for c in g] for g in again] == [[c.tokens for c in g] for g in out]
-    greedy = engine.generate(prompts, n=2, max_new_tokens=6, temperature=0, seed=0)
+    # a completion is a function of (weights, prompt, seed): completion j of a prompt is seed + j,
+    # whatever else shares the batch
+    second = engine.generate([prompts[1]], n=1, max_new_tokens=10, temperature=1.0, seeds=[6 + 2])[0][0]
+    assert second.tokens == out[1][2].tokens and second.logprobs == pytest.approx(out[1][2].logprobs, abs=1e-5)
+    greedy = engine.generate(prompts, n=2, max_new_tokens=6, temperature=0, seeds=[0, 0])
     for prompt, group in zip(prompts, greedy):
         assert group[0].tokens == group[1].tokens
-        alone = engine.generate([prompt], n=1, max_new_tokens=6, temperature=0, seed=9)[0][0]
+        alone = engine.generate([prompt], n=1, max_new_tokens=6, temperature=0, seeds=[9])[0][0]
         assert alone.tokens == group[0].tokens  # left padding does not change the answer
 
 
 def test_in_process_engine_stops_on_marker_and_loads_weights(tok, model):
     engine = InProcessEngine(build_model(LMModelConfig(seed=3), tok), tok)
     prompt = tok("calc:1+2=")["input_ids"]
-    free = engine.generate([prompt], n=1, max_new_tokens=4, temperature=0, seed=0)[0][0]
+    free = engine.generate([prompt], n=1, max_new_tokens=4, temperature=0, seeds=[0])[0][0]
     first = free.tokens[0]
     assert first != tok.eos_token_id
-    cut = engine.generate([prompt], n=2, max_new_tokens=4, temperature=0, seed=0, stop_token_ids=[first])[0]
+    cut = engine.generate([prompt], n=2, max_new_tokens=4, temperature=0, seeds=[0], stop_token_ids=[first])[0]
     assert all(c.tokens == [first] and c.finish_reason == "stop" for c in cut)
 
     other = build_model(LMModelConfig(seed=4), tok)
     engine.load_weights(other.state_dict(), version=3)
     assert engine.weight_version == 3
-    mine = engine.generate([prompt], n=1, max_new_tokens=6, temperature=0, seed=0)[0][0]
-    theirs = InProcessEngine(other, tok).generate([prompt], n=1, max_new_tokens=6, temperature=0, seed=0)[0][0]
-    assert mine == theirs
+    mine = engine.generate([prompt], n=1, max_new_tokens=6, temperature=0, seeds=[0])[0][0]
+    theirs = InProcessEngine(other, tok).generate([prompt], n=1, max_new_tokens=6, temperature=0, seeds=[0])[0][0]
+    assert (mine.tokens, mine.logprobs) == (theirs.tokens, theirs.logprobs) and mine.weight_version == 3
     with pytest.raises(RuntimeError):
         engine.load_weights({"nope": torch.zeros(1)}, version=4)
     assert engine.weight_version == 3
     with pytest.raises(ValueError, match="empty prompt"):
-        engine.generate([[]], n=1, max_new_tokens=2, temperature=0, seed=0)
+        engine.generate([[]], n=1, max_new_tokens=2, temperature=0, seeds=[0])
 
 
 def test_fresh_offline_process_loads_the_same_model_and_tokenizer(tok, model, tmp_path):

@@ -1,6 +1,7 @@
-"""The rollout manager (item 6): over-sampling, the zero-variance filter, groups kept whole and
-keyed by prompt, partial groups carried with their weight version and dropped when stale, a
-clear error when nothing passes, and a state round trip."""
+"""The rollout manager (item 6): over-sampling, the zero-variance filter (drop or keep), groups
+kept whole and keyed by prompt, partial groups carried with their weight version and dropped
+when stale, a failed reward dropping its group, every drop counted by reason, a clear error when
+nothing passes, a state round trip, and `collect` (self-play's exact prompt list)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,8 @@ from app.atomic_files import atomic_write_json
 from app.lm.rollout.engine import InProcessEngine
 from app.lm.causal_lm import LMModelConfig, build_model
 from app.lm.rollout.groups import engine_producer
-from app.lm.rollout.rollout_manager import (
-    CyclingPrompts,
-    FilterStarvationError,
-    ManagerSettings,
-    RolloutManager,
-)
+from app.lm.data_buffer import DataBuffer
+from app.lm.rollout.rollout_manager import FilterStarvationError, ManagerSettings, RolloutManager
 from app.lm.samples import Sample
 from app.lm.tasks import DigitTask, Prompt
 from app.lm.tokenizer import build_digit_tokenizer
@@ -33,8 +30,9 @@ class ScriptedProducer:
     """Returns the requested samples in a shuffled order; rewards and gaps are chosen per prompt."""
 
     def __init__(self, *, flat: set[str] = frozenset(), hold_back: dict[str, int] | None = None,
-                 version: int = 0) -> None:
+                 version: int = 0, failed: dict[str, str] | None = None) -> None:
         self.flat, self.hold_back, self.version = set(flat), dict(hold_back or {}), version
+        self.failed = dict(failed or {})  # prompt id -> the reward failure of its completion 0
         self.requests: list[list[tuple[str, tuple[int, ...]]]] = []
 
     def __call__(self, requests, seed):
@@ -47,11 +45,12 @@ class ScriptedProducer:
                 indices = indices[:1]       # only one completion came back this round
             for i in indices:
                 reward = 0.5 if r.prompt.prompt_id in self.flat else float((i + seed) % 2)
+                failure = self.failed.get(r.prompt.prompt_id) if i == 0 else None
                 out.append(Sample(prompt_id=r.prompt.prompt_id, group_index=i, prompt_tokens=[1],
                                   response_tokens=[5, 2], loss_mask=[1, 1], rollout_logprobs=[-1.0, -1.0],
                                   reward=reward, weight_version=self.version, finish_reason="stop",
                                   terminated=True, truncated=False, truncation_reason=None,
-                                  metadata={"seed": seed}))
+                                  metadata={"seed": seed, **({"reward_failure": failure} if failure else {})}))
         random.Random(seed).shuffle(out)    # arrival order says nothing about groups
         return out
 
@@ -68,13 +67,13 @@ def assert_whole(groups, group_size):
 
 def test_oversampling_filter_and_carried_extras():
     producer = ScriptedProducer(flat={"p0", "p1", "p2", "p3", "p4"})
-    manager = RolloutManager(producer, CyclingPrompts(PROMPTS, seed=0), settings(), seed=0)
+    manager = RolloutManager(producer, DataBuffer(PROMPTS, 0), settings(), seed=0)
     batch = manager.next_batch(weight_version=0)
     assert len(batch) == 4 and len({g.prompt_id for g in batch}) == 4
     assert_whole(batch, 3)
     assert not {g.prompt_id for g in batch} & producer.flat
     assert len(producer.requests[0]) == 6    # ceil(4 * 1.5) prompts asked for 4 groups
-    assert manager.stats["filtered_zero_variance"] >= 1
+    assert manager.dropped()["zero_variance"] >= 1
     carried = list(manager.ready)
     second = manager.next_batch(weight_version=0)
     assert [g.prompt_id for g in second[: len(carried)]] == [g.prompt_id for g in carried]
@@ -89,7 +88,7 @@ def test_partial_groups_are_carried_and_completed_with_their_version():
         producer.version += 1
         return out
 
-    manager = RolloutManager(newer_each_round, CyclingPrompts(PROMPTS, seed=1),
+    manager = RolloutManager(newer_each_round, DataBuffer(PROMPTS, 1),
                              settings(batch_groups=2, oversample=1.0), seed=0)
     batch = manager.next_batch(weight_version=1)
     assert_whole(batch, 3)
@@ -104,19 +103,19 @@ def test_partial_groups_are_carried_and_completed_with_their_version():
 
 def test_stale_partial_groups_are_dropped():
     producer = ScriptedProducer(hold_back={pid.prompt_id: 1 for pid in PROMPTS}, version=0)
-    manager = RolloutManager(producer, CyclingPrompts(PROMPTS, seed=2), settings(max_staleness=1), seed=0)
-    manager._one_round()
+    manager = RolloutManager(producer, DataBuffer(PROMPTS, 2), settings(max_staleness=1), seed=0)
+    manager._round(manager.source.next_batch(6))
     assert len(manager.pending) == 6 and not manager.ready
     producer.hold_back.clear()
     producer.version = 3
     manager.next_batch(weight_version=3)   # the version-0 partials are 3 behind, bound is 1
-    assert manager.stats["stale_groups_dropped"] == 6
+    assert manager.dropped()["stale"] == 6
     assert all(s.weight_version == 3 for g in manager.ready for s in g.samples)
 
 
 def test_filter_rejecting_everything_is_a_clear_error():
     producer = ScriptedProducer(flat={p.prompt_id for p in PROMPTS})
-    manager = RolloutManager(producer, CyclingPrompts(PROMPTS, seed=0), settings(max_empty_rounds=3), seed=0)
+    manager = RolloutManager(producer, DataBuffer(PROMPTS, 0), settings(max_empty_rounds=3), seed=0)
     with pytest.raises(FilterStarvationError, match=r"no group in 3 rounds.*zero_variance"):
         manager.next_batch(weight_version=0)
     assert len(producer.requests) == 3
@@ -128,7 +127,7 @@ def test_unrequested_samples_are_refused():
             prompt_id="stranger", group_index=0, prompt_tokens=[1], response_tokens=[2], loss_mask=[1],
             rollout_logprobs=[0.0], reward=1.0, weight_version=0, finish_reason="stop", terminated=True,
             truncated=False, truncation_reason=None)]
-    manager = RolloutManager(rogue, CyclingPrompts(PROMPTS, seed=0), settings(), seed=0)
+    manager = RolloutManager(rogue, DataBuffer(PROMPTS, 0), settings(), seed=0)
     with pytest.raises(ValueError, match="stranger.*not requested"):
         manager.next_batch(weight_version=0)
 
@@ -136,7 +135,7 @@ def test_unrequested_samples_are_refused():
 def test_state_round_trip_resumes_identically(tmp_path):
     def fresh():
         return RolloutManager(ScriptedProducer(flat={"p3", "p7"}, hold_back={"p9": 1}),
-                              CyclingPrompts(PROMPTS, seed=4), settings(), seed=7)
+                              DataBuffer(PROMPTS, 4), settings(), seed=7)
 
     a = fresh()
     a.next_batch(weight_version=0)
@@ -153,12 +152,44 @@ def test_with_the_real_engine_on_copy():
     tok = build_digit_tokenizer()
     engine = InProcessEngine(build_model(LMModelConfig(seed=0), tok), tok, weight_version=2)
     task = DigitTask("copy", 1, 2, reward_kind="partial")
-    rollout = RolloutSettings(n=8, max_new_tokens=2, max_seq_len=16)   # random weights: ~1 group in 4 varies
+    # random weights, and a "length" finish scored (not a parse failure): most groups vary
+    rollout = RolloutSettings(n=8, max_new_tokens=2, max_seq_len=16, length_is_parse_failure=False)
     manager = RolloutManager(engine_producer(engine, task, tok, rollout),
-                             CyclingPrompts(task.make_prompts(30, seed=0), seed=0),
+                             DataBuffer(task.make_prompts(30, seed=0), 0),
                              ManagerSettings(batch_groups=2, group_size=8, oversample=2.0, max_empty_rounds=50))
     batch = manager.next_batch(weight_version=2)
     assert len(batch) == 2
     assert_whole(batch, 8)
     for g in batch:
         assert g.weight_version == 2 and len(set(g.rewards)) > 1
+
+
+def test_zero_variance_groups_are_kept_when_configured_and_failed_rewards_drop_their_group():
+    first = [p.prompt_id for p in DataBuffer(PROMPTS, 0).next_batch(8)]   # what the first round draws
+    flat = set(first[:3])
+    failed = {first[5]: "reward_timeout", first[6]: "reward_nonfinite"}
+    producer = ScriptedProducer(flat=flat, failed=failed)
+    keep = RolloutManager(producer, DataBuffer(PROMPTS, 0),
+                          settings(batch_groups=8, oversample=1.0, zero_variance="keep"), seed=0)
+    kept = {g.prompt_id for g in keep.next_batch(weight_version=0)}
+    drawn = {pid for rnd in producer.requests for pid, _ in rnd}
+    assert flat & drawn and flat & drawn <= kept     # equal rewards kept: the configuration says keep
+    assert failed.keys() & drawn and not kept & failed.keys()   # a failed reward is never trained on
+    expected = {reason: 1 for pid, reason in failed.items() if pid in drawn}
+    assert keep.dropped() == expected
+    assert {(d.prompt_id, d.reason) for d in keep.take_drops()} == {(p, r) for p, r in failed.items() if p in drawn}
+    drop = RolloutManager(ScriptedProducer(flat=flat), DataBuffer(PROMPTS, 0),
+                          settings(batch_groups=8, oversample=1.0, zero_variance="drop"), seed=0)
+    assert not {g.prompt_id for g in drop.next_batch(weight_version=0)} & flat
+    assert drop.dropped()["zero_variance"] >= 1
+
+
+def test_collect_plays_exactly_its_prompts_and_reports_every_drop():
+    producer = ScriptedProducer(flat={"p1"}, hold_back={"p2": 1}, failed={"p3": "reward_error"})
+    manager = RolloutManager(producer, None, settings(zero_variance="drop"), seed=3)
+    got = manager.collect(PROMPTS[:5], weight_version=0)
+    assert sorted(g.prompt_id for g in got.kept) == ["p0", "p2", "p4"]   # p2 completed in a second round
+    assert_whole(got.kept, 3)
+    assert sorted((d.prompt_id, d.reason) for d in got.dropped) == [("p1", "zero_variance"), ("p3", "reward_error")]
+    assert len(producer.requests) == 2 and producer.requests[1] == [("p2", (1, 2))]
+    assert manager.dropped() == {"zero_variance": 1, "reward_error": 1} and not manager.ready

@@ -10,10 +10,16 @@ from pathlib import Path
 import pytest
 
 from app.config import Settings
+from app.lm.workload.lm_engines import INIT_MODEL_DIR
 from app.lm.workload.lm_steps import LMSteps
+from app.coordination.pipeline.runner_settings import SelfplaySettings
 from app.coordination.pipeline.state import PipelineState
+from app.db.rollout_store import RolloutStore
 from app.workloads import pipeline_context
-from tests.test_lm_http_engines import FakeServer
+import asyncio
+import shutil
+
+from tests.engine_stubs import SGLangStub
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -24,7 +30,8 @@ def lm_settings(tmp_path: Path, engines: list[dict]) -> Settings:
 
 
 async def test_a_switch_syncs_every_http_engine_and_status_shows_each_version(tmp_path: Path) -> None:
-    good, bad = await FakeServer("ok").start(), await FakeServer("refuse").start()
+    good, bad = await SGLangStub().start(), await SGLangStub().start()
+    bad.fail.add("/update_weights_from_disk")
     try:
         pipe = pipeline_context(lm_settings(tmp_path, [
             {"name": "local", "kind": "in_process"},
@@ -33,17 +40,27 @@ async def test_a_switch_syncs_every_http_engine_and_status_shows_each_version(tm
         assert isinstance(pipe.steps, LMSteps)
         before = pipe.steps.node_status(pipe)["lm_engines"]
         assert {name: e["weight_version"] for name, e in before.items()} == {"local": 0, "sg": 0, "sg2": 0}
+        assert all(e["in_service"] is None for e in before.values())  # not built yet
+        tokenizer = pipe.steps._task_kit()[0]
+        # self-play builds the engines and syncs the servers to the initial model (its own thread)
+        engine = await asyncio.to_thread(pipe.steps.engines.rollout_engine, None, 0, None, tokenizer)
+        assert engine is not None and engine.name == "local"
+        started = pipe.steps.node_status(pipe)["lm_engines"]
+        assert started["sg"]["in_service"] is True and started["sg2"]["in_service"] is False
 
-        model_dir = tmp_path / "models" / ("a" * 64)
+        model_dir = tmp_path / "models" / ("a" * 64)  # a real model directory: the initial one, copied
+        shutil.copytree(tmp_path / "data" / INIT_MODEL_DIR, model_dir)
         await pipe.steps.models.switched("a" * 64, model_dir, 3)
     finally:
         await good.stop()
         await bad.stop()
     engines = pipe.steps.node_status(pipe)["lm_engines"]
-    assert engines["local"] == {"kind": "in_process", "weight_version": 3, "sha256": "a" * 64}
-    assert engines["sg"] == {"kind": "http", "weight_version": 3, "sha256": "a" * 64}
-    assert "error" in engines["sg2"] and engines["sg2"].get("weight_version") is None
-    update = next(body for method, path, body in good.calls if path == "/update_weights_from_disk")
+    assert engines["local"]["weight_version"] == 3 and engines["local"]["sha256"] == "a" * 64
+    assert engines["sg"] == {"kind": "sglang", "sync": "disk", "weight_version": 3, "sha256": "a" * 64,
+                             "in_service": True}
+    assert engines["sg2"]["in_service"] is False and "sg2" in engines["sg2"]["error"]
+    assert engines["sg2"]["weight_version"] != 3
+    update = good.bodies("/update_weights_from_disk")[-1]
     assert update["model_path"] == str(model_dir) and update["weight_version"] == "3"
 
 
@@ -58,3 +75,50 @@ def test_the_decision_is_the_paired_gate_on_the_stored_rewards(tmp_path: Path) -
     # the same stored evaluation decides the same after a restart (a fresh steps object)
     again = pipeline_context(lm_settings(tmp_path, [{"name": "local", "kind": "in_process"}]))
     assert again.steps.decide(again, PipelineState(generation=2, evaluation=better), True) == promote
+
+
+async def test_nothing_is_stored_from_a_server_whose_sync_failed_or_that_restarted(tmp_path: Path) -> None:
+    """The first engine is an SGLang server: while its load fails self-play stores nothing; once
+    a load succeeds the stored groups carry the version the server reported; a server that came
+    back with its old weights is caught at its next answer, that batch is not stored, and the
+    next batch syncs it again first."""
+    server = await SGLangStub().start()
+    server.fail.add("/update_weights_from_disk")
+    settings = Settings.model_validate({"workload": "lm", "node": {"data_dir": str(tmp_path / "data")}, "lm": {
+        "engines": [{"name": "sg", "kind": "sglang", "url": server.url}],
+        "task": {"name": "copy", "min_digits": 2, "max_digits": 2, "train_prompts": 32, "heldout_prompts": 8},
+        "rollout": {"n": 2, "batch_groups": 2, "max_new_tokens": 3}}})
+    pipe = pipeline_context(settings)
+    batch = SelfplaySettings()
+    db = pipe.steps.paths.rollouts_db
+
+    def stored() -> list:
+        with RolloutStore(db) as store:
+            return store.groups()
+
+    try:
+        refused = await asyncio.to_thread(pipe.steps.selfplay_batch, pipe, batch, lambda: False)
+        assert refused.items == 0 and stored() == [] and "/generate" not in server.paths()
+        status = pipe.steps.node_status(pipe)["lm_engines"]["sg"]
+        assert status["in_service"] is False and "no such path" in status["error"]
+
+        server.fail.clear()
+        pipe.steps.engines._next_try = 0.0  # the retry pause (RETRY_S) is over
+        ok = await asyncio.to_thread(pipe.steps.selfplay_batch, pipe, batch, lambda: False)
+        assert ok.items == 2 and len(stored()) == 2
+        assert all(g.weight_version == 0 for g in stored())  # what the server said it loaded
+        assert server.bodies("/update_weights_from_disk")[-1]["model_path"] == str(tmp_path / "data" / INIT_MODEL_DIR)
+
+        server.restart()  # back with the weights it was started with
+        generated = server.paths().count("/generate")
+        caught = await asyncio.to_thread(pipe.steps.selfplay_batch, pipe, batch, lambda: False)
+        assert caught.items == 0 and len(stored()) == 2  # its answers were refused, nothing stored
+        assert server.paths().count("/generate") > generated
+        assert pipe.steps.node_status(pipe)["lm_engines"]["sg"]["in_service"] is False
+        loads = len(server.bodies("/update_weights_from_disk"))
+        again = await asyncio.to_thread(pipe.steps.selfplay_batch, pipe, batch, lambda: False)
+        assert len(server.bodies("/update_weights_from_disk")) == loads + 1  # synced again first
+        assert again.items == 2 and len(stored()) == 4
+    finally:
+        await server.stop()
+        pipe.steps.close()

@@ -175,7 +175,8 @@ def test_a_run_killed_mid_sft_resumes_from_its_newest_complete_checkpoint_to_the
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "SFT steps 41..60" in proc.stdout
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    original = {(m["phase"], m["step"]): m["loss"] for m in lines[:logged]}
+    assert lines[0] == {"phase": "rollouts", "dropped_groups": lines[0]["dropped_groups"]}  # what self-play dropped
+    original = {(m["phase"], m["step"]): m["loss"] for m in lines[1:logged]}
     resumed = lines[logged:]
     assert [(m["phase"], m["step"]) for m in resumed] == [("sft", s) for s in range(41, 61)] + [
         ("rl", s) for s in range(1, RL_STEPS + 1)]

@@ -143,13 +143,18 @@ class LMTaskSettings(StrictModel):
 
 class LMEngineSettings(StrictModel):
     """One inference engine. The first engine of `lm.engines` generates the rollouts; every one
-    is weight-synced to each promoted model (app/lm/rollout/weight_sync.py)."""
+    is weight-synced to each promoted model (app/lm/rollout/weight_sync.py), within its own
+    `sync_timeout_s`; a failed sync takes it out of service until a sync succeeds."""
 
     name: str = Field("local", min_length=1, max_length=64)
     kind: Literal["in_process", "sglang", "vllm"] = "in_process"
     url: str | None = None  # http://host:port of an sglang / vllm server
     model: str = "default"  # vllm: the served model name
-    sync_timeout_s: float = Field(300.0, gt=0)
+    sync: Literal["disk", "tensor"] | None = None  # how weights reach it; default: tensor in process, disk over HTTP
+    sync_timeout_s: float = Field(300.0, gt=0)  # one whole load (every call of it)
+    request_timeout_s: float = Field(120.0, gt=0)  # one generation request
+    tp_size: int = Field(1, ge=1, le=64)  # sglang tensor sync: one serialized copy per tensor-parallel rank
+    nccl_master: str | None = None  # vllm tensor sync: "host:port" of the trainer's NCCL group (rank 0)
 
     @model_validator(mode="after")
     def _url_iff_http(self) -> LMEngineSettings:
@@ -157,7 +162,16 @@ class LMEngineSettings(StrictModel):
             raise ValueError(f"engine {self.name}: an in_process engine takes no url")
         if self.kind != "in_process" and self.url is None:
             raise ValueError(f"engine {self.name}: a {self.kind} engine needs a url")
+        if self.tp_size != 1 and not (self.kind == "sglang" and self.sync == "tensor"):
+            raise ValueError(f"engine {self.name}: tp_size is read by sglang engines with sync: tensor only")
+        if (self.nccl_master is not None) != (self.kind == "vllm" and self.sync == "tensor"):
+            raise ValueError(f"engine {self.name}: nccl_master ('host:port') is needed by, and only by, "
+                             f"vllm engines with sync: tensor")
         return self
+
+    @property
+    def sync_mode(self) -> str:
+        return self.sync or ("tensor" if self.kind == "in_process" else "disk")
 
 
 class LMRolloutSettings(StrictModel):
@@ -175,6 +189,8 @@ class LMRolloutSettings(StrictModel):
     overlong_group: Literal["keep", "mask_loss", "drop_group"] = "keep"
     truncated_reward: float | None = None
     max_staleness: int = Field(1, ge=0)  # weight versions a group may lag the trained model
+    zero_variance: Literal["keep", "drop"] = "keep"  # groups of equal rewards (no GRPO signal)
+    oversample: float = Field(1.0, ge=1.0, le=8.0)  # prompts played per group a batch keeps
 
 
 class LMSFTSettings(StrictModel):
@@ -213,6 +229,7 @@ class LMGRPOSettings(StrictModel):
     eps: float = Field(1e-6, gt=0)
     backend: Literal["local", "fsdp2"] = "local"
     seed: int = 0
+    reference: Path | None = None  # KL reference: a model directory; None: the policy GRPO starts from
     sft: LMSFTSettings = LMSFTSettings()
 
 
@@ -235,6 +252,14 @@ class LMEvalSettings(StrictModel):
     seed: int = 0
 
 
+class LMRewardPoolSettings(StrictModel):
+    """Where a task's reward function runs (app/lm/reward_pool.py): worker processes, each call
+    bounded; an error, a non-finite value or a timeout drops the sample's group."""
+
+    workers: int = Field(1, ge=1, le=16)
+    timeout_s: float = Field(10.0, gt=0)  # one reward call
+
+
 class LMConfig(StrictModel):
     model: LMModelSettings = LMModelSettings()
     tokenizer: LMTokenizerSettings = LMTokenizerSettings()
@@ -245,6 +270,7 @@ class LMConfig(StrictModel):
     lora: LMLoRASettings | None = None  # None: every weight trains
     export: LMExportSettings = LMExportSettings()
     eval: LMEvalSettings = LMEvalSettings()
+    reward_pool: LMRewardPoolSettings = LMRewardPoolSettings()
 
     @model_validator(mode="before")
     @classmethod

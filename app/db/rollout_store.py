@@ -82,6 +82,20 @@ class RolloutSampleRow(Base):
     group_row: Mapped[RolloutGroupRow] = relationship(back_populates="samples")
 
 
+class RolloutDroppedRow(Base):
+    """A group that self-play played and the rollout filter dropped (with why): it is settled,
+    so a restarted batch does not play it again, and the counts by reason survive restarts.
+    Never replicated: what a node dropped is its own business."""
+
+    __tablename__ = "rollout_dropped"
+    uid: Mapped[str] = mapped_column(String(64), primary_key=True)
+    node_id: Mapped[str] = mapped_column(String(128), index=True)
+    prompt_id: Mapped[str] = mapped_column(String(256))
+    reason: Mapped[str] = mapped_column(String(32), index=True)
+    weight_version: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float, index=True)
+
+
 def _pack(values: Sequence[float] | Sequence[int], dtype: np.dtype) -> bytes:
     return np.asarray(values, dtype=dtype).tobytes()
 
@@ -160,6 +174,22 @@ class RolloutStore:
         """Each group in its own transaction; how many were new."""
         return sum(self.add_group(r) for r in records)
 
+    def add_dropped(self, uid: str, node_id: str, prompt_id: str, reason: str, weight_version: int,
+                    created_at: float) -> bool:
+        """Record a dropped group; False when its uid is already settled."""
+        try:
+            with self.engine.begin() as conn:
+                if conn.scalar(select(RolloutDroppedRow.uid).where(RolloutDroppedRow.uid == uid)) is not None:
+                    return False
+                conn.execute(insert(RolloutDroppedRow).values(uid=uid, node_id=node_id, prompt_id=prompt_id,
+                                                              reason=reason, weight_version=weight_version,
+                                                              created_at=created_at))
+        except IntegrityError:
+            return False
+        except OperationalError as exc:
+            raise RolloutStoreError(f"{self.path}: write failed: {exc.orig}") from None
+        return True
+
     # -- reading -------------------------------------------------------------------------
     def count(self, node_id: str | None = None) -> int:
         stmt = select(func.count(RolloutGroupRow.id))
@@ -192,6 +222,32 @@ class RolloutStore:
                 found.update(session.scalars(
                     select(RolloutGroupRow.uid).where(RolloutGroupRow.uid.in_(list(uids[i:i + 500])))))
         return found
+
+    def settled(self, uids: Sequence[str]) -> set[str]:
+        """Which of `uids` are stored or were dropped by the filter: nothing left to play."""
+        found = self.held(uids)
+        with Session(self.engine) as session:
+            for i in range(0, len(uids), 500):
+                found.update(session.scalars(
+                    select(RolloutDroppedRow.uid).where(RolloutDroppedRow.uid.in_(list(uids[i:i + 500])))))
+        return found
+
+    def count_settled(self, node_id: str) -> int:
+        """`node_id`'s stored groups plus the groups it dropped (self-play's batch counter)."""
+        stmt = select(func.count(RolloutDroppedRow.uid)).where(RolloutDroppedRow.node_id == node_id)
+        with Session(self.engine) as session:
+            dropped = session.scalar(stmt)
+        return self.count(node_id) + int(dropped or 0)
+
+    def dropped_counts(self, node_id: str | None = None, since: float | None = None) -> dict[str, int]:
+        """Dropped groups by reason (of one node; created at or after `since`)."""
+        stmt = select(RolloutDroppedRow.reason, func.count(RolloutDroppedRow.uid)).group_by(RolloutDroppedRow.reason)
+        if node_id is not None:
+            stmt = stmt.where(RolloutDroppedRow.node_id == node_id)
+        if since is not None:
+            stmt = stmt.where(RolloutDroppedRow.created_at >= since)
+        with Session(self.engine) as session:
+            return {reason: int(n) for reason, n in session.execute(stmt)}
 
     def groups(self, uids: Sequence[str] | None = None, newest: int | None = None,
                min_version: int | None = None) -> list[RolloutGroupRecord]:

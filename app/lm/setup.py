@@ -18,6 +18,7 @@ from typing import Any
 from app.config.lm import LMConfig, LMModelSettings, LMRolloutSettings, LMTaskSettings, LMTokenizerSettings
 from app.lm.causal_lm import LMModelConfig, ModelLoadError, build_model, check_model_dir, load_model
 from app.lm.prompt_file import PromptFileError, load_jsonl_task
+from app.lm.reward_pool import RewardPool
 from app.lm.rewards import RewardLoadError, load_reward, reward_name
 from app.lm.tasks import CalculatorTask, DigitTask, Prompt, Task
 from app.lm.tokenizer import TokenizerLoadError, build_digit_tokenizer, load_tokenizer
@@ -111,3 +112,8 @@ def greedy_settings(cfg: LMConfig) -> RolloutSettings:
     """Evaluation: one greedy completion per prompt, with the rollouts' truncation rules."""
     return rollout_settings(cfg.rollout).model_copy(
         update={"n": 1, "temperature": 0.0, "max_new_tokens": cfg.eval.max_new_tokens})
+
+
+def reward_pool(cfg: LMConfig, task: Task) -> RewardPool:
+    """The task's reward in `lm.reward_pool.workers` processes, each call within `timeout_s`."""
+    return RewardPool(task, workers=cfg.reward_pool.workers, timeout_s=cfg.reward_pool.timeout_s)

@@ -16,12 +16,9 @@ explicit setting and leaves a mark in the sample's metadata, never a silent choi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
-if TYPE_CHECKING:
-    from app.lm.tasks import Prompt, Task
 
 
 class RolloutSettings(BaseModel):
@@ -39,9 +36,11 @@ class RolloutSettings(BaseModel):
     truncated_reward: float | None = None          # for max_steps / env truncations; None = score the text
 
 
-def final_reward(task: Task, prompt: Prompt, text: str, mask: list[int], truncation_reason: str | None,
-                 metadata: dict, settings: RolloutSettings) -> tuple[float, list[int], dict]:
-    """(reward, loss mask, metadata to add) for a finished episode, per the settings.
+def reward_rule(mask: list[int], truncation_reason: str | None, metadata: dict,
+                settings: RolloutSettings) -> tuple[float | None, list[int], dict]:
+    """(the reward a rule fixes, or None when the task's reward scores the text; the loss mask;
+    metadata to add) for a finished episode, per the settings. The scoring itself runs in the
+    reward pool (app/lm/reward_pool.py), never here.
 
     `metadata` carries the episode's flags: "aborted" (the engine gave up on it) and
     "parse_failure" (set for a "length" completion when that counts as one)."""
@@ -51,10 +50,9 @@ def final_reward(task: Task, prompt: Prompt, text: str, mask: list[int], truncat
     if metadata.get("parse_failure"):
         return settings.parse_failure_reward, mask, {}
     if truncation_reason == "max_seq_len":
-        reward = 0.0 if settings.overlong_reward == "zero" else task.reward(prompt.record, text)
         if settings.overlong_group == "mask_loss":
             mask = [0] * len(mask)
-        return reward, mask, {"overlong": settings.overlong_group}
+        return (0.0 if settings.overlong_reward == "zero" else None), mask, {"overlong": settings.overlong_group}
     if truncation_reason is not None and settings.truncated_reward is not None:
         return settings.truncated_reward, mask, {}
-    return task.reward(prompt.record, text), mask, {}
+    return None, mask, {}

@@ -161,6 +161,9 @@ class Metrics:
             gauge("selfplay_samples_per_second", "Self-play samples per second over the latest batch."),
             gauge("selfplay_positions_per_second", "Deprecated alias of mesh_selfplay_samples_per_second (one release)."))
         self.selfplay_workers = gauge("selfplay_workers", "Self-play worker processes that played the latest batch.")
+        self.selfplay_items_dropped_total = counter(
+            "selfplay_items_dropped", "Self-play items (rollout groups) played but dropped by a filter, by reason.",
+            "reason")
         self.training_loss = gauge("training_loss", "Held-out loss of the latest training run on this node.")
         self.generation = gauge("model_generation", "Generation of the model this node plays with.")
         self.promotions_total = counter("promotions", "Models this node promoted.")

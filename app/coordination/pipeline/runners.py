@@ -55,6 +55,8 @@ async def selfplay_daemon(pipe: PipelineContext, ctx: DaemonContext[SelfplaySett
             ctx.metrics.selfplay_samples_total.inc(summary.samples)
             ctx.metrics.selfplay_samples_per_second.set(summary.samples_per_second)
             ctx.metrics.selfplay_workers.set(summary.workers)
+            for reason, count in summary.dropped.items():
+                ctx.metrics.selfplay_items_dropped_total.labels(reason).inc(count)
             if summary.items:
                 await ctx.router.publish(EventType.NEW_ITEMS_AVAILABLE, {"count": summary.items, "total": total})
             ctx.mark_healthy()

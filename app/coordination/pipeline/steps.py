@@ -21,7 +21,7 @@ the async ones (evaluation, fetching, the switch), which talk to the mesh themse
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypedDict, runtime_checkable
 
@@ -46,12 +46,13 @@ Json = dict[str, object]  # a JSON object as the pipeline stores or gossips it
 @dataclass(frozen=True)
 class BatchSummary:
     """One self-play batch: items (games or rollout groups) stored, samples (positions or
-    completions) in them."""
+    completions) in them, and items played but dropped by a filter, by reason."""
 
     items: int
     samples: int
     samples_per_second: float
     workers: int = 1  # processes that played it (a lone node's idle core joins while it collects)
+    dropped: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -13,22 +13,39 @@ sampled ones, so `check_append_only` stops the rollout with the first differing 
 
 How an episode ends is recorded apart from the engine's `finish_reason` (see `samples.py`):
 the episode's rules (terminated), `max_steps`, the environment ("env"), or `max_seq_len`.
+
+Sampling is reproducible: each model step of an episode is one engine request whose seed is
+derived from (the draw's seed, prompt id, sample index, step) (`request_seed`); the draw's seed
+is kept in the sample's metadata (`sampling_seed`), so a rollout can be redone. Rewards are
+scored together at the end by a reward scorer (app/lm/reward_pool.py); a failed reward leaves
+the sample marked (`reward_failure`) and the rollout filter drops its group.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import structlog
 
+from app.lm.reward_pool import InlineRewards, RewardScorer
 from app.lm.rollout.engine import Engine
 from app.lm.samples import Sample
 from app.lm.tasks import Episode, Prompt, Task, prompt_token_ids
-from app.lm.truncation import RolloutSettings, final_reward
+from app.lm.truncation import RolloutSettings, reward_rule
 
 log = structlog.get_logger(__name__)
+
+
+SEED_SPACE = 2**31 - 2**16  # below int32, with room for an engine's seed + completion index
+
+
+def request_seed(seed: int, prompt_id: str, sample_index: int, step: int = 0) -> int:
+    """The seed of one engine request: a pure function of (the draw's seed, prompt, sample, step)."""
+    digest = hashlib.sha256(f"{seed}\0{prompt_id}\0{sample_index}\0{step}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % SEED_SPACE
 
 
 class PrefixMismatchError(RuntimeError):
@@ -132,9 +149,10 @@ def _after_model_step(trace: Trace, step_text: str, tokenizer, settings: Rollout
 
 
 def run_episodes(engine: Engine, task: Task, tokenizer, requests: Sequence[tuple[Prompt, int]],
-                 settings: RolloutSettings, *, seed: int,
-                 builder: ContextBuilder = append_observation) -> list[Sample]:
-    """Play one episode per (prompt, group_index), all live episodes batched per model step."""
+                 settings: RolloutSettings, *, seed: int, builder: ContextBuilder = append_observation,
+                 rewards: RewardScorer | None = None) -> list[Sample]:
+    """Play one episode per (prompt, group_index), all live episodes batched per model step;
+    score them with `rewards` (default: the task's reward inline, in this thread)."""
     stops = stop_token_ids(task, tokenizer)
     distinct = {p.prompt_id: p for p, _ in requests}
     encoded = {pid: prompt_token_ids(tokenizer, p) for pid, p in distinct.items()}  # once a prompt, not once a sample
@@ -149,9 +167,9 @@ def run_episodes(engine: Engine, task: Task, tokenizer, requests: Sequence[tuple
         if not live:
             break
         version = engine.weight_version
+        seeds = [request_seed(seed, t.prompt.prompt_id, t.group_index, step) for t in live]
         outs = engine.generate([t.context for t in live], n=1, max_new_tokens=settings.max_new_tokens,
-                               temperature=settings.temperature, seed=seed * 1_000 + step,
-                               stop_token_ids=stops)
+                               temperature=settings.temperature, seeds=seeds, stop_token_ids=stops)
         for t, (c,) in zip(live, outs):
             produced_by = c.weight_version if c.weight_version is not None else version
             t.weight_version = min(t.weight_version, produced_by)
@@ -162,7 +180,7 @@ def run_episodes(engine: Engine, task: Task, tokenizer, requests: Sequence[tuple
             t.logprobs += c.logprobs
             step_text = tokenizer.decode(c.tokens, skip_special_tokens=True)
             _after_model_step(t, step_text, tokenizer, settings, builder)
-    samples = [_to_sample(t, task, tokenizer, settings) for t in traces]
+    samples = _to_samples(traces, tokenizer, settings, rewards or InlineRewards(task), seed)
     endings = Counter(s.truncation_reason or ("parse_failure" if s.metadata.get("parse_failure") else
                                               "aborted" if s.metadata.get("aborted") else "terminated")
                       for s in samples)
@@ -170,11 +188,25 @@ def run_episodes(engine: Engine, task: Task, tokenizer, requests: Sequence[tuple
     return samples
 
 
-def _to_sample(t: Trace, task: Task, tokenizer, settings: RolloutSettings) -> Sample:
-    text = tokenizer.decode(t.response, skip_special_tokens=True)
-    reward, mask, extra = final_reward(task, t.prompt, text, t.mask, t.truncation_reason, t.metadata, settings)
-    return Sample(prompt_id=t.prompt.prompt_id, group_index=t.group_index, prompt_tokens=t.prompt_tokens,
-                  response_tokens=t.response, loss_mask=mask, rollout_logprobs=t.logprobs, reward=reward,
-                  weight_version=t.weight_version, finish_reason=t.finish_reason, terminated=t.terminated,
-                  truncated=t.truncation_reason is not None, truncation_reason=t.truncation_reason,
-                  metadata=t.metadata | extra | {"steps": t.steps, "text": text})
+def _to_samples(traces: Sequence[Trace], tokenizer, settings: RolloutSettings, rewards: RewardScorer,
+                seed: int) -> list[Sample]:
+    """Samples of finished traces: the truncation rules fix some rewards, the scorer the rest."""
+    texts = [tokenizer.decode(t.response, skip_special_tokens=True) for t in traces]
+    rules = [reward_rule(t.mask, t.truncation_reason, t.metadata, settings) for t in traces]
+    pending = [i for i, (fixed, _, _) in enumerate(rules) if fixed is None]
+    scored = dict(zip(pending, rewards.score([(traces[i].prompt, texts[i]) for i in pending]))) if pending else {}
+    samples = []
+    for i, (t, text, (fixed, mask, extra)) in enumerate(zip(traces, texts, rules)):
+        reward = fixed
+        if i in scored:
+            reward = scored[i].value
+            if scored[i].failure is not None:
+                extra = extra | {"reward_failure": scored[i].failure, "reward_detail": scored[i].detail}
+        samples.append(Sample(
+            prompt_id=t.prompt.prompt_id, group_index=t.group_index, prompt_tokens=t.prompt_tokens,
+            response_tokens=t.response, loss_mask=mask, rollout_logprobs=t.logprobs,
+            reward=0.0 if reward is None else reward, weight_version=t.weight_version,
+            finish_reason=t.finish_reason, terminated=t.terminated, truncated=t.truncation_reason is not None,
+            truncation_reason=t.truncation_reason,
+            metadata=t.metadata | extra | {"steps": t.steps, "text": text, "sampling_seed": seed}))
+    return samples

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from app.lm.reward_pool import REWARD_FAILURES, RewardScorer
 from app.lm.rollout.agent import ContextBuilder, append_observation, run_episodes
 from app.lm.rollout.engine import Engine
 from app.lm.samples import Group, Sample
@@ -25,6 +26,7 @@ class GroupRequest:
 
 
 Producer = Callable[[Sequence[GroupRequest], int], list[Sample]]
+DROP_REASONS = (*REWARD_FAILURES, "overlong", "zero_variance", "stale")  # why a group is not trained on
 
 
 def group_samples(samples: Iterable[Sample]) -> dict[str, list[Sample]]:
@@ -44,14 +46,15 @@ def make_group(prompt_id: str, samples: list[Sample]) -> Group:
 
 
 def generate_groups(engine: Engine, task: Task, tokenizer, prompts: Sequence[Prompt],
-                    settings: RolloutSettings, *, seed: int,
-                    builder: ContextBuilder = append_observation) -> list[Group]:
+                    settings: RolloutSettings, *, seed: int, builder: ContextBuilder = append_observation,
+                    rewards: RewardScorer | None = None) -> list[Group]:
     """`settings.n` scored episodes per prompt, one Group per prompt in the prompts' order."""
     ids = [p.prompt_id for p in prompts]
     if len(set(ids)) != len(ids):
         raise ValueError("prompts must have distinct prompt_ids: groups are keyed by prompt")
     requests = [(p, i) for p in prompts for i in range(settings.n)]
-    grouped = group_samples(run_episodes(engine, task, tokenizer, requests, settings, seed=seed, builder=builder))
+    grouped = group_samples(run_episodes(engine, task, tokenizer, requests, settings, seed=seed, builder=builder,
+                                         rewards=rewards))
     return [make_group(pid, grouped[pid]) for pid in ids]
 
 
@@ -78,25 +81,31 @@ def generate_for(engine: Engine, task: Task, tokenizer, prompts: Sequence[Prompt
 
 
 def engine_producer(engine: Engine, task: Task, tokenizer, settings: RolloutSettings,
-                    builder: ContextBuilder = append_observation) -> Producer:
+                    builder: ContextBuilder = append_observation, rewards: RewardScorer | None = None) -> Producer:
     """A `Producer` for the rollout manager: plays exactly the requested completions."""
 
     def produce(requests: Sequence[GroupRequest], seed: int) -> list[Sample]:
         flat = [(r.prompt, i) for r in requests for i in r.group_indices]
-        return run_episodes(engine, task, tokenizer, flat, settings, seed=seed, builder=builder)
+        return run_episodes(engine, task, tokenizer, flat, settings, seed=seed, builder=builder, rewards=rewards)
 
     return produce
 
 
-def filter_reason(group: Group, min_reward_std: float = 1e-6) -> str | None:
+def filter_reason(group: Group, zero_variance: str = "drop", min_reward_std: float = 1e-6) -> str | None:
     """Why a complete group is dropped, or None to keep it.
 
+    "reward_error" / "reward_nonfinite" / "reward_timeout": a sample's reward failed (its value
+    is no reward at all, so neither is the group's baseline);
     "overlong": a sample was cut at max_seq_len and the setting says drop its group;
-    "zero_variance": every reward equal, so every GRPO advantage is zero (no signal).
+    "zero_variance": every reward equal, so every GRPO advantage is zero (no signal), when
+    `zero_variance` is "drop".
     """
+    for s in group.samples:
+        if s.metadata.get("reward_failure"):
+            return str(s.metadata["reward_failure"])
     if any(s.metadata.get("overlong") == "drop_group" for s in group.samples):
         return "overlong"
     rewards = group.rewards
-    if len(rewards) < 2 or max(rewards) - min(rewards) <= min_reward_std:
+    if zero_variance == "drop" and (len(rewards) < 2 or max(rewards) - min(rewards) <= min_reward_std):
         return "zero_variance"
     return None

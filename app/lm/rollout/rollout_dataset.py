@@ -3,7 +3,11 @@ manifest, the input of one generation's GRPO run.
 
     <dir>/groups.jsonl    one app/lm Group per line (Group.to_dict), oldest first, whole groups
     <dir>/manifest.json   {"format", "kind": "lm_rollouts", "task", "groups", "samples",
-                           "weight_versions": [oldest, newest], "files": {name: {sha256, bytes}}}
+                           "weight_versions": [oldest, newest], "dropped_groups": {reason: n},
+                           "files": {name: {sha256, bytes}}}
+
+`dropped_groups` counts the groups this node's rollout filter dropped while the window's
+groups were made (since its oldest one), by reason: what the generation trained without.
 
 As with the Connect Four dataset, the identity is the sha256 of the manifest, which lists
 the sha256 of every file, so a joiner of a spanned run can fetch exactly this data by id
@@ -69,6 +73,7 @@ def export_rollouts(store: RolloutStore, out_dir: str | Path, *, window_groups: 
         samples = sum(len(r.samples) for r in records)
         manifest = {"format": FORMAT, "kind": KIND, "task": tasks[0], "groups": len(records), "samples": samples,
                     "weight_versions": [min(versions), max(versions)],
+                    "dropped_groups": store.dropped_counts(since=min(r.created_at for r in records)),
                     "files": {GROUPS_NAME: {"sha256": file_digest(staging / GROUPS_NAME),
                                             "bytes": (staging / GROUPS_NAME).stat().st_size}}}
         raw = json.dumps(manifest, indent=2, sort_keys=True).encode()

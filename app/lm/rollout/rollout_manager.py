@@ -1,14 +1,21 @@
-"""The rollout manager: fills each training batch with whole, useful, fresh groups.
+"""The rollout manager: turns prompts into whole, useful, fresh groups, and counts every group
+it drops by reason. Both the online loop (rollout_sources.GeneratedGroups: `next_batch`) and
+the mesh's self-play (batches.rollout_batch: `collect`) go through it, so the same filters run
+in both.
 
 Per round it asks the producer for the missing completions of the partial groups it carries
-plus full groups for new prompts (over-sampled: `oversample` times what the batch still
-needs), then puts the returned samples together by prompt (never by arrival order). A group
-is complete when all `group_size` indices are in; complete groups go through the filter
-(zero-variance groups give GRPO no signal and are dropped); the survivors queue for the batch,
-and extras carry to the next batch. Partial groups (aborted or unfinished completions) and
-carried groups keep the weight version of their oldest sample and are dropped once older than
-`max_staleness` versions. When `max_empty_rounds` rounds in a row keep nothing, it raises
-`FilterStarvationError` with the counts of why, rather than spinning forever.
+plus full groups for new prompts, then puts the returned samples together by prompt (never by
+arrival order). A group is complete when all `group_size` indices are in; complete groups go
+through the filter (groups.filter_reason: a failed reward, an overlong sample under
+`overlong_group: drop_group`, equal rewards under `zero_variance: drop`); the survivors queue,
+extras carry to the next batch. Partial groups (aborted completions are asked for again) and
+carried groups keep the weight version of their oldest sample and are dropped ("stale") once
+older than `max_staleness` versions.
+
+`next_batch` over-samples: it asks for `oversample` times the groups the batch still needs.
+`collect` plays exactly the prompts it is given (a self-play batch draws its over-sampled
+prompt list itself, so a batch stays a pure function of its number). When `max_empty_rounds`
+rounds in a row keep nothing, `FilterStarvationError` says why, rather than spinning forever.
 
 All of it is plain state (`state_dict` / `load_state_dict`, JSON-able), so a resumed run
 draws the same prompts with the same seeds.
@@ -17,11 +24,10 @@ draws the same prompts with the same seeds.
 from __future__ import annotations
 
 import math
-import random
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict
-from typing import Any, Protocol
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, Protocol
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
@@ -38,40 +44,11 @@ class FilterStarvationError(RuntimeError):
 
 
 class PromptSource(Protocol):
-    def take(self, k: int) -> list[Prompt]: ...
+    """Where new prompts come from, resumable (app.lm.data_buffer.DataBuffer is one)."""
+
+    def next_batch(self, n: int) -> list[Prompt]: ...
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
-class CyclingPrompts:
-    """Prompts in epochs, each epoch a permutation drawn from `Random(seed + epoch)`."""
-
-    def __init__(self, prompts: Sequence[Prompt], seed: int) -> None:
-        if not prompts:
-            raise ValueError("CyclingPrompts needs at least one prompt")
-        self.prompts, self.seed, self.epoch, self.offset = list(prompts), seed, 0, 0
-
-    def _order(self) -> list[int]:
-        order = list(range(len(self.prompts)))
-        random.Random(self.seed + self.epoch).shuffle(order)
-        return order
-
-    def take(self, k: int) -> list[Prompt]:
-        out: list[Prompt] = []
-        while len(out) < k:
-            order = self._order()
-            step = min(k - len(out), len(order) - self.offset)
-            out += [self.prompts[i] for i in order[self.offset:self.offset + step]]
-            self.offset += step
-            if self.offset == len(order):
-                self.epoch, self.offset = self.epoch + 1, 0
-        return out
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "offset": self.offset}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
 
 
 class ManagerSettings(BaseModel):
@@ -83,18 +60,45 @@ class ManagerSettings(BaseModel):
     max_staleness: int = Field(1, ge=0)      # versions a carried group may lag behind
     max_empty_rounds: int = Field(8, ge=1)   # rounds in a row that keep nothing -> error
     min_reward_std: float = Field(1e-6, ge=0.0)
+    zero_variance: Literal["keep", "drop"] = "drop"
+
+
+@dataclass(frozen=True)
+class Drop:
+    prompt_id: str
+    reason: str
+    weight_version: int
+
+
+@dataclass(frozen=True)
+class Collected:
+    kept: list[Group]
+    dropped: list[Drop]
 
 
 class RolloutManager:
-    def __init__(self, producer: Producer, source: PromptSource, settings: ManagerSettings, seed: int = 0) -> None:
+    def __init__(self, producer: Producer, source: PromptSource | None, settings: ManagerSettings,
+                 seed: int = 0) -> None:
         self.producer, self.source, self.settings, self.seed = producer, source, settings, seed
         self.round = 0
         self.pending: dict[str, tuple[Prompt, dict[int, Sample]]] = {}   # partial groups
         self.ready: list[Group] = []                                     # filtered, carried
         self.stats: Counter[str] = Counter()
+        self.drops: list[Drop] = []                                      # since the caller last took them
 
+    def dropped(self) -> dict[str, int]:
+        """Groups dropped so far, by reason."""
+        return {k.removeprefix("dropped_"): v for k, v in self.stats.items() if k.startswith("dropped_")}
+
+    def take_drops(self) -> list[Drop]:
+        drops, self.drops = self.drops, []
+        return drops
+
+    # -- the online loop --------------------------------------------------------------------
     def next_batch(self, weight_version: int) -> list[Group]:
         """`batch_groups` whole, filtered groups no older than `max_staleness` versions."""
+        if self.source is None:
+            raise RuntimeError("next_batch needs a prompt source")
         empty_rounds = 0
         round_reasons: Counter[str] = Counter()
         while True:
@@ -102,7 +106,9 @@ class RolloutManager:
             if len(self.ready) >= self.settings.batch_groups:
                 batch, self.ready = self.ready[: self.settings.batch_groups], self.ready[self.settings.batch_groups:]
                 return batch
-            kept, reasons = self._one_round()
+            need = self.settings.batch_groups - len(self.ready)
+            wanted = max(0, math.ceil(need * self.settings.oversample) - len(self.pending))
+            kept, reasons = self._round(self.source.next_batch(wanted))
             round_reasons += reasons
             empty_rounds = 0 if kept else empty_rounds + 1
             if empty_rounds >= self.settings.max_empty_rounds:
@@ -111,13 +117,28 @@ class RolloutManager:
                     f"(needed {self.settings.batch_groups - len(self.ready)} more); rejected: "
                     f"{dict(round_reasons) or 'nothing completed'}; totals {dict(self.stats)}")
 
-    def _one_round(self) -> tuple[int, Counter[str]]:
+    # -- self-play ----------------------------------------------------------------------------
+    def collect(self, prompts: Sequence[Prompt], weight_version: int) -> Collected:
+        """Each prompt's group, played to completion and filtered: the kept groups and the
+        dropped ones with their reasons (nothing carries over: the caller stores both)."""
+        new, rounds = list(prompts), 0
+        while new or self.pending:
+            if rounds >= self.settings.max_empty_rounds:
+                raise FilterStarvationError(f"{len(self.pending)} groups still incomplete after {rounds} "
+                                            f"rounds (every completion aborted?): {sorted(self.pending)[:5]}")
+            self._round(new)
+            new, rounds = [], rounds + 1
+            self._drop_stale(weight_version)
+        kept_groups, self.ready = self.ready, []
+        return Collected(kept_groups, self.take_drops())
+
+    # -- shared -------------------------------------------------------------------------------
+    def _round(self, new_prompts: Sequence[Prompt]) -> tuple[int, Counter[str]]:
         s = self.settings
-        need = s.batch_groups - len(self.ready)
         requests = [GroupRequest(p, tuple(i for i in range(s.group_size) if i not in have))
                     for p, have in self.pending.values()]
         in_flight = set(self.pending) | {g.prompt_id for g in self.ready}
-        for prompt in self.source.take(max(0, math.ceil(need * s.oversample) - len(requests))):
+        for prompt in new_prompts:
             if prompt.prompt_id in in_flight:
                 self.stats["skipped_in_flight"] += 1   # the same prompt twice would merge two groups
                 continue
@@ -148,32 +169,40 @@ class RolloutManager:
                 continue
             del self.pending[prompt_id]
             group = make_group(prompt_id, [have[i] for i in sorted(have)])
-            reason = filter_reason(group, self.settings.min_reward_std)
+            reason = filter_reason(group, self.settings.zero_variance, self.settings.min_reward_std)
             if reason is None:
                 self.ready.append(group)
                 kept += 1
             else:
                 reasons[reason] += 1
-                self.stats[f"filtered_{reason}"] += 1
+                self._drop(prompt_id, reason, group.oldest_version)
         self.stats["kept_groups"] += kept
         self.stats["partial_groups_carried"] += len(self.pending)
         return kept, reasons
 
+    def _drop(self, prompt_id: str, reason: str, version: int) -> None:
+        self.stats[f"dropped_{reason}"] += 1
+        self.drops.append(Drop(prompt_id, reason, version))
+
     def _drop_stale(self, weight_version: int) -> None:
         bound = weight_version - self.settings.max_staleness
         stale_ready = [g for g in self.ready if g.oldest_version < bound]
-        stale_pending = [pid for pid, (_, have) in self.pending.items()
-                         if have and min(x.weight_version for x in have.values()) < bound]
+        stale_pending = {pid: min(x.weight_version for x in have.values())
+                         for pid, (_, have) in self.pending.items()
+                         if have and min(x.weight_version for x in have.values()) < bound}
         if stale_ready or stale_pending:
             self.ready = [g for g in self.ready if g.oldest_version >= bound]
-            for pid in stale_pending:
+            for g in stale_ready:
+                self._drop(g.prompt_id, "stale", g.oldest_version)
+            for pid, version in stale_pending.items():
                 del self.pending[pid]
-            self.stats["stale_groups_dropped"] += len(stale_ready) + len(stale_pending)
+                self._drop(pid, "stale", version)
             log.info("rollout_stale_dropped", ready=len(stale_ready), partial=len(stale_pending),
                      weight_version=weight_version, max_staleness=self.settings.max_staleness)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"round": self.round, "stats": dict(self.stats), "source": self.source.state_dict(),
+        return {"round": self.round, "stats": dict(self.stats),
+                "source": self.source.state_dict() if self.source is not None else None,
                 "ready": [g.to_dict() for g in self.ready],
                 "pending": [{"prompt": asdict(p), "samples": [x.to_dict() for x in have.values()]}
                             for p, have in self.pending.values()]}
@@ -181,7 +210,8 @@ class RolloutManager:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.round = int(state["round"])
         self.stats = Counter(state["stats"])
-        self.source.load_state_dict(state["source"])
+        if self.source is not None:
+            self.source.load_state_dict(state["source"])
         self.ready = [Group.from_dict(g) for g in state["ready"]]
         self.pending = {}
         for item in state["pending"]:

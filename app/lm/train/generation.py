@@ -19,7 +19,7 @@ Exit codes: 0 done, 2 bad input (config, dataset, parent, run dir).
 from __future__ import annotations
 
 import argparse
-import copy
+import json
 import os
 import sys
 import time
@@ -38,6 +38,7 @@ from app.lm.data_buffer import DataBuffer
 from app.lm.train.dist_env import GROUP_TIMEOUT_S
 from app.lm.train.fsdp_backend import FSDPBackend
 from app.lm.train.grpo import GRPOConfig, grpo_loss_fn, sft_loss
+from app.lm.train.reference import reference_model
 from app.lm.train.rollout_sources import StoredGroups, dataset_problem, drawn_mean_reward
 from app.lm.train.sft_grpo import RunPlan, SFTConfig, sft_rows
 from app.lm.train.sft_grpo import run as run_phases
@@ -154,8 +155,8 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
     bad = dataset_problem(groups, model.config.vocab_size)
     if bad:
         raise LMTrainInputError(f"{args.dataset}: {bad}")
-    reference = copy.deepcopy(model).eval().requires_grad_(False) if g.kl_coef else None
-    model = for_training(lm, model, g.seed)
+    reference = reference_model(model, g.reference) if g.kl_coef else None
+    model = for_training(lm, model, g.seed)  # LoRA: adapters on the policy; the reference stays whole
     optim = OptimConfig(lr=g.lr, weight_decay=g.weight_decay, max_grad_norm=g.max_grad_norm)
     # Ranks on several nodes: each commits checkpoints only where rank 0 runs (no shared file
     # system is assumed), so a spanned run neither resumes nor reloads between phases; it keeps
@@ -184,8 +185,10 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
     label = {"sft": "SFT", "rl": "GRPO"}
     announce = lambda phase, first, last: say(  # noqa: E731
         env, f"{label[phase]} steps {first}..{last} on {what[phase]}, world {env.world_size}")
+    dropped = log_dropped_groups(env, run_dir, args.dataset)
     report = run_phases(backend, tok, run_dir, plan, demonstrations=demonstrations, source=source,
-                        reference=reference, on_step=progress, on_phase=announce,
+                        reference=reference, reference_is_start=g.reference is None, on_step=progress,
+                        on_phase=announce,
                         loss_fn=grpo_loss_fn(GRPOConfig(g.clip_low, g.clip_high, g.kl_coef), lm.rollout.temperature,
                                              reference))
     final = report.get("final", {})
@@ -196,12 +199,24 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
               "parent_sha256": parent_sha, "dataset_sha256": dataset_sha, "sft_steps": sft_steps, "rl_steps": g.steps,
               "final": final or last_logged(run_dir, "rl"), "world_size": env.world_size, "groups": len(groups),
               "mean_reward": drawn_mean_reward(groups, g.seed + 1, g.steps, g.groups_per_step),
+              "dropped_groups": dropped,
               "wall_s": time.time() - started}
     result["final_loss"] = result["final"].get("loss")
     atomic_write_json(run_dir / RESULT_NAME, result, indent=2)
     publish_candidate(staged[0], candidate)
     say(env, f"done: candidate {candidate} ({staged[1][:12]}), final loss {result['final_loss']}")
     return result
+
+
+def log_dropped_groups(env: DistContext, run_dir: Path, dataset: Path) -> dict[str, int]:
+    """The groups self-play's filter dropped while the dataset's were made (its manifest), also
+    as the run's first metrics line, so the run's metrics file says what it trained without."""
+    dropped = read_rollout_manifest(dataset)[0].get("dropped_groups", {})
+    metrics = run_dir / "metrics.jsonl"
+    if env.is_main and not metrics.exists():
+        with open(metrics, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"phase": "rollouts", "dropped_groups": dropped}) + "\n")
+    return dropped
 
 
 @record

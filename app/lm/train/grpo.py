@@ -11,9 +11,11 @@ Conventions that keep the losses honest (they are the usual mistakes):
   same whatever its sequence's length, and the gradients summed over micro-batches and ranks
   equal those of the whole batch in one piece, at any world size.
 - Advantages are normalised within a prompt's group: (r - mean) / (std + eps), std optional.
-- The rollout log-probs were drawn from logits / temperature, so the trainer's are too
-  (`grpo_loss_fn`, the one place the temperature enters): at any other temperature than 1 the
-  ratio would be biased from the first step.
+- The rollout log-probs were drawn from logits / temperature, so the trainer's are too, and
+  so are the reference policy's: `policy_logprobs` is the one place the temperature enters,
+  and `grpo_loss_fn` (what the online and the offline run both train with) the one caller
+  that passes it. At any other temperature than the sampler's the ratio would be biased from
+  the first step.
 """
 
 from __future__ import annotations
@@ -91,6 +93,13 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
     return F.pad(picked, (1, 0), value=0.0)
 
 
+def policy_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """`token_logprobs` under the sampling distribution softmax(logits / temperature)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature {temperature} must be > 0: greedy decoding has no log-probs to train on")
+    return token_logprobs(logits.float() / temperature if temperature != 1.0 else logits, input_ids)
+
+
 def sft_loss(logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
     """Token cross-entropy over the masked tokens, summed and divided by the global count."""
     mask = batch.loss_mask.float()
@@ -99,17 +108,19 @@ def sft_loss(logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str
     return loss, {"nll_sum": float(nll.sum().detach())}
 
 
-def grpo_loss(logits: torch.Tensor, batch: Batch, cfg: GRPOConfig) -> tuple[torch.Tensor, dict[str, float]]:
+def grpo_loss(logits: torch.Tensor, batch: Batch, cfg: GRPOConfig,
+              temperature: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
     """Token-level clipped surrogate against the sampling policy's log-probs, plus k3 KL.
 
     per token: -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A), ratio =
-    exp(logp - logp_rollout), A the sequence's group-normalised advantage. Metrics are sums
-    over the micro-batch so the caller can add them across micro-batches and ranks.
+    exp(logp - logp_rollout), A the sequence's group-normalised advantage, logp at the
+    sampling `temperature`. Metrics are sums over the micro-batch so the caller can add them
+    across micro-batches and ranks.
     """
     if batch.advantages is None or batch.old_logprobs is None:
         raise ValueError("a GRPO batch needs advantages and old_logprobs")
     mask = batch.loss_mask.float()
-    logp = token_logprobs(logits, batch.input_ids)
+    logp = policy_logprobs(logits, batch.input_ids, temperature)
     log_ratio = (logp - batch.old_logprobs.float()) * mask
     ratio = torch.exp(log_ratio)
     adv = batch.advantages.float().unsqueeze(-1)
@@ -138,6 +149,7 @@ def grpo_loss_fn(cfg: GRPOConfig, temperature: float = 1.0, reference: nn.Module
     the same temperature) when KL is on: what both the online and the offline run train with."""
     if cfg.kl_coef and reference is None:
         raise ValueError("kl_coef > 0 needs a reference model")
+    policy_logprobs(torch.zeros(1, 1, 1), torch.zeros(1, 1, dtype=torch.long), temperature)  # refuse T <= 0 now
 
     def loss_fn(logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         if cfg.kl_coef:
@@ -145,8 +157,8 @@ def grpo_loss_fn(cfg: GRPOConfig, temperature: float = 1.0, reference: nn.Module
             with torch.no_grad():
                 ref_logits = reference(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                        use_cache=False).logits
-                ref = token_logprobs(ref_logits.float() / temperature, batch.input_ids)
+                ref = policy_logprobs(ref_logits, batch.input_ids, temperature)
             batch = dataclasses.replace(batch, ref_logprobs=ref)
-        return grpo_loss(logits.float() / temperature if temperature != 1.0 else logits, batch, cfg)
+        return grpo_loss(logits, batch, cfg, temperature)
 
     return loss_fn

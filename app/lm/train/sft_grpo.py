@@ -32,7 +32,7 @@ from app.lm.train.backend import LossFn, TrainingBackend, wait
 from app.lm.train.batching import TrainSequence, chunk, collate, sft_sequence
 from app.lm.train.checkpoint_dirs import load_training_checkpoint, newest_complete, save_training_checkpoint
 from app.lm.train.grpo import sft_loss
-from app.lm.train.rollout_sources import RolloutSource
+from app.lm.train.rollout_sources import Resumable, RolloutSource
 from app.shared.process_group import rank_share, take_share
 
 StepHook = Callable[[int, dict[str, Any]], None]
@@ -108,7 +108,9 @@ def sft_loop(backend: TrainingBackend, tokenizer: Any, rows: DataBuffer, cfg: SF
 
 def grpo_step(backend: TrainingBackend, source: RolloutSource, pad_id: int, loss_fn: LossFn,
               step: int) -> dict[str, Any]:
-    """One GRPO update: the source's groups, one optimizer step, the source told it happened."""
+    """One GRPO update: the source's groups, one optimizer step, the source told it happened.
+    A timed source's step reports its split: rollout_s (generation, without the rewards),
+    reward_s (the reward pool), train_s and sync_s (the engines loading the new weights)."""
     t0 = time.perf_counter()
     batch = source.batch(backend, step)
     t1 = time.perf_counter()
@@ -120,8 +122,13 @@ def grpo_step(backend: TrainingBackend, source: RolloutSource, pad_id: int, loss
     seen = max(stats.get("tokens", 0.0), 1.0)
     out = {"step": step, **stats, **batch.stats, "trained_tokens": batch.tokens,
            "mean_ratio": stats.get("ratio_sum", 0.0) / seen, "clip_fraction": stats.get("clipped_tokens", 0.0) / seen}
+    if "kl_sum" in stats:
+        out["kl"] = stats["kl_sum"] / seen
     if source.timed:
-        out.update(rollout_s=t1 - t0, train_s=t2 - t1, sync_s=t3 - t2)
+        reward_s = float(batch.stats.get("reward_s", 0.0))
+        out.update(rollout_s=t1 - t0 - reward_s, reward_s=reward_s, train_s=t2 - t1, sync_s=t3 - t2)
+    else:
+        out.pop("reward_s", None)
     return out
 
 
@@ -145,12 +152,13 @@ def grpo_loop(backend: TrainingBackend, source: RolloutSource, pad_id: int, loss
 
 def run(backend: TrainingBackend, tokenizer: Any, run_dir: str | Path, plan: RunPlan, *,
         demonstrations: Sequence[TrainSequence], source: RolloutSource, loss_fn: LossFn,
-        reference: nn.Module | None = None, on_step: PhaseHook | None = None,
-        on_phase: PhaseStart | None = None) -> dict[str, Any]:
+        reference: nn.Module | None = None, reference_is_start: bool = True,
+        on_step: PhaseHook | None = None, on_phase: PhaseStart | None = None) -> dict[str, Any]:
     """Every rank calls this. Returns what was done: the step each phase started from and ended
     at, the SFT checkpoint GRPO started from (`rl_base`), and the last GRPO step's stats
-    (`final`, empty when no step was left to run). `reference` (KL on) gets the weights GRPO
-    starts from."""
+    (`final`, empty when no step was left to run). `reference` (KL on; the one `loss_fn` holds)
+    gets the weights GRPO starts from, unless it is a fixed model (`reference_is_start` False:
+    loaded from a directory by app/lm/train/reference.py)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {}
@@ -173,7 +181,7 @@ def run(backend: TrainingBackend, tokenizer: Any, run_dir: str | Path, plan: Run
             raise NoSFTCheckpoint(f"{run_dir / 'sft'}: no complete SFT checkpoint to start GRPO from")
         load_training_checkpoint(backend, found[1])
         report["rl_base"] = str(found[1])
-    if reference is not None:
+    if reference is not None and reference_is_start:
         reference.load_state_dict(backend.get_weights())  # the policy GRPO starts from
     start = resume_phase(backend, run_dir / "rl", source.buffer) if plan.save else 0
     set_lr(backend, plan.rl_lr)
@@ -194,7 +202,7 @@ def set_lr(backend: TrainingBackend, lr: float) -> None:
 
 
 def checkpoint_hook(backend: TrainingBackend, root: Path, run_dir: Path, phase: str, last: int, every: int,
-                    buffer: DataBuffer, extra: StepHook | None, save: bool = True) -> StepHook:
+                    buffer: Resumable, extra: StepHook | None, save: bool = True) -> StepHook:
     """Per step: a metrics line (rank 0), a checkpoint every `every` steps and at `last`
     (unless `save` is off), then the caller's `extra`."""
     every = max(1, every)
@@ -210,7 +218,7 @@ def checkpoint_hook(backend: TrainingBackend, root: Path, run_dir: Path, phase: 
     return on_step
 
 
-def resume_phase(backend: TrainingBackend, root: Path, buffer: DataBuffer) -> int:
+def resume_phase(backend: TrainingBackend, root: Path, buffer: Resumable) -> int:
     """The step to continue after (0: none), with the model, optimizer and buffer restored."""
     found = newest_complete(root)
     if found is None:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.config.lm import LMConfig
+from app.lm.reward_pool import RewardScorer
+from app.lm.reward_worker import call_reward
 from app.lm.rollout.engine import Engine, InProcessEngine
 from app.lm.rollout.groups import generate_groups
 from app.lm.setup import build_task, build_tokenizer, greedy_settings, heldout_prompts, model_at
@@ -66,10 +68,11 @@ def _exact_task(task: Task) -> Task | None:
 
 
 def greedy_scores(engine: Engine, task: Task, tokenizer, prompts: Sequence[Prompt],
-                  settings: RolloutSettings) -> HeldoutScores:
-    """One greedy completion per prompt, scored; `settings`' n and temperature are overridden."""
+                  settings: RolloutSettings, rewards: RewardScorer | None = None) -> HeldoutScores:
+    """One greedy completion per prompt, scored (by `rewards`: a failed reward counts 0);
+    `settings`' n and temperature are overridden."""
     greedy = settings.model_copy(update={"n": 1, "temperature": 0.0})
-    groups = generate_groups(engine, task, tokenizer, prompts, greedy, seed=0)
+    groups = generate_groups(engine, task, tokenizer, prompts, greedy, seed=0, rewards=rewards)
     exact_task = _exact_task(task)
     by_id = {p.prompt_id: p for p in prompts}
     rewards, exact = [], []
@@ -81,25 +84,27 @@ def greedy_scores(engine: Engine, task: Task, tokenizer, prompts: Sequence[Promp
             exact.append(float(sample.reward >= 1.0))
         else:
             text = tokenizer.decode(sample.response_tokens, skip_special_tokens=True)
-            exact.append(0.0 if failed else float(exact_task.reward(by_id[group.prompt_id].record, text) >= 1.0))
+            exact.append(0.0 if failed else float(call_reward(exact_task, by_id[group.prompt_id], text) >= 1.0))
     return HeldoutScores(engine.weight_version, [g.prompt_id for g in groups], rewards, exact)
 
 
 def evaluate_pair(candidate: Engine, best: Engine, task: Task, tokenizer, prompts: Sequence[Prompt],
                   settings: RolloutSettings, *, confidence: float = 0.95, method: Method = "sign",
-                  min_improvement: float = 0.0, bootstrap_samples: int = 2000, seed: int = 0) -> PairedEvaluation:
+                  min_improvement: float = 0.0, bootstrap_samples: int = 2000, seed: int = 0,
+                  rewards: RewardScorer | None = None) -> PairedEvaluation:
     """Both models on the same prompts, then the paired gate on their per-prompt rewards."""
     if not prompts:
         raise ValueError("a paired evaluation needs at least one held-out prompt")
-    cand = greedy_scores(candidate, task, tokenizer, prompts, settings)
-    base = greedy_scores(best, task, tokenizer, prompts, settings)
+    cand = greedy_scores(candidate, task, tokenizer, prompts, settings, rewards)
+    base = greedy_scores(best, task, tokenizer, prompts, settings, rewards)
     assert cand.prompt_ids == base.prompt_ids  # generate_groups keeps the prompts' order
     gate = paired_gate(cand.rewards, base.rewards, confidence=confidence, method=method,
                        min_improvement=min_improvement, bootstrap_samples=bootstrap_samples, seed=seed)
     return PairedEvaluation(cand, base, gate)
 
 
-def heldout_record(lm: LMConfig, candidate: ModelRef, best: ModelRef) -> dict[str, Any]:
+def heldout_record(lm: LMConfig, candidate: ModelRef, best: ModelRef,
+                   rewards: RewardScorer | None = None) -> dict[str, Any]:
     """The LM workload's evaluation: candidate and best greedy on the held-out prompts, paired;
     the record keeps the per-prompt rewards, so the gate can be recomputed from it alone."""
     tokenizer = build_tokenizer(lm.tokenizer)  # its own: a fast tokenizer is not shared across threads
@@ -108,6 +113,6 @@ def heldout_record(lm: LMConfig, candidate: ModelRef, best: ModelRef) -> dict[st
                                name=name) for name, ref in (("candidate", candidate), ("best", best))]
     ev = evaluate_pair(*engines, task, tokenizer, heldout_prompts(task, lm.task), greedy_settings(lm),
                        confidence=lm.eval.confidence, method=lm.eval.method, min_improvement=lm.eval.min_improvement,
-                       bootstrap_samples=lm.eval.bootstrap_samples, seed=lm.eval.seed)
+                       bootstrap_samples=lm.eval.bootstrap_samples, seed=lm.eval.seed, rewards=rewards)
     return {"kind": "lm_heldout", **ev.to_json(lm.eval.confidence),
             "rewards": {"candidate": ev.candidate.rewards, "best": ev.best.rewards}}

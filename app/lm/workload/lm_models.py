@@ -1,10 +1,10 @@
 """The LM workload's model store (steps.ModelStore): promoted models are Hugging Face
 directories `<lm_models>/<manifest sha256>/`, fetched by manifest from peers, and a switch
-weight-syncs every configured HTTP engine to the new directory.
+weight-syncs every configured engine to the new directory (lm_engines.NodeEngines).
 
 The weight version of a model is its generation (0: the seeded random init). An engine's
-version in /status is what the last sync made it; a failed sync is logged and shown there with
-its error, and retried at the next promotion.
+version in /status is what it reported after its last load; a failed sync is logged and
+shown there with its error, and self-play tries again before it generates.
 """
 
 from __future__ import annotations
@@ -21,21 +21,16 @@ from app.db.registry import ModelRegistry
 from app.lm.model_dir import (
     ModelDirError, install_model_dir, installed_model_dir, read_model_manifest, verify_model_dir,
 )
-from app.lm.rollout.engine_config import build_engine
-from app.lm.rollout.weight_sync import WeightSyncError, sync_weights
+from app.lm.workload.lm_engines import NodeEngines
 from app.lm.workload.lm_model_fetch import fetch_lm_model
-from app.log import get_logger
 from app.shared.manifests import MANIFEST_NAME
-
-log = get_logger(__name__)
-EngineStatus = dict[str, str | int | None]  # kind, weight_version, sha256, error
 
 
 class ModelDirs:
-    def __init__(self, lm: LMConfig, paths: NodePaths) -> None:
+    def __init__(self, lm: LMConfig, paths: NodePaths, engines: NodeEngines) -> None:
         self.lm = lm
         self.root = paths.lm_models_dir
-        self.engines: dict[str, EngineStatus] = {}  # engine name -> what it serves, for /status
+        self.engines = engines
 
     def install(self, path: str | Path, sha256: str) -> Path:
         sha, final = install_model_dir(path, self.root)
@@ -70,23 +65,8 @@ class ModelDirs:
         return await fetch_lm_model(node.client, sha256, peers, self.root)
 
     async def switched(self, sha256: str, path: Path, generation: int) -> None:
-        """Every HTTP engine loads the new directory (the in-process one is rebuilt by self-play)."""
-        http = [build_engine(e, weight_version=generation) for e in self.lm.engines if e.kind != "in_process"]
-        for e in self.lm.engines:
-            if e.kind == "in_process":
-                self.engines[e.name] = {"kind": e.kind, "weight_version": generation, "sha256": sha256}
-        if not http:
-            return
-        try:
-            report = await sync_weights(http, path, generation, timeout_s=min(e.sync_timeout_s for e in self.lm.engines))
-            for name in report.seconds:
-                self.engines[name] = {"kind": "http", "weight_version": generation, "sha256": sha256}
-        except WeightSyncError as exc:
-            log.warning("weight_sync_failed", generation=generation, failures=exc.failures)
-            for name in exc.synced:
-                self.engines[name] = {"kind": "http", "weight_version": generation, "sha256": sha256}
-            for name, why in exc.failures.items():
-                self.engines[name] = {**self.engines.get(name, {}), "error": why[:200]}
+        """Every engine loads the new directory, as version `generation`."""
+        await self.engines.switched(path, generation, sha256)
 
 
 def verified_sha(path: str | Path) -> str:

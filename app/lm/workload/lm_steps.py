@@ -1,7 +1,9 @@
 """The language-model workload's steps (app/coordination/pipeline/steps.py), on the same
 daemons as Connect Four.
 
-    self-play     scored rollout groups of the best weights -> the rollout store (rollouts.db)
+    self-play     scored rollout groups of the best weights, through the rollout manager's
+                  over-sampling and filters -> the rollout store (rollouts.db); dropped groups
+                  are counted by reason (metrics, /status, the dataset's manifest)
     export        the newest groups -> a dataset dir with a manifest (app/lm/rollout/rollout_dataset.py)
     train         GRPO on those groups under torchrun (app.lm.train.generation), generation 1 an
                   SFT on the task's demonstrations when `lm.grpo.mode: sft+rl`
@@ -13,17 +15,23 @@ The weight version of a model is its generation (0: the seeded random init), so 
 group says which generation's weights produced it and export can bound staleness.
 
 Self-play batches are named by (node, model, batch number) and the batch number is this
-node's stored group count divided by the batch size: a batch cut short by a kill -9 is the
-same batch after the restart, and only its missing groups are generated (app/lm/rollout/batches.py).
+node's settled group count (stored or dropped) divided by the batch's prompt count: a batch
+cut short by a kill -9 is the same batch after the restart, and only its missing groups are
+played (app/lm/rollout/batches.py). Rewards run in the node's reward pool (worker processes,
+each call bounded): a reward that hangs or fails drops its group, and the node goes on.
+Self-play generates only with an engine in service holding the best weights
+(lm_engines.NodeEngines): after a failed sync it idles, storing nothing, until a sync succeeds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import shutil
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,14 +49,16 @@ from app.coordination.pipeline import state as ps
 from app.coordination.pipeline.runner_settings import ExportSettings, SelfplaySettings
 from app.coordination.pipeline.steps import BatchSummary, Evaluation, Json, Pipe, TrainingJob
 from app.db.rollout_store import RolloutStore
+from app.lm.reward_pool import RewardPool
 from app.lm.rollout.batches import batch_prompts, rollout_batch
-from app.lm.rollout.engine import Engine
-from app.lm.rollout.engine_config import build_engine
+from app.lm.rollout.engine import EngineOutOfService
 from app.lm.rollout.rollout_dataset import export_rollouts
-from app.lm.setup import check_inputs, model_at, rollout_settings, train_prompts
+from app.lm.rollout.rollout_manager import ManagerSettings
+from app.lm.setup import check_inputs, reward_pool, rollout_settings, train_prompts
 from app.lm.tasks import Prompt, Task
 from app.lm.workload.gate import GateResult, paired_gate
 from app.lm.workload.heldout import ModelRef, heldout_record
+from app.lm.workload.lm_engines import INIT_ID, NodeEngines
 from app.lm.workload.lm_mesh import LMMesh
 from app.lm.workload.lm_models import ModelDirs
 from app.lm.workload.rollout_replica import RolloutItems
@@ -56,7 +66,7 @@ from app.log import get_logger
 
 log = get_logger(__name__)
 HELDOUT_FILE = "heldout.json"  # {sha256: held-out summary} of every model this node evaluated
-INITIAL_MODEL_ID = "init"
+INITIAL_MODEL_ID = INIT_ID
 IDLE_S = 1.0
 FRESH_WAIT_S = 300.0  # how long an export waits for self-play to bring groups of the current best
 
@@ -70,31 +80,32 @@ class LMSteps:
         self.lm: LMConfig = settings.lm
         self.paths = NodePaths(Path(settings.node.data_dir), settings.node.db_url)
         self.items = RolloutItems(self.paths.rollouts_db, self.lm.rollout.n)
-        self.models = ModelDirs(self.lm, self.paths)
+        self.engines = NodeEngines(self.lm, self.paths)
+        self.models = ModelDirs(self.lm, self.paths, self.engines)
         self.mesh = LMMesh(self.paths)  # what it serves to peers and fetches from them
         self._lock = threading.Lock()
-        self._selfplay: tuple[str, Engine] | None = None  # (model id, engine) self-play generates with
         # Self-play's (tokenizer, task, training prompt pool), built once at start: a node's config
         # is fixed for its life, and what it names (model dir, prompt file, reward) is checked
         # here, so a bad path or import stops the node with one line (a ValueError) before any daemon.
         tokenizer, task = check_inputs(self.lm)
         self._kit: tuple[PreTrainedTokenizerBase, Task, list[Prompt]] = (tokenizer, task,
                                                                          train_prompts(task, self.lm.task))
+        self._rewards: RewardPool | None = None
+        self._dropped: Counter[str] | None = None  # this node's dropped groups by reason (from the store)
+        r = self.lm.rollout
+        self.filters = ManagerSettings(batch_groups=r.batch_groups, group_size=r.n, oversample=r.oversample,
+                                       max_staleness=r.max_staleness, zero_variance=r.zero_variance)
 
     # -- building blocks ------------------------------------------------------------------
     def _task_kit(self) -> tuple[PreTrainedTokenizerBase, Task, list[Prompt]]:
         return self._kit
 
-    def _selfplay_engine(self, pipe: Pipe, tokenizer: PreTrainedTokenizerBase) -> tuple[str, Engine]:
-        """The first configured engine, holding the best weights (rebuilt when they change)."""
-        state = pipe.state
-        model_id = state.best_sha256 or INITIAL_MODEL_ID
-        if self._selfplay is None or self._selfplay[0] != model_id:
-            first = self.lm.engines[0]
-            model = model_at(self.lm.model, state.best_path, tokenizer) if first.kind == "in_process" else None
-            engine = build_engine(first, model, tokenizer, weight_version=state.best_generation)
-            self._selfplay = (model_id, engine)
-        return self._selfplay
+    def _reward_pool(self) -> RewardPool:
+        """The node's reward workers (self-play and evaluation), started at first use."""
+        with self._lock:
+            if self._rewards is None:
+                self._rewards = reward_pool(self.lm, self._kit[1])
+            return self._rewards
 
     # -- self-play --------------------------------------------------------------------------
     def export_threshold(self, export: ExportSettings) -> int:
@@ -105,19 +116,36 @@ class LMSteps:
     def selfplay_batch(self, pipe: Pipe, settings: SelfplaySettings, should_stop: Callable[[], bool]) -> BatchSummary:
         lm = self.lm
         tokenizer, task, pool = self._task_kit()
-        size = min(lm.rollout.batch_groups, len(pool))
-        with self._lock:
-            model_id, engine = self._selfplay_engine(pipe, tokenizer)
+        state = pipe.state
+        engine = self.engines.rollout_engine(state.best_path, state.best_generation, state.best_sha256, tokenizer)
+        if engine is None:  # out of service: nothing it would generate may be stored
+            time.sleep(IDLE_S)
+            return BatchSummary(0, 0, 0.0)
+        size = min(math.ceil(lm.rollout.batch_groups * lm.rollout.oversample), len(pool))
         with RolloutStore(self.paths.rollouts_db) as store:
+            self._count_dropped(store, pipe.node_id)
             if self._enough_for_now(pipe, store):
                 time.sleep(IDLE_S)  # two cores: leave them to training and evaluation
                 return BatchSummary(0, 0, 0.0)
-            batch = store.count(pipe.node_id) // size
-            result = rollout_batch(
-                engine, task, tokenizer, batch_prompts(pool, lm.task.seed, batch, size), rollout_settings(lm.rollout),
-                store, node_id=pipe.node_id, model_id=model_id, seed=batch, model_sha256=pipe.state.best_sha256)
+            batch = store.count_settled(pipe.node_id) // size
+            try:
+                result = rollout_batch(
+                    engine, task, tokenizer, batch_prompts(pool, lm.task.seed, batch, size),
+                    rollout_settings(lm.rollout), store, node_id=pipe.node_id,
+                    model_id=state.best_sha256 or INITIAL_MODEL_ID, seed=batch, model_sha256=state.best_sha256,
+                    manager=self.filters, rewards=self._reward_pool(), current_version=state.best_generation)
+            except EngineOutOfService as exc:
+                log.warning("lm_selfplay_engine_out_of_service", engine=engine.name, error=str(exc))
+                return BatchSummary(0, 0, 0.0)
+        assert self._dropped is not None
+        self._dropped.update(result.dropped)
         samples = result.stored * lm.rollout.n
-        return BatchSummary(result.stored, samples, samples / result.seconds if result.seconds > 0 else 0.0)
+        return BatchSummary(result.stored, samples, samples / result.seconds if result.seconds > 0 else 0.0,
+                            dropped=result.dropped)
+
+    def _count_dropped(self, store: RolloutStore, node_id: str) -> None:
+        if self._dropped is None:
+            self._dropped = Counter(store.dropped_counts(node_id))
 
     def _enough_for_now(self, pipe: Pipe, store: RolloutStore) -> bool:
         """Outside collecting, once a whole export window of the best's groups is stored, more
@@ -130,7 +158,8 @@ class LMSteps:
         return len(store.uids_since_version(state.best_generation, window)) >= window
 
     def close_selfplay(self) -> None:
-        """Nothing to free: LM self-play runs in the node's own process."""
+        """Nothing to free: LM self-play runs in the node's own process (the reward workers are
+        the node's, closed with it)."""
 
     # -- export and training ----------------------------------------------------------------
     def export(self, pipe: Pipe, generation: int, out: Path) -> tuple[str, int]:
@@ -165,7 +194,7 @@ class LMSteps:
 
     def _evaluate(self, state: ps.PipelineState) -> Json:
         record = heldout_record(self.lm, ModelRef(state.candidate_path, state.generation),
-                                ModelRef(state.best_path, state.best_generation))
+                                ModelRef(state.best_path, state.best_generation), rewards=self._reward_pool())
         self._remember_heldout(state, record)
         return record
 
@@ -190,13 +219,17 @@ class LMSteps:
 
     def close(self) -> None:
         self.mesh.close()
+        with self._lock:
+            if self._rewards is not None:
+                self._rewards.close()
+                self._rewards = None
 
     def node_status(self, pipe: Pipe) -> Json:
-        """The inference engines and the weights they serve."""
-        if not self.models.engines:  # before the first switch: what self-play starts from
-            return {"lm_engines": {e.name: {"kind": e.kind, "weight_version": pipe.state.best_generation,
-                                            "sha256": pipe.state.best_sha256} for e in self.lm.engines}}
-        return {"lm_engines": dict(self.models.engines)}
+        """The inference engines (the weights they serve, whether they are in service) and the
+        rollout groups this node's filter dropped, by reason."""
+        state = pipe.state
+        return {"lm_engines": self.engines.status(state.best_generation, state.best_sha256),
+                "lm_rollouts_dropped": dict(self._dropped or {})}
 
     def progress_extra(self, pipe: Pipe) -> Json:
         """/progress of a lone node: held-out reward by generation, with its interval."""
