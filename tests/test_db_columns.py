@@ -17,6 +17,7 @@ from app.db.dead_letters import DeadLetterStatus
 from app.db.registry import MatchGame, ModelRegistry
 from app.db.registry_tables import ModelStatus
 from app.db.rollout_records import RolloutGroupRecord, RolloutSampleRecord
+from app.lm.rollout.groups import DROP_REASONS
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -54,6 +55,11 @@ def _bounds() -> dict[tuple[str, str], int]:
         ("rollout_groups", "task"): _field_max(group, "task"), ("rollout_groups", "prompt_id"): _field_max(group, "prompt_id"),
         ("rollout_groups", "model_sha256"): _field_max(group, "model_sha256"),
         ("rollout_samples", "finish_reason"): _literal_max(sample, "finish_reason"),
+        # a dropped group's tombstone: the uid, node and prompt of the group it would have been
+        # (app/lm/rollout/batches.py), and one of the drop reasons
+        ("rollout_dropped", "uid"): _field_max(group, "uid"), ("rollout_dropped", "node_id"): _field_max(group, "node_id"),
+        ("rollout_dropped", "prompt_id"): _field_max(group, "prompt_id"),
+        ("rollout_dropped", "reason"): max(len(r) for r in DROP_REASONS),
         ("rollout_samples", "truncation_reason"): _literal_max(sample, "truncation_reason"),
         # the leader's work queue: item ids and node ids are bounded by the mesh schemas
         ("work_items", "item_id"): 512, ("work_items", "kind"): 64, ("work_items", "key"): 440,
