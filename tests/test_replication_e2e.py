@@ -89,13 +89,20 @@ def test_a_node_killed_mid_self_play_loses_at_most_its_last_second_and_the_quiet
         print(f"killed n2 {killed_at - began:.0f} s after the start; it had reported {reported} games")
         made = {u: g for u, g in _games(victim).items() if g[0] == "n2"}
         shutil.rmtree(victim.data_dir)
-        time.sleep(1.0)  # a push the survivors had received whole is stored by now
-        survivors = set(_games(nodes[0])) | set(_games(nodes[1]))
+        first_reported = sorted(made, key=lambda u: made[u][2])[:reported]
+        owed = {u for u, g in made.items() if g[1] < killed_at - RECENT_S} | set(first_reported)
+        # a push the survivors had received whole before the kill may still be on its way into
+        # their stores: poll (the victim and its disk are gone, so nothing new can arrive)
+        settle_by = time.time() + 10.0
+        while True:
+            survivors = set(_games(nodes[0])) | set(_games(nodes[1]))
+            if owed <= survivors or time.time() > settle_by:
+                break
+            time.sleep(0.2)
         lost = {u: g for u, g in made.items() if u not in survivors}
         old_lost = {u: round(killed_at - g[1], 2) for u, g in lost.items() if g[1] < killed_at - RECENT_S}
         print(f"n2 made {len(made)} games; {len(lost)} not on a survivor, ages {sorted(old_lost.values())[:10]}")
         assert not old_lost, f"games finished more than {RECENT_S} s before the kill were lost: {old_lost}"
-        first_reported = sorted(made, key=lambda u: made[u][2])[:reported]
         assert len(first_reported) == reported and all(u in survivors for u in first_reported)
         for files in nodes[:2]:  # the replication lag is on /status and in /metrics
             rep = ((get_json(files.mesh_port, "/status") or {}).get("inventory") or {}).get("replication") or {}
