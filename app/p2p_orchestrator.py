@@ -114,6 +114,7 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
     daemons = read_daemons(args.daemons)
     export = daemon_settings(daemons, "export", ExportSettings, str(args.daemons))
     pipe = pipeline_context(settings, config_path=args.config.resolve() if args.config else None, export=export)
+    await asyncio.to_thread(migrate_data_dir, pipe)
     metrics = Metrics(node=settings.node.node_id)
     dead_letters = DeadLetterStore(pipe.paths.dead_letters_db)
     router = EventRouter(metrics=metrics, dead_letters=dead_letters)
@@ -168,6 +169,21 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
     log.info("node_stopped", generation=pipe.state.generation, promoted=pipe.state.promoted,
              rejected=pipe.state.rejected)
     return 0
+
+
+def migrate_data_dir(pipe: PipelineContext) -> None:
+    """A data dir written before its paths were relative (or restored, or moved): the
+    registry's model paths and the pipeline state's paths rewritten relative to it, found
+    again under it where the dir moved. Idempotent; logged when it changed anything."""
+    paths = pipe.paths
+    state_text = paths.state_file.read_text() if paths.state_file.exists() else None
+    if state_text is not None:
+        pipe.save_state()
+    with ModelRegistry(paths.registry_db) as registry:
+        rows = registry.rebase_paths(paths.data_dir)
+    state_changed = state_text is not None and paths.state_file.read_text() != state_text
+    if rows or state_changed:
+        log.info("data_dir_migrated", data_dir=str(paths.data_dir), registry_paths=rows, pipeline_state=state_changed)
 
 
 def admin_routes(manager: DaemonManager) -> list[web.RouteDef]:

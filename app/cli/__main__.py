@@ -7,6 +7,8 @@
     python -m app.cli drain    --node HOST:8770                hand leadership away, then drain that node
     python -m app.cli transfer --to NODE_ID [--node HOST:8770] hand leadership to another live voter
     python -m app.cli registry ...                             registry commands (evaluate, list, ...)
+    python -m app.cli snapshot save FILE | restore FILE --data-dir D | status FILE
+                                                               a node's state in one archive, and back
 
 Reads (status, progress) are public: no secret. The commands that change the cluster (rollback,
 drain, transfer) are signed: with an operator key from the cluster tool (--config's
@@ -80,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    command = _command(argv)
+    if command == "snapshot":
+        from app.cli import snapshot_commands
+        i = argv.index("snapshot")
+        return snapshot_commands.main(_hoist(argv[:i], argv[i + 1:]))
     if "registry" in argv or "promote" in argv:
         from app.cli import registry_commands  # imports torch: only for the commands that need it
     if "registry" in argv:  # everything after it belongs to the registry commands
@@ -112,6 +119,31 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(_text(args, answer))
     return 0 if status == 200 else 1
+
+
+def _command(argv: list[str]) -> str | None:
+    """The subcommand: the first word that is neither a flag nor a flag's value."""
+    takes_value = {"--config", "--data-dir", "--timeout", "--node", "--db-url"}
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in takes_value:
+            skip = True
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
+def _hoist(head: list[str], rest: list[str]) -> list[str]:
+    """Flags typed before the subcommand (`--config C snapshot save F`) handed to its action,
+    after the action's name, where its parser reads them."""
+    words = head + rest
+    action = _command(rest)
+    if action is None:
+        return words
+    i = next(j for j, w in enumerate(words) if w == action and (j >= len(head)))
+    return [action, *words[:i], *words[i + 1:]]
 
 
 def _admin(args: argparse.Namespace, settings: Settings) -> MeshAdmin:

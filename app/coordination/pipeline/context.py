@@ -49,6 +49,10 @@ class PipelineContext:
         # the test fault point `_test_hold` waits on it
         self.wait_draining: Callable[[], Awaitable[None]] | None = None
 
+    def save_state(self) -> None:
+        """Write the state as it is (the start-up migration of an old data dir's paths)."""
+        self._store.save(self._state)
+
     @property
     def export_threshold(self) -> int:
         return self._export_threshold
