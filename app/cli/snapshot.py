@@ -30,10 +30,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from app.atomic_files import fsync_dir, replace_durably, temp_sibling
 from app.config.paths import NodePaths
 from app.db.engines import display_name
-from app.db.table_copy import STORES, dump_database, load_database
+from app.db.table_copy import STORES, TableCopyError, dump_database, load_database
 
 FORMAT = "mesh-snapshot/1"
 MANIFEST = "manifest.json"
@@ -69,7 +71,11 @@ def save(paths: NodePaths, out: Path, node_id: str | None = None) -> dict:
             if not paths.db_url or src.name not in STORES:  # with a URL, a leftover file is not the store
                 _backup_sqlite(src, staging / src.name)
         if paths.db_url:
-            dump_database(paths.db_url, staging)
+            try:
+                dump_database(paths.db_url, staging)
+            except SQLAlchemyError as exc:
+                raise SnapshotError(f"{display_name(paths.db_url)}: cannot read it: {exc.__class__.__name__}: "
+                                    f"{str(exc).splitlines()[0]}") from None
         for tree in TREES:
             if (data_dir / tree).is_dir():
                 _copy_tree(data_dir / tree, staging / tree)
@@ -266,7 +272,13 @@ def restore(archive: Path, data_dir: Path, db_url: str | None = None) -> Restore
         manifest = read_verified(archive, into=staging)
         if db_url:
             stores = {name: staging / name for name in STORES if (staging / name).exists()}
-            load_database(db_url, stores)
+            try:
+                load_database(db_url, stores)
+            except TableCopyError as exc:
+                raise SnapshotError(str(exc)) from None
+            except SQLAlchemyError as exc:
+                raise SnapshotError(f"{display_name(db_url)}: cannot restore into it: {exc.__class__.__name__}: "
+                                    f"{str(exc).splitlines()[0]}") from None
             for path in stores.values():
                 path.unlink()
         rewound = _rewind_in_flight(staging)

@@ -33,9 +33,9 @@ def from_stored(stored: str | None, root: Path) -> str | None:
     p = Path(stored)
     if not p.is_absolute():
         return str(root / p)
-    if p.exists():
+    if p.is_relative_to(root.resolve()):
         return str(p)
-    relocated = relocate(p, root)
+    relocated = relocate(p, root)  # this dir's copy first, even while the old dir still exists
     return str(relocated) if relocated is not None else str(p)
 
 
