@@ -122,6 +122,18 @@ def test_a_signed_command_finds_the_nodes_own_secret_beside_its_data_dir(node, t
     assert "signs with another secret" in line or "refused the signature" in line, line
 
 
+def test_connection_flags_go_before_or_after_and_the_health_port_gets_a_hint(node, tmp_path) -> None:
+    files, _ = node
+    addr = f"127.0.0.1:{files.mesh_port}"
+    before = cli("--node", addr, "--timeout", "20", "--json", "status", cwd=tmp_path)  # as etcdctl users type it
+    after = cli("status", "--node", addr, "--timeout", "20", "--json", cwd=tmp_path)
+    assert before.returncode == after.returncode == 0, before.stderr + after.stderr
+    assert [n["node_id"] for n in json.loads(before.stdout)["nodes"]] == ["solo"]
+    health = cli("--node", f"127.0.0.1:{files.health_port}", "status", cwd=tmp_path)
+    line = one_error_line(health)
+    assert health.returncode == 1 and "health port" in line and "8770" in line, line
+
+
 def test_every_failure_is_one_human_line(tmp_path) -> None:
     [closed] = free_ports(1)
     refused = cli("status", "--node", f"127.0.0.1:{closed}", cwd=tmp_path)

@@ -56,22 +56,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, help="node config YAML (secret, data dir, TLS)")
     p.add_argument("--data-dir", type=Path, help="the node's data dir, whose mesh_secret signs commands (default ./data)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
-    p.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds to wait for a node's answer (default %(default)s)")
+    node_help = "any node's mesh address: host:port, http://host:port or https://host:port (default 127.0.0.1:8770)"
+    # the connection flags go before or after the subcommand (as etcdctl and consul take them): the
+    # top level's default is None, the subcommands' is to leave the top level's value alone
+    p.add_argument("--node", type=node_address, default=None, help=node_help)
+    p.add_argument("--timeout", type=float, default=None, help=f"seconds to wait for a node's answer (default {TIMEOUT_S})")
+    connection = argparse.ArgumentParser(add_help=False)
+    connection.add_argument("--node", type=node_address, default=argparse.SUPPRESS, help=node_help)
+    connection.add_argument("--timeout", type=float, default=argparse.SUPPRESS, help="seconds to wait for an answer")
     sub = p.add_subparsers(dest="command", required=True)
-    node_help = "any node's mesh address: host:port, http://host:port or https://host:port"
     for name, text in (("status", "every node's role, term, quorum, readiness, model and games"),
                        ("progress", "the cluster's decided generations: Elo, solved-position accuracy")):
-        s = sub.add_parser(name, help=text)
-        s.add_argument("--node", type=node_address, default=NodeAddress("http", "127.0.0.1:8770"), help=node_help)
-    r = sub.add_parser("rollback", help="withdraw the cluster's best model (a quorum decision)")
-    r.add_argument("--node", type=node_address, default=NodeAddress("http", "127.0.0.1:8770"), help=node_help)
+        sub.add_parser(name, help=text, parents=[connection])
+    r = sub.add_parser("rollback", help="withdraw the cluster's best model (a quorum decision)", parents=[connection])
     r.add_argument("--generation", type=int, default=None, help="the promoted generation to withdraw (default: the best)")
     r.add_argument("--reason", default="operator rollback")
-    d = sub.add_parser("drain", help="stop a node gracefully (leadership handed over first)")
-    d.add_argument("--node", type=node_address, required=True, help="the node to drain (" + node_help + ")")
-    t = sub.add_parser("transfer", help="hand leadership to another live voter")
+    sub.add_parser("drain", help="stop a node gracefully (leadership handed over first); --node is required",
+                   parents=[connection])
+    t = sub.add_parser("transfer", help="hand leadership to another live voter", parents=[connection])
     t.add_argument("--to", required=True, help="node id of the new leader")
-    t.add_argument("--node", type=node_address, default=NodeAddress("http", "127.0.0.1:8770"), help=node_help)
     pr = sub.add_parser("promote", help="promote a candidate in this node's registry (file sha256 checked)")
     pr.add_argument("sha256")
     pr.add_argument("--reason", default="manual promotion")
@@ -95,8 +98,13 @@ def main(argv: list[str] | None = None) -> int:
         config = ["--config", head[head.index("--config") + 1]] if "--config" in head else []
         return registry_commands.main(config + rest, prog="python -m app.cli registry")
     as_json = "--json" in argv  # accepted before or after the subcommand
-    args = build_parser().parse_args([a for a in argv if a != "--json"])
+    parser = build_parser()
+    args = parser.parse_args([a for a in argv if a != "--json"])
     args.json = as_json
+    if args.command == "drain" and args.node is None:
+        parser.error("drain needs --node: the node to drain")
+    args.node = args.node or NodeAddress("http", "127.0.0.1:8770")
+    args.timeout = TIMEOUT_S if args.timeout is None else args.timeout
     if args.command == "promote":
         extra = (["--registry", args.registry] if args.registry else []) + \
                 (["--config", str(args.config)] if args.config else [])

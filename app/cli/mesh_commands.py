@@ -66,6 +66,9 @@ class MeshAdmin:
 
     async def _get(self, addr: str, path: str) -> dict[str, Any]:
         async with self.http().get(f"{self.node.scheme}://{addr}{path}") as resp:
+            if resp.status == 404 and await self._is_health_port(addr):
+                raise CommandRefused(f"{addr} is a node's health port (8790 by default), not its mesh port: "
+                                     "give --node the mesh port (8770 by default, node.mesh_port)")
             if resp.status != 200:
                 raise CommandRefused(f"{addr}{path} answered HTTP {resp.status}: {(await resp.text())[:200]}")
             try:
@@ -73,6 +76,14 @@ class MeshAdmin:
             except (aiohttp.ContentTypeError, ValueError):
                 raise CommandRefused(f"{addr}{path} did not answer JSON: is this a node's mesh port "
                                      "(8770 by default, not the health port)?") from None
+
+    async def _is_health_port(self, addr: str) -> bool:
+        """The health server answers /livez and /daemons; the mesh API has no such routes."""
+        try:
+            async with self.http().get(f"{self.node.scheme}://{addr}/daemons") as resp:
+                return resp.status == 200 and isinstance(await resp.json(), (dict, list))
+        except (aiohttp.ClientError, ValueError):
+            return False
 
     async def cluster_status(self) -> dict[str, Any]:
         """The node's /status, and every peer's it lists (those that answer)."""
