@@ -191,7 +191,7 @@ def describe_error(exc: BaseException, node: NodeAddress, timeout_s: float) -> s
 
 
 def format_status(answer: dict[str, Any]) -> str:
-    rows = [("node", "role", "term", "leader", "quorum", "voters", "ready", "gen", "games", "work")]
+    rows = [("node", "role", "term", "leader", "quorum", "voters", "ready", "gen", "games", "under-repl", "work")]
     for s in answer["nodes"]:
         inv = s.get("inventory", {})
         work = s.get("work") or inv.get("work") or {}
@@ -199,7 +199,7 @@ def format_status(answer: dict[str, Any]) -> str:
         rows.append((s["node_id"], s["role"], str(s["term"]), str(s.get("leader")), s.get("quorum_level", ""),
                      f"{len(s.get('voters_alive', []))}/{len(s.get('voters', []))}",
                      "-" if ready is None else ("yes" if ready else "no"),
-                     _text(inv.get("best_generation")), _text(inv.get("games_created")),
+                     _text(inv.get("best_generation")), _text(inv.get("games_created")), _under_replicated(inv),
                      " ".join(f"{k}={v}" for k, v in work.items())))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
@@ -226,6 +226,16 @@ def format_progress(answer: dict[str, Any]) -> str:
     best = answer.get("current_best")
     lines.append(f"best: generation {answer.get('best_generation', 0)} ({best[:12] if best else 'untrained'})")
     return "\n".join(lines)
+
+
+def _under_replicated(inventory: dict[str, Any]) -> str:
+    """A node's own games on fewer nodes than the replication factor, and the oldest one's age
+    ("-": the node replicates nothing, e.g. a lone node)."""
+    rep = inventory.get("replication")
+    if not isinstance(rep, dict) or rep.get("under_replicated") is None:
+        return "-"
+    n, oldest = rep["under_replicated"], rep.get("oldest_under_replicated_s")
+    return f"{n}(oldest:{oldest:.0f}s)" if n and isinstance(oldest, (int, float)) else str(n)
 
 
 def _text(value: Any) -> str:

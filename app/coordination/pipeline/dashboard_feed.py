@@ -115,6 +115,7 @@ class _Cache:
     local_games: int = 0
     local_positions: int = 0
     best_installed_at: float | None = None
+    local_work: dict[str, int] | None = None  # the leader's own queue counts (a lone node leads itself)
 
 
 class DashboardFeed:
@@ -145,6 +146,8 @@ class DashboardFeed:
         counts = self.pipe.steps.items.created_counts(self.pipe.node_id)
         cache.local_games = counts["games_created"]
         cache.local_positions = counts["positions_created"]
+        if self.node.is_leader:  # its own queue, read here: it gossips it to others, not to itself
+            cache.local_work = self.node.queue.summary()
         best = self.pipe.state.best_sha256
         if best is not None:
             try:
@@ -210,9 +213,11 @@ class DashboardFeed:
                 "generation": self.pipe.state.best_generation if me else i.get("best_generation"),
                 "model": self.pipe.state.best_sha256 if me else i.get("best_sha256"),
                 "games": i.get("games_created"), "games_per_s": self.games_per_second(nid),
+                "under_replicated": self._under_replicated(nid, i),
                 "claims": [c.item_id for c in state.claims] if state else [],
             })
-        work = next((i.get("work") for nid, i in inv.items() if nid == view.leader and i.get("work")), None)
+        work = self.cache.local_work if node.is_leader else \
+            next((i.get("work") for nid, i in inv.items() if nid == view.leader and i.get("work")), None)
         claims = [{"item": c.item_id, "node": s.node_id, "term": c.token.term}
                   for s in view.nodes.values() for c in s.claims]
         not_ready = [n["node_id"] for n in nodes if n["voter"] and n["ready"] is not True]
@@ -224,6 +229,16 @@ class DashboardFeed:
             "generations": self.generations(inv),
             "series": list(self.series),
         }
+
+    def _under_replicated(self, node_id: str, inventory: dict[str, Any]) -> dict[str, Any] | None:
+        """{games, oldest_s}: a node's own games held by fewer nodes than the replication
+        factor, as its replication daemon counts them (None: no replication on that node)."""
+        cluster = self.pipe.cluster
+        rep = cluster.replication if node_id == self.node.node_id and cluster is not None else inventory.get("replication")
+        if not isinstance(rep, dict) or "under_replicated" not in rep:
+            return None
+        return {"games": rep["under_replicated"], "oldest_s": rep.get("oldest_under_replicated_s"),
+                "factor": rep.get("factor")}
 
     def _ready(self, node_id: str, inventory: dict[str, Any], alive: set[str]) -> tuple[bool | None, str]:
         """(ready, why not) of a node: this node's own readiness, another's as it gossips it
