@@ -95,7 +95,9 @@ def test_reads_need_no_secret_and_text_agrees_with_json(node, tmp_path) -> None:
     assert progress["generations"][0]["elo"] == 0.0 and progress["generations"][2]["elo"] > 0
     lines = cli("progress", "--node", url, cwd=tmp_path).stdout.splitlines()
     assert lines[-1] == f"best: generation 3 ({shas[-1][:12]})"
-    rows = [line.split() for line in lines[1:-1]]
+    # no game against random was played: the Elo is relative to generation 1, and says so
+    assert lines[-2] == "Elo relative to: generation 1 (0)" and progress["anchor"] == "generation 1"
+    rows = [line.split() for line in lines[1:-2]]
     assert [r[0] for r in rows] == ["1", "2", "3"] and all(r[1] == "promoted" for r in rows)
     assert [r[3] for r in rows] == [f"{g['elo']:.0f}" for g in progress["generations"]]
 

@@ -108,6 +108,9 @@ async def test_progress_of_a_lone_node_names_its_best_and_lists_its_generations(
     assert progress["best_generation"] == 3 and progress["current_best"] == models[-1][1]
     assert [g["generation"] for g in progress["generations"]] == [1, 2, 3]
     assert progress["generations"][2]["elo"] > 0 and progress["generations"][0]["accuracy"]["exact"] == 0.5
+    # every candidate played only the previous best: no Elo here is "vs random", and none says so
+    assert progress["anchor"] == "generation 1" and {g["elo_anchor"] for g in progress["generations"]} == {"generation 1"}
+    assert feed.snapshot()["elo_anchor"] == "generation 1"
 
 
 def test_model_elo_names_the_best_and_the_newest_candidate() -> None:

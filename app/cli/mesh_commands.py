@@ -224,6 +224,8 @@ def format_progress(answer: dict[str, Any]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows] if len(rows) > 1 \
         else ["no decided generation yet"]
     best = answer.get("current_best")
+    if answer.get("anchor"):
+        lines.append(f"Elo relative to: {answer['anchor']} (0)")
     lines.append(f"best: generation {answer.get('best_generation', 0)} ({best[:12] if best else 'untrained'})")
     return "\n".join(lines)
 
