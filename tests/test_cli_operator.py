@@ -161,6 +161,9 @@ def test_a_lone_node_drains_from_beside_its_data_dir(tmp_path) -> None:
         assert drained.returncode == 0, drained.stderr
         assert json.loads(drained.stdout)["drain"]["draining"] is True
         assert proc.wait(timeout=40) == 0
+        events = [json.loads(line).get("event") for line in (files.root / "node.log").read_text().splitlines()
+                  if line.startswith("{")]
+        assert {"drain_requested", "drain_started", "daemons_stopped"} <= set(events)  # an operator sees the drain
     except AssertionError:
         print(tail(files))
         raise
