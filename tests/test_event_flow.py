@@ -24,8 +24,7 @@ from app.coordination.pipeline.runners import export_daemon, pipeline_runners, s
 from app.coordination.pipeline.state import Stage
 from app.db.dead_letters import DeadLetterStore
 from app.db.replay_db import GameRecord, MoveRecord, ReplayDB
-from app.log import get_logger
-from app.log import epoch_of
+from app.log import epoch_of, get_logger
 
 pytestmark = pytest.mark.timeout(60)
 REPO = Path(__file__).resolve().parents[1]

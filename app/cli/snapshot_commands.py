@@ -45,7 +45,8 @@ def main(argv: list[str], prog: str = "python -m app.cli snapshot") -> int:
         if args.action == "save":
             settings = load_settings(args.config)
             paths = NodePaths(args.data_dir or settings.node.data_dir, args.db_url or settings.node.db_url)
-            manifest = save(paths, args.file, node_id=settings.node.node_id)
+            named = args.config is not None or "node_id" in settings.node.model_fields_set
+            manifest = save(paths, args.file, node_id=settings.node.node_id if named else None)  # never a guess
             line = f"saved {args.file}: {_describe(manifest)} in {manifest['copy_s']:.1f} s"
         elif args.action == "restore":
             restored = restore(args.file, args.data_dir, args.db_url)
@@ -57,7 +58,7 @@ def main(argv: list[str], prog: str = "python -m app.cli snapshot") -> int:
                         " and starts over (datasets and runs are not in a snapshot)"
         else:
             manifest = read_verified(args.file)
-            line = f"{args.file}: verified, {_describe(manifest)}, taken {manifest.get('node_id')!s} " \
+            line = f"{args.file}: verified, {_describe(manifest)}, of node {manifest.get('node_id') or '(unnamed: saved without --config)'} " \
                    f"({manifest['database']})"
     except (SnapshotError, ConfigError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
