@@ -141,6 +141,18 @@ def summarize(data_dir: Path) -> dict:
     """What an operator checks a restore by: games, models and their status, the best, the
     pipeline's generation; read from SQLite files (a snapshot's, or a restored SQLite node's)."""
     summary: dict = {}
+    try:
+        _summarize_stores(data_dir, summary)
+    except sqlite3.Error as exc:  # a store of another shape (an LM node's): named, not fatal
+        summary["unreadable"] = str(exc)
+    state = data_dir / "pipeline_state.json"
+    if state.exists():
+        data = json.loads(state.read_text())
+        summary["pipeline"] = {k: data.get(k) for k in ("generation", "stage", "best_sha256", "best_generation")}
+    return summary
+
+
+def _summarize_stores(data_dir: Path, summary: dict) -> None:
     games = data_dir / "games.db"
     if games.exists():
         with _readonly(games) as db:
@@ -154,11 +166,6 @@ def summarize(data_dir: Path) -> dict:
             best = db.execute("SELECT sha256 FROM models WHERE current_since IS NOT NULL "
                               "ORDER BY current_since DESC LIMIT 1").fetchone()
             summary["best_sha256"] = best[0] if best else None
-    state = data_dir / "pipeline_state.json"
-    if state.exists():
-        data = json.loads(state.read_text())
-        summary["pipeline"] = {k: data.get(k) for k in ("generation", "stage", "best_sha256", "best_generation")}
-    return summary
 
 
 class _readonly:
