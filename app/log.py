@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from datetime import datetime, timezone
 
 import structlog
 
@@ -39,6 +40,19 @@ def configure_logging(node_id: str | None = None, level: str = "INFO", json: boo
     )
     if node_id is not None:
         _NODE.update(node_id=node_id, term=_NODE.get("term", 0))
+
+
+def iso_timestamp(epoch: float) -> str:
+    """An epoch as every line the node writes stamps it (structlog's `timestamp`: ISO 8601, UTC)."""
+    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def epoch_of(line: dict) -> float:
+    """A written line's time in epoch seconds: its `timestamp`, or the `t` of a file written
+    before every file used `timestamp`."""
+    if "timestamp" in line:
+        return datetime.strptime(line["timestamp"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
+    return float(line["t"])
 
 
 def bind_term(term: int) -> None:

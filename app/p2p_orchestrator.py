@@ -17,6 +17,7 @@ from pathlib import Path
 from aiohttp import web
 
 from app.config import ConfigError, Settings, load_settings
+from app.config.node import default_node_id
 from app.coordination.daemons.manager import DaemonManager
 from app.coordination.daemons.daemon_registry import build_registry, daemon_settings, read_daemons
 from app.coordination.pipeline.cluster import ClusterPipeline
@@ -53,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, help="node config YAML (see app/config)")
     p.add_argument("--daemons", type=Path, default=DEFAULT_DAEMONS_FILE, help="daemons file (default: %(default)s)")
     p.add_argument("--data-dir", type=Path, help="where this node keeps its files (default ./data)")
-    p.add_argument("--node-id", help="this node's id (default: host name)")
+    p.add_argument("--node-id", help="this node's id (default: host name; <host>-<port> on another --port than 8770)")
     p.add_argument("--host", help="address to bind and advertise (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="mesh HTTP port (default 8770)")
     p.add_argument("--health-port", type=int, help="health server port (default 8790)")
@@ -77,6 +78,8 @@ def node_settings(args: argparse.Namespace) -> Settings:
         "data_dir": args.data_dir, "node_id": args.node_id, "host": args.host,
         "mesh_port": args.port, "health_port": args.health_port, "role": args.role, "db_url": args.db_url,
     }
+    if args.node_id is None and args.port is not None and "node_id" not in settings.node.model_fields_set:
+        overrides["node_id"] = default_node_id(args.port)  # --port alone: an id of its own on this host
     node = settings.node.model_copy(update={k: v for k, v in overrides.items() if v is not None})
     split = lambda text: [x for x in text.split(",") if x] if text is not None else None  # noqa: E731
     mesh_overrides = {"peers": split(args.peers), "voters": split(args.voters), "priority": args.priority,
@@ -114,6 +117,7 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
     daemons = read_daemons(args.daemons)
     export = daemon_settings(daemons, "export", ExportSettings, str(args.daemons))
     pipe = pipeline_context(settings, config_path=args.config.resolve() if args.config else None, export=export)
+    await asyncio.to_thread(migrate_data_dir, pipe)
     metrics = Metrics(node=settings.node.node_id)
     dead_letters = DeadLetterStore(pipe.paths.dead_letters_db)
     router = EventRouter(metrics=metrics, dead_letters=dead_letters)
@@ -170,12 +174,28 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def migrate_data_dir(pipe: PipelineContext) -> None:
+    """A data dir written before its paths were relative (or restored, or moved): the
+    registry's model paths and the pipeline state's paths rewritten relative to it, found
+    again under it where the dir moved. Idempotent; logged when it changed anything."""
+    paths = pipe.paths
+    state_text = paths.state_file.read_text() if paths.state_file.exists() else None
+    if state_text is not None:
+        pipe.save_state()
+    with ModelRegistry(paths.registry_db) as registry:
+        rows = registry.rebase_paths(paths.data_dir)
+    state_changed = state_text is not None and paths.state_file.read_text() != state_text
+    if rows or state_changed:
+        log.info("data_dir_migrated", data_dir=str(paths.data_dir), registry_paths=rows, pipeline_state=state_changed)
+
+
 def admin_routes(manager: DaemonManager) -> list[web.RouteDef]:
     """POST /admin/drain (signed; `python -m app.cli drain`): drain the daemons and stop the node."""
     draining: list[asyncio.Task] = []
 
-    async def drain(_: web.Request) -> web.Response:
+    async def drain(request: web.Request) -> web.Response:
         if not draining:
+            log.info("drain_requested", by=request.headers.get("X-Mesh-From", "operator"), deadline_s=DRAIN_DEADLINE_S)
             draining.append(asyncio.create_task(manager.drain_and_stop(DRAIN_DEADLINE_S)))
         return web.json_response({"draining": True, "deadline_s": DRAIN_DEADLINE_S}, status=202)
 

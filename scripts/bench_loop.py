@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from app.config import load_settings  # noqa: E402
 from app.db.registry import ModelRegistry, ModelStatus  # noqa: E402
+from app.log import epoch_of  # noqa: E402
 from app.db.replay_db import ReplayDB  # noqa: E402
 from app.db.rollout_store import RolloutStore  # noqa: E402
 from app.training.gauntlet import run_gauntlet  # noqa: E402
@@ -44,8 +45,8 @@ def stage_shares(history: list[dict], started: float, ended: float) -> dict[str,
     spans: dict[str, float] = {}
     stage, since = "collecting", started
     for event in history:
-        spans[stage] = spans.get(stage, 0.0) + max(0.0, event["t"] - since)
-        stage, since = event["stage"], event["t"]
+        spans[stage] = spans.get(stage, 0.0) + max(0.0, epoch_of(event) - since)
+        stage, since = event["stage"], epoch_of(event)
     spans[stage] = spans.get(stage, 0.0) + max(0.0, ended - since)
     total = sum(spans.values()) or 1.0
     return {k: round(v / total, 3) for k, v in sorted(spans.items())}

@@ -3,6 +3,7 @@
 generations, and the leader's work queue on PostgreSQL under 100 simulated workers.
 
     python scripts/bench_ops.py [--requests 400] [--cycles 3000] [--no-postgres]
+    python scripts/bench_ops.py --snapshot      snapshot time and size, the pause a running node sees
 
 Prints one JSON object. Dashboard and metrics: one real node process-side stack (MeshNode,
 ClusterPipeline, DashboardFeed, DaemonManager with 8 daemons, HealthServer) in this process;
@@ -181,8 +182,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=400, help="requests per endpoint")
     ap.add_argument("--cycles", type=int, default=3000, help="claim cycles per backend")
     ap.add_argument("--no-postgres", action="store_true")
+    ap.add_argument("--snapshot", action="store_true",
+                    help="only the snapshot figures (scripts/bench_snapshot.py): time and size by data dir, "
+                         "and self-play positions/s of a live node before and during snapshots")
+    ap.add_argument("--pause-window-s", type=float, default=30.0, help="--snapshot: seconds per measured window")
+    ap.add_argument("--pause-rounds", type=int, default=3, help="--snapshot: before/during pairs")
     args = ap.parse_args(argv)
     configure_logging("n0", level="WARNING")  # logs to stderr: stdout is the one JSON object
+    if args.snapshot:
+        from scripts.bench_snapshot import bench_pause, bench_sizes
+
+        out = {"load_average_1m": round(os.getloadavg()[0], 1), "cpus": os.cpu_count(),
+               "snapshot_sizes": bench_sizes([(1000, 1), (10000, 5), (30000, 20)]),
+               "snapshot_pause": bench_pause(20000, args.pause_window_s, args.pause_rounds)}
+        out["load_average_1m_after"] = round(os.getloadavg()[0], 1)
+        print(json.dumps(out))
+        return 0
     out: dict = {"load_average_1m": round(os.getloadavg()[0], 1), "cpus": os.cpu_count(),
                  "nodes": NODES, "generations": GENERATIONS, "daemons": DAEMONS,
                  "dashboard": asyncio.run(bench_dashboard(args.requests))}

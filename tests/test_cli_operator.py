@@ -95,7 +95,9 @@ def test_reads_need_no_secret_and_text_agrees_with_json(node, tmp_path) -> None:
     assert progress["generations"][0]["elo"] == 0.0 and progress["generations"][2]["elo"] > 0
     lines = cli("progress", "--node", url, cwd=tmp_path).stdout.splitlines()
     assert lines[-1] == f"best: generation 3 ({shas[-1][:12]})"
-    rows = [line.split() for line in lines[1:-1]]
+    # no game against random was played: the Elo is relative to generation 1, and says so
+    assert lines[-2] == "Elo relative to: generation 1 (0)" and progress["anchor"] == "generation 1"
+    rows = [line.split() for line in lines[1:-2]]
     assert [r[0] for r in rows] == ["1", "2", "3"] and all(r[1] == "promoted" for r in rows)
     assert [r[3] for r in rows] == [f"{g['elo']:.0f}" for g in progress["generations"]]
 
@@ -120,6 +122,18 @@ def test_a_signed_command_finds_the_nodes_own_secret_beside_its_data_dir(node, t
     line = one_error_line(wrong)
     assert wrong.returncode == 1 and "MESH_SECRET" in line
     assert "signs with another secret" in line or "refused the signature" in line, line
+
+
+def test_connection_flags_go_before_or_after_and_the_health_port_gets_a_hint(node, tmp_path) -> None:
+    files, _ = node
+    addr = f"127.0.0.1:{files.mesh_port}"
+    before = cli("--node", addr, "--timeout", "20", "--json", "status", cwd=tmp_path)  # as etcdctl users type it
+    after = cli("status", "--node", addr, "--timeout", "20", "--json", cwd=tmp_path)
+    assert before.returncode == after.returncode == 0, before.stderr + after.stderr
+    assert [n["node_id"] for n in json.loads(before.stdout)["nodes"]] == ["solo"]
+    health = cli("--node", f"127.0.0.1:{files.health_port}", "status", cwd=tmp_path)
+    line = one_error_line(health)
+    assert health.returncode == 1 and "health port" in line and "8770" in line, line
 
 
 def test_every_failure_is_one_human_line(tmp_path) -> None:
@@ -147,6 +161,9 @@ def test_a_lone_node_drains_from_beside_its_data_dir(tmp_path) -> None:
         assert drained.returncode == 0, drained.stderr
         assert json.loads(drained.stdout)["drain"]["draining"] is True
         assert proc.wait(timeout=40) == 0
+        events = [json.loads(line).get("event") for line in (files.root / "node.log").read_text().splitlines()
+                  if line.startswith("{")]
+        assert {"drain_requested", "drain_started", "daemons_stopped"} <= set(events)  # an operator sees the drain
     except AssertionError:
         print(tail(files))
         raise

@@ -108,6 +108,9 @@ async def test_progress_of_a_lone_node_names_its_best_and_lists_its_generations(
     assert progress["best_generation"] == 3 and progress["current_best"] == models[-1][1]
     assert [g["generation"] for g in progress["generations"]] == [1, 2, 3]
     assert progress["generations"][2]["elo"] > 0 and progress["generations"][0]["accuracy"]["exact"] == 0.5
+    # every candidate played only the previous best: no Elo here is "vs random", and none says so
+    assert progress["anchor"] == "generation 1" and {g["elo_anchor"] for g in progress["generations"]} == {"generation 1"}
+    assert feed.snapshot()["elo_anchor"] == "generation 1"
 
 
 def test_model_elo_names_the_best_and_the_newest_candidate() -> None:
@@ -116,3 +119,18 @@ def test_model_elo_names_the_best_and_the_newest_candidate() -> None:
     assert model_elo(gens, "b") == {"best": 80.0, "candidate": 60.0}
     assert model_elo(gens, None) == {"candidate": 60.0}
     assert model_elo([], None) == {}
+
+
+async def test_the_work_queue_panel_is_fed_on_the_leader_itself(lone_node, feed) -> None:
+    """A lone node leads itself: its queue counts are on its own dashboard, as /status has them
+    (they used to wait for gossip, which a node never sends itself)."""
+    node = feed.node
+    deadline = asyncio.get_running_loop().time() + 30
+    while not node.is_leader and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.1)
+    assert node.is_leader
+    feed.cache = await asyncio.to_thread(feed._read_disk)
+    snapshot = feed.snapshot()
+    assert snapshot["work"] == node.queue.summary() == node.status()["work"]
+    [me] = snapshot["nodes"]
+    assert me["under_replicated"] is None  # a lone node replicates nothing: shown as such, not as 0

@@ -136,3 +136,13 @@ def test_a_match_summary_fits_like_its_games() -> None:
         assert by_match.ratings[name].low == pytest.approx(by_game.ratings[name].low)
     with pytest.raises(ValueError):
         fit_elo([("x", "random", 21.0, 20.0)])
+
+
+def test_chain_anchors_name_what_each_rating_is_relative_to() -> None:
+    from app.training.elo import chain_anchors
+
+    games = [("a", "random", 1.0), ("b", "a", 0.5), ("c", "d", 1.0), ("e", "d", 0.0)]
+    anchors = chain_anchors(games, order=["d", "c", "e"])
+    assert anchors == {"random": "random", "a": "random", "b": "random", "c": "d", "d": "d", "e": "d"}
+    fitted = fit_elo_chains(games, order=["d", "c", "e"]).anchor_of
+    assert fitted == anchors  # the same anchors the fit rates them against

@@ -24,7 +24,7 @@ from app.coordination.pipeline.runners import export_daemon, pipeline_runners, s
 from app.coordination.pipeline.state import Stage
 from app.db.dead_letters import DeadLetterStore
 from app.db.replay_db import GameRecord, MoveRecord, ReplayDB
-from app.log import get_logger
+from app.log import epoch_of, get_logger
 
 pytestmark = pytest.mark.timeout(60)
 REPO = Path(__file__).resolve().parents[1]
@@ -57,6 +57,9 @@ async def test_journal_failure_goes_to_the_dead_letter_queue_and_a_retry_writes_
         await journal.record(result.event)  # a second delivery of the same event writes nothing
         lines = [json.loads(line) for line in (blocker / "events.jsonl").read_text().splitlines()]
         assert [(e["type"], e["payload"]["generation"]) for e in lines] == [("training_failed", 3)]
+        # the one format of every file the node writes: JSON lines stamped `timestamp` (ISO, UTC)
+        assert "t" not in lines[0] and lines[0]["timestamp"].endswith("Z")
+        assert abs(epoch_of(lines[0]) - result.event.published_at) < 1e-3
         assert EventJournal(blocker / "events.jsonl").entries() == lines  # a restarted node reads it back
     finally:
         letters.close()

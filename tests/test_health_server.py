@@ -97,7 +97,8 @@ async def test_metrics_are_prometheus_text_with_the_pipeline_series(node):
     assert "# TYPE mesh_daemon_restarts_total counter" in text
     # what runs: the build, and the process's own CPU and memory (prometheus-client's collectors)
     [build] = [ln for ln in text.splitlines() if ln.startswith("mesh_build_info{")]
-    assert 'version="' in build and 'python="' in build and build.endswith(" 1.0")
+    assert 'version="' in build and 'python="' in build and 'revision="' in build and build.endswith(" 1.0")
+    assert 'revision="unknown"' not in build  # a checkout: its git commit
     for name in ("process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds"):
         assert any(ln.startswith(name + "{") for ln in text.splitlines()), name
     names = {ln.split("{")[0].split(" ")[0] for ln in text.splitlines() if ln and not ln.startswith("#")}

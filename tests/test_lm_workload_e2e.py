@@ -109,8 +109,8 @@ def test_lm_node_survives_kill9_while_writing_rollouts_then_learns(tmp_path) -> 
         state = files.state()
         best = state["best_generation"]
         assert best >= 1 and heldout[best]["exact_match"] >= 0.6, heldout
-        assert state["best_path"] == str(files.data_dir / "lm_models" / state["best_sha256"])
-        assert verify_model_dir(state["best_path"], state["best_sha256"]) is None
+        assert state["best_path"] == f"lm_models/{state['best_sha256']}"  # relative to the data dir
+        assert verify_model_dir(files.data_dir / state["best_path"], state["best_sha256"]) is None
 
         status = wait_until(lambda: (s := get_json(files.mesh_port, "/status")) and s["inventory"].get("lm_engines")
                             and s, 30, what="/status with the engines")

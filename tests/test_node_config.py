@@ -73,3 +73,18 @@ def test_every_shipped_config_loads(path: Path) -> None:
     tests/test_daemon_registry.py.)"""
     settings = load_settings(path)
     assert settings.model_dump() != type(settings)().model_dump(), f"{path} changes no setting"
+
+
+def test_nodes_started_with_defaults_on_one_host_get_distinct_ids() -> None:
+    import socket
+
+    from app.config import load_settings
+    from app.p2p_orchestrator import build_parser, node_settings
+
+    host = socket.gethostname()
+    assert load_settings(None).node.node_id == host  # the default port: the host name, as before
+    assert load_settings(None, node={"mesh_port": 8771}).node.node_id == f"{host}-8771"
+    assert load_settings(None, node={"mesh_port": 8771, "node_id": "n1"}).node.node_id == "n1"
+    ids = {node_settings(build_parser().parse_args(["--port", str(p)])).node.node_id for p in (8770, 8771, 8772)}
+    assert ids == {host, f"{host}-8771", f"{host}-8772"}
+    assert node_settings(build_parser().parse_args(["--port", "8771", "--node-id", "a"])).node.node_id == "a"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -21,8 +24,9 @@ STEPS = {
 }
 
 
-def test_one_generation_end_to_end(tmp_path) -> None:
-    store = PipelineStateStore(tmp_path / "state.json")
+def test_one_generation_end_to_end(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the node's default data dir is relative (./data): so are its paths
+    store = PipelineStateStore(Path("state.json"))
     state = store.load()
     assert state == PipelineState()
     assert not ps.should_export(state, 9, 10) and ps.should_export(state, 10, 10)
@@ -85,3 +89,17 @@ def test_the_idle_core_plays_only_while_a_lone_node_collects_with_its_export_not
     assert workers(collecting, 150, threshold=None) == 1, "no export daemon here: nothing known of its pace"
     assert workers(collecting, 150, clustered=True) == 1, "a cluster node may train or judge for others"
     assert ps.selfplay_workers(collecting, 150, 400, workers=3, collect_workers=2, clustered=False) == 3
+
+
+def test_paths_are_stored_relative_and_an_old_absolute_file_is_found_again(tmp_path) -> None:
+    """A data dir moves (a restore, another disk): its state names files inside it relatively;
+    one written with absolute paths elsewhere is read with them found again under the new dir."""
+    data = tmp_path / "data"
+    (data / "models").mkdir(parents=True)
+    (data / "models" / "m.safetensors").write_bytes(b"x")
+    store = PipelineStateStore(data / "pipeline_state.json")
+    store.save(ps.switched_best(PipelineState(), SHA, str(data / "models" / "m.safetensors"), 1))
+    assert json.loads(store.path.read_text())["best_path"] == "models/m.safetensors"
+    assert store.load().best_path == str(data / "models" / "m.safetensors")
+    store.path.write_text(store.path.read_text().replace('"models/m.safetensors"', '"/gone/data/models/m.safetensors"'))
+    assert store.load().best_path == str(data / "models" / "m.safetensors")

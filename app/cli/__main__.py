@@ -7,6 +7,8 @@
     python -m app.cli drain    --node HOST:8770                hand leadership away, then drain that node
     python -m app.cli transfer --to NODE_ID [--node HOST:8770] hand leadership to another live voter
     python -m app.cli registry ...                             registry commands (evaluate, list, ...)
+    python -m app.cli snapshot save FILE | restore FILE --data-dir D | status FILE
+                                                               a node's state in one archive, and back
 
 Reads (status, progress) are public: no secret. The commands that change the cluster (rollback,
 drain, transfer) are signed: with an operator key from the cluster tool (--config's
@@ -54,22 +56,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, help="node config YAML (secret, data dir, TLS)")
     p.add_argument("--data-dir", type=Path, help="the node's data dir, whose mesh_secret signs commands (default ./data)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
-    p.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds to wait for a node's answer (default %(default)s)")
+    node_help = "any node's mesh address: host:port, http://host:port or https://host:port (default 127.0.0.1:8770)"
+    # the connection flags go before or after the subcommand (as etcdctl and consul take them): the
+    # top level's default is None, the subcommands' is to leave the top level's value alone
+    p.add_argument("--node", type=node_address, default=None, help=node_help)
+    p.add_argument("--timeout", type=float, default=None, help=f"seconds to wait for a node's answer (default {TIMEOUT_S})")
+    connection = argparse.ArgumentParser(add_help=False)
+    connection.add_argument("--node", type=node_address, default=argparse.SUPPRESS, help=node_help)
+    connection.add_argument("--timeout", type=float, default=argparse.SUPPRESS, help="seconds to wait for an answer")
     sub = p.add_subparsers(dest="command", required=True)
-    node_help = "any node's mesh address: host:port, http://host:port or https://host:port"
     for name, text in (("status", "every node's role, term, quorum, readiness, model and games"),
                        ("progress", "the cluster's decided generations: Elo, solved-position accuracy")):
-        s = sub.add_parser(name, help=text)
-        s.add_argument("--node", type=node_address, default=NodeAddress("http", "127.0.0.1:8770"), help=node_help)
-    r = sub.add_parser("rollback", help="withdraw the cluster's best model (a quorum decision)")
-    r.add_argument("--node", type=node_address, default=NodeAddress("http", "127.0.0.1:8770"), help=node_help)
+        sub.add_parser(name, help=text, parents=[connection])
+    r = sub.add_parser("rollback", help="withdraw the cluster's best model (a quorum decision)", parents=[connection])
     r.add_argument("--generation", type=int, default=None, help="the promoted generation to withdraw (default: the best)")
     r.add_argument("--reason", default="operator rollback")
-    d = sub.add_parser("drain", help="stop a node gracefully (leadership handed over first)")
-    d.add_argument("--node", type=node_address, required=True, help="the node to drain (" + node_help + ")")
-    t = sub.add_parser("transfer", help="hand leadership to another live voter")
+    sub.add_parser("drain", help="stop a node gracefully (leadership handed over first); --node is required",
+                   parents=[connection])
+    t = sub.add_parser("transfer", help="hand leadership to another live voter", parents=[connection])
     t.add_argument("--to", required=True, help="node id of the new leader")
-    t.add_argument("--node", type=node_address, default=NodeAddress("http", "127.0.0.1:8770"), help=node_help)
     pr = sub.add_parser("promote", help="promote a candidate in this node's registry (file sha256 checked)")
     pr.add_argument("sha256")
     pr.add_argument("--reason", default="manual promotion")
@@ -80,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    command = _command(argv)
+    if command == "snapshot":
+        from app.cli import snapshot_commands
+        i = argv.index("snapshot")
+        return snapshot_commands.main(_hoist(argv[:i], argv[i + 1:]))
     if "registry" in argv or "promote" in argv:
         from app.cli import registry_commands  # imports torch: only for the commands that need it
     if "registry" in argv:  # everything after it belongs to the registry commands
@@ -88,8 +98,13 @@ def main(argv: list[str] | None = None) -> int:
         config = ["--config", head[head.index("--config") + 1]] if "--config" in head else []
         return registry_commands.main(config + rest, prog="python -m app.cli registry")
     as_json = "--json" in argv  # accepted before or after the subcommand
-    args = build_parser().parse_args([a for a in argv if a != "--json"])
+    parser = build_parser()
+    args = parser.parse_args([a for a in argv if a != "--json"])
     args.json = as_json
+    if args.command == "drain" and args.node is None:
+        parser.error("drain needs --node: the node to drain")
+    args.node = args.node or NodeAddress("http", "127.0.0.1:8770")
+    args.timeout = TIMEOUT_S if args.timeout is None else args.timeout
     if args.command == "promote":
         extra = (["--registry", args.registry] if args.registry else []) + \
                 (["--config", str(args.config)] if args.config else [])
@@ -112,6 +127,31 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(_text(args, answer))
     return 0 if status == 200 else 1
+
+
+def _command(argv: list[str]) -> str | None:
+    """The subcommand: the first word that is neither a flag nor a flag's value."""
+    takes_value = {"--config", "--data-dir", "--timeout", "--node", "--db-url"}
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in takes_value:
+            skip = True
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
+def _hoist(head: list[str], rest: list[str]) -> list[str]:
+    """Flags typed before the subcommand (`--config C snapshot save F`) handed to its action,
+    after the action's name, where its parser reads them."""
+    words = head + rest
+    action = _command(rest)
+    if action is None:
+        return words
+    i = next(j for j, w in enumerate(words) if w == action and (j >= len(head)))
+    return [action, *words[:i], *words[i + 1:]]
 
 
 def _admin(args: argparse.Namespace, settings: Settings) -> MeshAdmin:

@@ -66,6 +66,9 @@ class MeshAdmin:
 
     async def _get(self, addr: str, path: str) -> dict[str, Any]:
         async with self.http().get(f"{self.node.scheme}://{addr}{path}") as resp:
+            if resp.status == 404 and await self._is_health_port(addr):
+                raise CommandRefused(f"{addr} is a node's health port (8790 by default), not its mesh port: "
+                                     "give --node the mesh port (8770 by default, node.mesh_port)")
             if resp.status != 200:
                 raise CommandRefused(f"{addr}{path} answered HTTP {resp.status}: {(await resp.text())[:200]}")
             try:
@@ -73,6 +76,14 @@ class MeshAdmin:
             except (aiohttp.ContentTypeError, ValueError):
                 raise CommandRefused(f"{addr}{path} did not answer JSON: is this a node's mesh port "
                                      "(8770 by default, not the health port)?") from None
+
+    async def _is_health_port(self, addr: str) -> bool:
+        """The health server answers /livez and /daemons; the mesh API has no such routes."""
+        try:
+            async with self.http().get(f"{self.node.scheme}://{addr}/daemons") as resp:
+                return resp.status == 200 and isinstance(await resp.json(), (dict, list))
+        except (aiohttp.ClientError, ValueError):
+            return False
 
     async def cluster_status(self) -> dict[str, Any]:
         """The node's /status, and every peer's it lists (those that answer)."""
@@ -180,7 +191,7 @@ def describe_error(exc: BaseException, node: NodeAddress, timeout_s: float) -> s
 
 
 def format_status(answer: dict[str, Any]) -> str:
-    rows = [("node", "role", "term", "leader", "quorum", "voters", "ready", "gen", "games", "work")]
+    rows = [("node", "role", "term", "leader", "quorum", "voters", "ready", "gen", "games", "under-repl", "work")]
     for s in answer["nodes"]:
         inv = s.get("inventory", {})
         work = s.get("work") or inv.get("work") or {}
@@ -188,7 +199,7 @@ def format_status(answer: dict[str, Any]) -> str:
         rows.append((s["node_id"], s["role"], str(s["term"]), str(s.get("leader")), s.get("quorum_level", ""),
                      f"{len(s.get('voters_alive', []))}/{len(s.get('voters', []))}",
                      "-" if ready is None else ("yes" if ready else "no"),
-                     _text(inv.get("best_generation")), _text(inv.get("games_created")),
+                     _text(inv.get("best_generation")), _text(inv.get("games_created")), _under_replicated(inv),
                      " ".join(f"{k}={v}" for k, v in work.items())))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
@@ -213,8 +224,20 @@ def format_progress(answer: dict[str, Any]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows] if len(rows) > 1 \
         else ["no decided generation yet"]
     best = answer.get("current_best")
+    if answer.get("anchor"):
+        lines.append(f"Elo relative to: {answer['anchor']} (0)")
     lines.append(f"best: generation {answer.get('best_generation', 0)} ({best[:12] if best else 'untrained'})")
     return "\n".join(lines)
+
+
+def _under_replicated(inventory: dict[str, Any]) -> str:
+    """A node's own games on fewer nodes than the replication factor, and the oldest one's age
+    ("-": the node replicates nothing, e.g. a lone node)."""
+    rep = inventory.get("replication")
+    if not isinstance(rep, dict) or rep.get("under_replicated") is None:
+        return "-"
+    n, oldest = rep["under_replicated"], rep.get("oldest_under_replicated_s")
+    return f"{n}(oldest:{oldest:.0f}s)" if n and isinstance(oldest, (int, float)) else str(n)
 
 
 def _text(value: Any) -> str:

@@ -23,6 +23,8 @@ from sqlalchemy.orm import Session
 from app.db.registry_tables import (
     MatchGameRow, ModelRow, ModelStatus, RatingRow, RegistryBase, RegistrySchemaInfo, StatusHistoryRow,
 )
+from app.db.stored_paths import from_stored, to_stored
+from app.db.engines import is_url
 from app.db.versioned_store import StoreSchema, open_store
 
 SCHEMA_VERSION = 1
@@ -85,9 +87,10 @@ class StoredRating:
     updated_at: float
 
 
-def _entry(row: ModelRow) -> ModelEntry:
+def _entry(row: ModelRow, root: Path | None = None) -> ModelEntry:
     return ModelEntry(
-        sha256=row.sha256, generation=row.generation, path=row.path,
+        sha256=row.sha256, generation=row.generation,
+        path=row.path if root is None else from_stored(row.path, root) or row.path,
         parent_sha256=row.parent_sha256, dataset_sha256=row.dataset_sha256,
         elo=row.elo, elo_low=row.elo_low, elo_high=row.elo_high,
         status=ModelStatus(row.status), reason=row.reason,
@@ -103,9 +106,12 @@ REGISTRY_SCHEMA = StoreSchema("registry", RegistryError, RegistryBase.metadata, 
 class ModelRegistry:
     """One SQLite file; safe for one writer process and many readers (WAL, busy timeout)."""
 
-    def __init__(self, path: str | Path, create: bool = True) -> None:
-        """`path`: an SQLite file, or a database URL (app/db/engines.py)."""
+    def __init__(self, path: str | Path, create: bool = True, root: Path | None = None) -> None:
+        """`path`: an SQLite file, or a database URL (app/db/engines.py). `root`: the data dir
+        model paths are stored relative to (default: an SQLite file's folder; a database URL
+        without one keeps them as given)."""
         self.path, self.engine = open_store(path, REGISTRY_SCHEMA, create)
+        self.root = root if root is not None or is_url(path) else Path(path).parent
 
     def close(self) -> None:
         self.engine.dispose()
@@ -118,6 +124,26 @@ class ModelRegistry:
 
     # --- models -----------------------------------------------------------------------
 
+    def _stored(self, path: str | Path) -> str:
+        return str(path) if self.root is None else to_stored(path, self.root) or str(path)
+
+    def rebase_paths(self, data_dir: Path | None = None) -> int:
+        """Rewrite every model path as this registry stores it now: relative to the data dir
+        (an SQLite file's), or, in a database without a root, absolute under `data_dir`; in
+        both a path of a dir that moved is found again under this one. How a registry written
+        with absolute paths, or restored onto another dir, is migrated at start. Returns the
+        rows changed."""
+        root = self.root or data_dir
+        if root is None:
+            return 0
+        changed = 0
+        with Session(self.engine) as session, session.begin():
+            for row in session.scalars(select(ModelRow)):
+                stored = self._stored(from_stored(row.path, root) or row.path)
+                if stored != row.path:
+                    row.path, changed = stored, changed + 1
+        return changed
+
     def register(
         self, sha256: str, path: str | Path, generation: int,
         parent_sha256: str | None = None, dataset_sha256: str | None = None,
@@ -128,9 +154,9 @@ class ModelRegistry:
             with Session(self.engine) as session, session.begin():
                 row = session.scalar(select(ModelRow).where(ModelRow.sha256 == sha256))
                 if row is not None:
-                    return _entry(row)
+                    return _entry(row, self.root)
                 row = ModelRow(
-                    sha256=sha256, generation=int(generation), path=str(path),
+                    sha256=sha256, generation=int(generation), path=self._stored(path),
                     parent_sha256=parent_sha256, dataset_sha256=dataset_sha256,
                     status=ModelStatus.CANDIDATE.value, reason="registered",
                     created_at=now, updated_at=now,
@@ -140,7 +166,7 @@ class ModelRegistry:
                                              new_status=ModelStatus.CANDIDATE.value,
                                              reason="registered", at=now))
                 session.flush()
-                return _entry(row)
+                return _entry(row, self.root)
         except IntegrityError:  # a concurrent writer registered it first
             entry = self.get(sha256)
             assert entry is not None
@@ -149,7 +175,7 @@ class ModelRegistry:
     def get(self, sha256: str) -> ModelEntry | None:
         with Session(self.engine) as session:
             row = session.scalar(select(ModelRow).where(ModelRow.sha256 == sha256))
-            return None if row is None else _entry(row)
+            return None if row is None else _entry(row, self.root)
 
     def require(self, sha256: str) -> ModelEntry:
         entry = self.get(sha256)
@@ -165,12 +191,12 @@ class ModelRegistry:
             raise RegistryError(f"{self.path}: no model with sha256 starting {prefix!r}")
         if len(rows) > 1:
             raise RegistryError(f"{self.path}: sha256 prefix {prefix!r} is ambiguous")
-        return _entry(rows[0])
+        return _entry(rows[0], self.root)
 
     def models(self) -> list[ModelEntry]:
         """Every model, by generation then registration order."""
         with Session(self.engine) as session:
-            return [_entry(r) for r in session.scalars(select(ModelRow).order_by(ModelRow.generation, ModelRow.id))]
+            return [_entry(r, self.root) for r in session.scalars(select(ModelRow).order_by(ModelRow.generation, ModelRow.id))]
 
     def current_best(self) -> ModelEntry | None:
         """The promoted model made current most recently; promotions only move to newer
@@ -180,7 +206,7 @@ class ModelRegistry:
                 select(ModelRow).where(ModelRow.status == ModelStatus.PROMOTED.value)
                 .order_by(ModelRow.current_seq.desc()).limit(1)
             )
-            return None if row is None else _entry(row)
+            return None if row is None else _entry(row, self.root)
 
     def history(self, sha256: str | None = None) -> list[StatusChange]:
         stmt = select(StatusHistoryRow).order_by(StatusHistoryRow.id)
@@ -207,7 +233,7 @@ class ModelRegistry:
             if row.status != ModelStatus.CANDIDATE.value:
                 raise RegistryError(f"{self.path}: model {sha256[:12]} is {row.status}, only a candidate can be rejected")
             self._change(session, row, ModelStatus.REJECTED, reason, now)
-            return _entry(row)
+            return _entry(row, self.root)
 
     def promote(self, sha256: str, reason: str) -> ModelEntry:
         """Make a candidate the current best. The caller checks the file's sha256 first
@@ -234,7 +260,7 @@ class ModelRegistry:
             self._change(session, row, ModelStatus.PROMOTED, reason, now)
             row.promoted_at = now
             self._make_current(session, row, now)
-            return _entry(row)
+            return _entry(row, self.root)
 
     def rollback(self, to_sha256: str, reason: str) -> list[str]:
         """Make an earlier promoted model current again: every promoted model of a later

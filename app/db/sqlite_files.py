@@ -1,12 +1,12 @@
-"""What every SQLite file of ours shares: connection pragmas, race-safe table creation and
-schema-version row."""
+"""What every store of ours shares: SQLite connection pragmas, race-safe table creation and
+schema-version row (SQLite: retried; PostgreSQL: serialized under an advisory lock)."""
 
 from __future__ import annotations
 
 import sqlite3
 import time
 
-from sqlalchemy import Engine, MetaData
+from sqlalchemy import Connection, Engine, MetaData, text
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import Session
 
@@ -42,14 +42,32 @@ def _enter_wal(cur: sqlite3.Cursor) -> None:
             delay = min(delay * 2, 0.2)
 
 
+SCHEMA_LOCK_KEY = 0x6D657368  # "mesh": one advisory lock for every store's schema changes
+
+
+def lock_schema(conn: Connection | Session) -> None:
+    """PostgreSQL: hold the schema lock until this transaction ends. Nodes and daemons opening
+    a fresh database at once then create its tables and version rows one after the other; the
+    check-then-create race each would otherwise lose (and recover from) left a burst of ERRORs
+    in the server's log (a concurrent CREATE TABLE, a duplicate schema_info_pkey)."""
+    bind = conn.get_bind() if isinstance(conn, Session) else conn
+    if bind.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SCHEMA_LOCK_KEY})
+
+
 def create_tables(metadata: MetaData, engine: Engine) -> None:
-    """create_all, tolerating other processes or threads creating the same tables at once
+    """On PostgreSQL: one transaction under the schema lock. On SQLite: create_all, tolerating other processes or threads creating the same tables at once
     (SQLite: "already exists"; PostgreSQL: that, or a duplicate key in its type catalogue).
 
     create_all looks, then creates what it did not see; a racer can make any one table or
     index in between. Each such loss means an object now exists that did not, so one attempt
     per table and index, plus one, always ends (three were too few for six threads opening one
     new replay DB: its tables and indexes outnumber them)."""
+    if engine.dialect.name == "postgresql":  # serialized, so the server logs no lost race
+        with engine.begin() as conn:
+            lock_schema(conn)
+            metadata.create_all(conn)
+        return
     attempts = 1 + sum(1 + len(table.indexes) for table in metadata.tables.values())
     for attempt in range(attempts):
         try:
@@ -69,6 +87,8 @@ def stored_schema_version(engine: Engine, row_type: type, key: str, current: int
     for _ in range(2):
         try:
             with Session(engine) as session, session.begin():
+                if create:
+                    lock_schema(session)
                 row = session.get(row_type, key)
                 if row is not None:
                     return int(row.value)

@@ -27,6 +27,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from app.db.engines import is_url, open_engine
+from app.db.sqlite_files import create_tables
 
 PENDING = "pending"
 CLAIMED = "claimed"
@@ -85,5 +86,5 @@ def _create_tables(engine: Engine) -> Engine:
         if inspect(engine).has_table(WorkItemRow.__tablename__) else None
     if columns is not None and columns != set(WorkItemRow.__table__.columns.keys()):
         WorkItemRow.__table__.drop(engine)  # an older layout: a cache, rebuilt by the leader
-    Base.metadata.create_all(engine)
+    create_tables(Base.metadata, engine)
     return engine

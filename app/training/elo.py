@@ -184,3 +184,21 @@ def _grad_hess(theta: np.ndarray, rows: list[tuple[int, int, float, float]], k: 
             hess[i, j] += w
             hess[j, i] += w
     return grad, hess
+
+
+def chain_anchors(games: Iterable[Game], anchor: str = "random", order: Sequence[str] = ()) -> dict[str, str]:
+    """player -> the player its rating is relative to, as `fit_elo_chains` anchors it (without
+    fitting): `anchor` for every player connected to it by games, else its group's first
+    player in `order`. What a panel names beside an Elo ("vs random", "vs generation 1")."""
+    counts = pair_counts(list(games))
+    players = {p for pair in counts for p in pair}
+    main = _component(anchor, counts) if anchor in players else set()
+    out = {p: anchor for p in main}
+    rank = {p: i for i, p in enumerate(order)}
+    left = players - main
+    while left:
+        first = min(left, key=lambda p: (rank.get(p, len(rank)), p))
+        group = _component(first, counts) & left
+        out.update({p: first for p in group})
+        left -= group
+    return out

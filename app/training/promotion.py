@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Callable, Protocol, Sequence, TypeVar
 
 from app.ai.model import ModelFormatError, file_sha256, read_meta
+from app.ai.players import model_sha_of_player
 from app.config import Settings
 from app.shared.manifests import verify_stored_model
 from app.config.pipeline import PromotionConfig
 from app.db.registry import ModelEntry, ModelRegistry, ModelStatus, RegistryError
 from app.training.gauntlet import GauntletReport, ProgressCallback, run_gauntlet
+from app.training.elo import chain_anchors
 from app.training.sprt import SprtDecision, SprtResult
 
 PROGRESS_FORMAT = 1
@@ -211,27 +213,51 @@ def evaluate_candidate(
     return PromotionOutcome(registry.require(entry.sha256), decision, report)
 
 
+def model_anchors(registry: ModelRegistry) -> dict[str, str]:
+    """sha256 -> what its registry Elo is relative to ("random", "generation 1"), as
+    recompute_ratings anchors it: random where the games reach it, else the chain's earliest
+    generation."""
+    generation = {m.sha256: m.generation for m in registry.models()}
+    games = registry.match_results()
+    players = {p for row in games for p in row[:2]}
+    order = sorted(players, key=lambda p: (generation.get(model_sha_of_player(p) or "", 1 << 30), p))
+    out: dict[str, str] = {}
+    for player, anchor in chain_anchors(games, order=order).items():
+        sha = model_sha_of_player(player)
+        if sha is None or sha in out:
+            continue
+        anchor_sha = model_sha_of_player(anchor)
+        out[sha] = f"generation {generation[anchor_sha]}" if anchor_sha in generation else anchor
+    return out
+
+
 def progress_report(registry: ModelRegistry) -> dict:
     """Elo by generation for operators (served as /progress). Shape (format 1):
 
-    {"format": 1, "anchor": "random", "current_best": sha256 | null,
+    {"format": 1, "anchor": what the Elo values are relative to ("random", "generation 1", or
+     several, comma separated, when the games form separate chains; null with no rated model),
+     "current_best": sha256 | null,
      "models": [{"generation", "sha256", "status", "reason", "elo", "elo_low", "elo_high",
-                 "parent_sha256", "dataset_sha256", "created_at", "promoted_at", "current"}, ...]
+                 "parent_sha256", "dataset_sha256", "created_at", "promoted_at", "current",
+                 "elo_anchor"}, ...]
                  ordered by generation then registration,
      "baselines": [{"player", "elo", "elo_low", "elo_high", "games"}, ...] strongest first}
 
     Elo values are null until the model has rated games.
     """
     best = registry.current_best()
+    anchors = model_anchors(registry)
     models = [{
         "generation": m.generation, "sha256": m.sha256, "status": m.status.value, "reason": m.reason,
         "elo": m.elo, "elo_low": m.elo_low, "elo_high": m.elo_high,
         "parent_sha256": m.parent_sha256, "dataset_sha256": m.dataset_sha256,
         "created_at": m.created_at, "promoted_at": m.promoted_at,
         "current": best is not None and m.sha256 == best.sha256,
+        "elo_anchor": anchors.get(m.sha256) if m.elo is not None else None,
     } for m in registry.models()]
     baselines = [{"player": r.player, "elo": r.elo, "elo_low": r.elo_low, "elo_high": r.elo_high, "games": r.games}
                  for r in registry.ratings() if not r.player.startswith("model:")]
-    return {"format": PROGRESS_FORMAT, "anchor": "random",
+    named = sorted({m["elo_anchor"] for m in models if m["elo_anchor"]})
+    return {"format": PROGRESS_FORMAT, "anchor": ", ".join(named) if named else None,
             "current_best": None if best is None else best.sha256,
             "models": models, "baselines": baselines}

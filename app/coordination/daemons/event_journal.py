@@ -20,7 +20,7 @@ from pathlib import Path
 
 from app.coordination.daemons.event_router import Event, EventRouter
 from app.coordination.daemons.events import EventType
-from app.log import get_logger
+from app.log import get_logger, iso_timestamp
 
 log = get_logger(__name__)
 HANDLER_NAME = "event_journal"
@@ -43,7 +43,7 @@ class EventJournal:
         async with self._lock:
             if event.key in self._keys:
                 return  # a DLQ retry of a line that was written after all
-            line = json.dumps({"t": event.published_at, "type": event.type.value, "key": event.key,
+            line = json.dumps({"timestamp": iso_timestamp(event.published_at), "type": event.type.value, "key": event.key,
                                "payload": event.payload.model_dump(mode="json")}, sort_keys=True)
             await asyncio.to_thread(self._append, line)
             self._keys.add(event.key)

@@ -296,7 +296,9 @@ class DaemonManager:
             await self._stopped.wait()
             return
         self._stop_started = True
-        deadline = asyncio.get_running_loop().time() + deadline_s
+        started = asyncio.get_running_loop().time()
+        deadline = started + deadline_s
+        log.info("drain_started", deadline_s=deadline_s, daemons=len(self._statuses))
         stopped = {name: asyncio.Event() for name in self._statuses}
         dependents = {
             name: [other for other, st in self._statuses.items() if name in st.spec.depends_on]
@@ -313,7 +315,7 @@ class DaemonManager:
 
         await asyncio.gather(*(stop_after_dependents(st) for st in self._statuses.values()))
         self._stopped.set()
-        log.info("daemons_stopped")
+        log.info("daemons_stopped", drain_s=round(asyncio.get_running_loop().time() - started, 3))
 
     async def _stop_one(self, st: DaemonStatus, deadline: float) -> None:
         loop = asyncio.get_running_loop()

@@ -14,8 +14,12 @@ nothing until their source exists.
 
 from __future__ import annotations
 
+import os
 import platform
+import subprocess
+from functools import cache
 from importlib import metadata
+from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from prometheus_client import (
@@ -24,6 +28,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from app.coordination.daemons.worker_metrics import WorkerCollector
 
 METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
 NAMESPACE = "mesh"
@@ -200,9 +206,10 @@ class Metrics:
         # What runs here: the build (a constant 1 with its version labels) and the process's own
         # CPU, memory and file descriptors (prometheus-client's collectors, on this registry).
         build = Gauge(f"{n}_build_info", "The program this node runs (always 1; see the labels).",
-                      ["node", "version", "python"], registry=r)
-        build.labels(node, _version(), platform.python_version()).set(1)
+                      ["node", "version", "revision", "python"], registry=r)
+        build.labels(node, _version(), revision(), platform.python_version()).set(1)
         ProcessCollector(registry=r)
+        r.register(WorkerCollector(n))  # its self-play, network, training and gauntlet processes
         PlatformCollector(registry=r)
 
     def watch_daemons(self, daemon_states: Callable[[], list[dict[str, Any]]]) -> None:
@@ -222,6 +229,21 @@ class Metrics:
         """The Prometheus text exposition of every metric in this registry; series registered
         by other layers without a `node` label (the mesh's refusal counters) get this node's."""
         return generate_latest(_NodeLabelled(self.registry, self.node))  # type: ignore[arg-type]
+
+
+@cache
+def revision() -> str:
+    """The source revision this node runs: MESH_REVISION when a deployment sets it (an image
+    built without .git), else the checkout's git commit (short), else "unknown"."""
+    if os.environ.get("MESH_REVISION"):
+        return os.environ["MESH_REVISION"][:40]
+    root = Path(__file__).resolve().parents[3]
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                             text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
 
 
 def _version() -> str:

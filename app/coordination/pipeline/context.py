@@ -22,6 +22,7 @@ from app.coordination.daemons.event_router import Event
 from app.coordination.daemons.events import EventType
 from app.coordination.pipeline.state import PipelineState, PipelineStateStore
 from app.coordination.pipeline.steps import Cluster, WorkloadSteps
+from app.log import iso_timestamp
 
 TEST_HOLD_ENV = "SELFPLAY_MESH_TEST_HOLD_STAGE"  # see PipelineContext._test_hold; unset in production
 
@@ -48,6 +49,10 @@ class PipelineContext:
         # the node's drain has begun (the orchestrator hands in DaemonManager.wait_draining); only
         # the test fault point `_test_hold` waits on it
         self.wait_draining: Callable[[], Awaitable[None]] | None = None
+
+    def save_state(self) -> None:
+        """Write the state as it is (the start-up migration of an old data dir's paths)."""
+        self._store.save(self._state)
 
     @property
     def export_threshold(self) -> int:
@@ -107,7 +112,7 @@ class PipelineContext:
     def _append_history(self, state: PipelineState) -> None:
         """One JSON line per stage change: when each generation entered each stage (for
         operators and scripts/bench_loop.py's time shares)."""
-        line = json.dumps({"t": time.time(), "generation": state.generation, "stage": state.stage.value,
+        line = json.dumps({"timestamp": iso_timestamp(time.time()), "generation": state.generation, "stage": state.stage.value,
                            "promoted": state.promoted, "rejected": state.rejected})
         with open(self.paths.history_file, "a") as fh:
             fh.write(line + "\n")

@@ -34,10 +34,11 @@ from typing import Any, Callable
 from app.config.paths import NodePaths
 from app.coordination.p2p.node import MeshNode
 from app.coordination.pipeline.context import PipelineContext
-from app.coordination.pipeline.generation_elo import rate_generations
+from app.coordination.pipeline.generation_elo import generation_anchors, rate_generations
 from app.db.engines import is_url
 from app.db.registry import ModelRegistry, RegistryError
 from app.log import get_logger
+from app.training.promotion import model_anchors
 from app.training.solved_accuracy import ACCURACY_FILE, AccuracyCache
 
 log = get_logger(__name__)
@@ -115,6 +116,7 @@ class _Cache:
     local_games: int = 0
     local_positions: int = 0
     best_installed_at: float | None = None
+    local_work: dict[str, int] | None = None  # the leader's own queue counts (a lone node leads itself)
 
 
 class DashboardFeed:
@@ -125,6 +127,7 @@ class DashboardFeed:
         self.readiness = readiness  # this node's; other nodes gossip theirs (`ready` in the inventory)
         self.cache = _Cache()
         self._record_elo: tuple[object, dict[int, list[float]]] = (None, {})  # (records it was fitted on, ratings)
+        self._record_anchors: dict[int, str] = {}  # generation -> what its Elo is relative to
         self.series: deque[dict[str, float]] = deque(maxlen=history)  # cluster games/positions over time
         self.node_games: dict[str, deque[tuple[float, int]]] = {}  # per node (t, games created)
 
@@ -145,6 +148,8 @@ class DashboardFeed:
         counts = self.pipe.steps.items.created_counts(self.pipe.node_id)
         cache.local_games = counts["games_created"]
         cache.local_positions = counts["positions_created"]
+        if self.node.is_leader:  # its own queue, read here: it gossips it to others, not to itself
+            cache.local_work = self.node.queue.summary()
         best = self.pipe.state.best_sha256
         if best is not None:
             try:
@@ -154,8 +159,10 @@ class DashboardFeed:
         if self.pipe.cluster is None and registry_exists(paths.registry_db):
             try:
                 with ModelRegistry(paths.registry_db, create=False) as registry:
-                    cache.local_generations = [_registry_generation(m.to_json(), self.pipe.node_id)
-                                               for m in registry.models() if m.generation > 0 and m.status.value != "candidate"]
+                    anchors = model_anchors(registry)
+                    cache.local_generations = [
+                        _registry_generation({**m.to_json(), "elo_anchor": anchors.get(m.sha256)}, self.pipe.node_id)
+                        for m in registry.models() if m.generation > 0 and m.status.value != "candidate"]
             except RegistryError:
                 pass
         return cache
@@ -210,9 +217,11 @@ class DashboardFeed:
                 "generation": self.pipe.state.best_generation if me else i.get("best_generation"),
                 "model": self.pipe.state.best_sha256 if me else i.get("best_sha256"),
                 "games": i.get("games_created"), "games_per_s": self.games_per_second(nid),
+                "under_replicated": self._under_replicated(nid, i),
                 "claims": [c.item_id for c in state.claims] if state else [],
             })
-        work = next((i.get("work") for nid, i in inv.items() if nid == view.leader and i.get("work")), None)
+        work = self.cache.local_work if node.is_leader else \
+            next((i.get("work") for nid, i in inv.items() if nid == view.leader and i.get("work")), None)
         claims = [{"item": c.item_id, "node": s.node_id, "term": c.token.term}
                   for s in view.nodes.values() for c in s.claims]
         not_ready = [n["node_id"] for n in nodes if n["voter"] and n["ready"] is not True]
@@ -221,9 +230,20 @@ class DashboardFeed:
                         "voters": list(node.voters), "voters_alive": sorted(set(node.voters) & alive),
                         "voters_not_ready": not_ready, "quorum_size": len(node.voters) // 2 + 1},
             "nodes": nodes, "work": work, "claims": claims,
-            "generations": self.generations(inv),
+            "generations": (generations := self.generations(inv)),
+            "elo_anchor": _anchor_summary(generations),  # what every Elo shown is relative to
             "series": list(self.series),
         }
+
+    def _under_replicated(self, node_id: str, inventory: dict[str, Any]) -> dict[str, Any] | None:
+        """{games, oldest_s}: a node's own games held by fewer nodes than the replication
+        factor, as its replication daemon counts them (None: no replication on that node)."""
+        cluster = self.pipe.cluster
+        rep = cluster.replication if node_id == self.node.node_id and cluster is not None else inventory.get("replication")
+        if not isinstance(rep, dict) or "under_replicated" not in rep:
+            return None
+        return {"games": rep["under_replicated"], "oldest_s": rep.get("oldest_under_replicated_s"),
+                "factor": rep.get("factor")}
 
     def _ready(self, node_id: str, inventory: dict[str, Any], alive: set[str]) -> tuple[bool | None, str]:
         """(ready, why not) of a node: this node's own readiness, another's as it gossips it
@@ -265,6 +285,7 @@ class DashboardFeed:
             fitted = record_elo.get(r["generation"])
             if fitted is not None:
                 elo, low, high = fitted
+                r["elo_anchor"] = self._record_anchors.get(r["generation"])
             elif r.get("elo") is not None:
                 elo = r["elo"]
             accuracy = {"exact": exact, "outcome": outcome} if exact is not None and outcome is not None else None
@@ -286,6 +307,7 @@ class DashboardFeed:
                 log.warning("generation_elo_failed", error=str(exc))
                 rated = {}
             self._record_elo = (records, {g: [r.elo, r.low, r.high] for g, r in rated.items()})
+            self._record_anchors = generation_anchors(dict(records)) if rated else {}
         return self._record_elo[1]
 
     def progress(self, base: dict[str, Any]) -> dict[str, Any]:
@@ -294,6 +316,7 @@ class DashboardFeed:
         out = dict(base)
         if self.pipe.cluster is not None:
             out["generations"] = self.generations()
+            out["anchor"] = _anchor_summary(out["generations"])
             return out
         generations = [_registry_generation(m, self.pipe.node_id) for m in base.get("models", [])
                        if m["generation"] > 0 and m["status"] != "candidate"]
@@ -301,6 +324,7 @@ class DashboardFeed:
         out["generations"] = self.enrich(generations)
         out["best_generation"] = current["generation"] if current is not None else 0
         out["rolled_back"] = [g["generation"] for g in generations if g["rolled_back"]]
+        out["anchor"] = _anchor_summary(out["generations"])
         return out
 
     def mesh_gauges(self) -> dict[str, Any]:
@@ -342,6 +366,13 @@ def model_elo(generations: list[dict[str, Any]], best_sha256: str | None) -> dic
     return out
 
 
+def _anchor_summary(generations: list[dict[str, Any]]) -> str | None:
+    """What the Elo values shown are relative to: one anchor, several (comma separated: the
+    games form separate chains), or None with no rated generation."""
+    named = sorted({g["elo_anchor"] for g in generations if g.get("elo") is not None and g.get("elo_anchor")})
+    return ", ".join(named) if named else None
+
+
 def _stats_row(value: Any) -> list[float | None]:
     """A gossiped gen_stats row as numbers (a peer's message is checked like any other: a row
     that is not a list of finite numbers or nulls is ignored; older nodes send four fields)."""
@@ -358,4 +389,5 @@ def _registry_generation(model: dict[str, Any], node_id: str) -> dict[str, Any]:
     rolled_back = model["status"] == "rolled_back"
     return {"generation": model["generation"], "sha256": model["sha256"],
             "promoted": model.get("promoted_at") is not None and not rolled_back, "rolled_back": rolled_back,
-            "reason": model.get("reason", ""), "trained_by": node_id, "elo": model.get("elo")}
+            "reason": model.get("reason", ""), "trained_by": node_id, "elo": model.get("elo"),
+            "elo_anchor": model.get("elo_anchor")}

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from app.ai.players import model_sha_of_player
 from app.coordination.pipeline.generation_log import GenerationRecord
-from app.training.elo import Rating, fit_elo_chains
+from app.training.elo import Rating, chain_anchors, fit_elo_chains
 
 
 def match_rows(records: Mapping[int, GenerationRecord]) -> list[tuple[str, str, float, float]]:
@@ -52,4 +52,34 @@ def rate_generations(records: Mapping[int, GenerationRecord]) -> dict[int, Ratin
         ratings = by_sha.get(record.sha256, [])
         if ratings:  # its own player when it played, else the player that played it most
             out[generation] = next((r for r in ratings if r.player == own), max(ratings, key=lambda r: r.games))
+    return out
+
+
+def anchor_label(anchor_player: str | None, generation_of: Mapping[str, int]) -> str | None:
+    """What an Elo is relative to, for a human: "random", "generation 3", or the player."""
+    if anchor_player is None:
+        return None
+    sha = model_sha_of_player(anchor_player)
+    if sha is not None and sha in generation_of:
+        return f"generation {generation_of[sha]}"
+    return anchor_player
+
+
+def generation_anchors(records: Mapping[int, GenerationRecord]) -> dict[int, str]:
+    """generation -> what its Elo (rate_generations) is relative to."""
+    games = match_rows(records)
+    if not games:
+        return {}
+    generation_of = {r.sha256: g for g, r in sorted(records.items(), reverse=True)}
+    players = {p for row in games for p in row[:2]}
+    order = sorted(players, key=lambda p: (generation_of.get(model_sha_of_player(p) or "", 1 << 62), p))
+    anchors = chain_anchors(games, order=order)
+    out: dict[int, str] = {}
+    for generation, record in records.items():
+        own = record.matches["player"] if record.matches else None
+        mine = [a for p, a in anchors.items() if model_sha_of_player(p) == record.sha256]
+        anchor = anchors.get(own) if own in anchors else (mine[0] if mine else None)
+        label = anchor_label(anchor, generation_of)
+        if label is not None:
+            out[generation] = label
     return out

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from app.atomic_files import atomic_write_json
+from app.db.stored_paths import from_stored, to_stored
 
 
 class Stage(str, enum.Enum):
@@ -152,8 +153,13 @@ def from_json(data: dict) -> PipelineState:
     return PipelineState(**{**data, "stage": Stage(data["stage"])})
 
 
+PATH_FIELDS = ("best_path", "dataset_dir", "run_dir", "candidate_path")
+
+
 class PipelineStateStore:
-    """The state file of one node's pipeline."""
+    """The state file of one node's pipeline. Paths in it are stored relative to the file's
+    folder (the data dir), so the dir can move; a file written with absolute paths is read
+    with them found again under this dir, and written relative at the next save."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -162,9 +168,15 @@ class PipelineStateStore:
         if not self.path.exists():
             return PipelineState()
         try:
-            return from_json(json.loads(self.path.read_text()))
-        except (ValueError, TypeError, KeyError) as exc:
+            data = json.loads(self.path.read_text())
+            for key in PATH_FIELDS:
+                data[key] = from_stored(data.get(key), self.path.parent)
+            return from_json(data)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise PipelineStateError(f"{self.path}: unreadable pipeline state: {exc}") from None
 
     def save(self, state: PipelineState) -> None:
-        atomic_write_json(self.path, to_json(state), indent=2)
+        data = to_json(state)
+        for key in PATH_FIELDS:
+            data[key] = to_stored(data[key], self.path.parent)
+        atomic_write_json(self.path, data, indent=2)
