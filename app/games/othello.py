@@ -26,6 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from app.games.base import Game, GameError, GameState, IllegalMoveError, ParseError
+from app.games.square_board import cell_symmetries, symmetric_images
 
 BLACK, WHITE = 0, 1
 _LETTERS = "abcdefgh"
@@ -213,24 +214,6 @@ class OthelloState(GameState):
         return "\n".join(rows)
 
 
-def cell_symmetries(size: int) -> np.ndarray:
-    """(8, size*size) int64: for each symmetry of the square (the identity first), the cell
-    each cell goes to."""
-    out = []
-    for transpose in (False, True):
-        for flip_rows in (False, True):
-            for flip_cols in (False, True):
-                perm = np.empty(size * size, dtype=np.int64)
-                for r in range(size):
-                    for c in range(size):
-                        rr, cc = (c, r) if transpose else (r, c)
-                        rr = size - 1 - rr if flip_rows else rr
-                        cc = size - 1 - cc if flip_cols else cc
-                        perm[r * size + c] = rr * size + cc
-                out.append(perm)
-    return np.stack(out)
-
-
 class Othello(Game):
     """Othello on a size x size board (even, 4..8); `Othello()` is the shipped 6x6 game."""
 
@@ -295,16 +278,7 @@ class Othello(Game):
         return "pass" if action == self.size * self.size else cell_name(action, self.size)
 
     def symmetries(self, planes: np.ndarray, policy: np.ndarray) -> Sequence[tuple[np.ndarray, np.ndarray]]:
-        """The eight images of the square. Cell i goes to `cell_perms[k][i]`, so the image's
-        value at j is the original's at the inverse: index with the inverse permutation."""
-        s = self.size
-        out = []
-        for perm, action_perm in zip(self.cell_perms, self.action_perms):
-            inverse = np.argsort(perm)
-            flat = planes.reshape(*planes.shape[:-2], s * s)
-            image = flat[..., inverse].reshape(planes.shape)
-            out.append((image, policy[..., np.argsort(action_perm)]))
-        return out
+        return symmetric_images(self.cell_perms, self.action_perms, planes, policy)
 
     # -- the batch form (app/games/othello_arrays.py) --
 
