@@ -199,6 +199,10 @@ class Connect4(Game):
     name = "connect4"
     num_actions = WIDTH
     plane_shape = (3, HEIGHT, WIDTH)
+    max_plies = WIDTH * HEIGHT
+    words = connect4_arrays.WORDS
+    rules_module = "app.games.connect4_rules"
+    num_players = 2
 
     def initial_state(self) -> Connect4State:
         return Connect4State()
