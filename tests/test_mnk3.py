@@ -11,7 +11,7 @@ import pytest
 
 from app.games import IllegalMoveError, ParseError
 from app.games.mnk3 import MNK3, MNK3State
-from app.games.mnk3_arrays import finished, legal_actions, play, returns_of
+from app.games.mnk3_arrays import after, finished, legal, legal_actions, play, returns_of, terminal, to_move
 
 GAME = MNK3()
 
@@ -101,11 +101,19 @@ def test_the_compiled_rules_match_the_object_rules_on_random_games() -> None:
     assert np.array_equal(GAME.words_planes(words), np.stack([s.planes() for s in states]))
     assert np.array_equal(GAME.words_legal_masks(words), np.stack([s.legal_mask() for s in states]))
     for state, w in zip(states, words):
-        assert finished(*w) == state.is_terminal
+        assert finished(*w) == state.is_terminal and to_move(w, state.ply) == state.to_move
         assert legal_actions(*w) == sum(1 << a for a in state.legal_moves())
+        returns = np.full(3, 9.0)
+        assert terminal(w, state.ply, returns) == state.is_terminal
         if state.is_terminal:
-            assert np.array_equal(returns_of(*w), state.returns())
+            assert np.array_equal(returns_of(*w), state.returns()) and np.array_equal(returns, state.returns())
             continue
+        moves = np.zeros(36, dtype=np.uint8)
+        assert legal(w, state.ply, moves) == len(state.legal_moves())
+        assert np.array_equal(moves.astype(bool), state.legal_mask())
         for action in state.legal_moves()[::5]:
             child = GAME.state_words([state.play(action)])[0]
-            assert tuple(int(x) for x in play(*w, action)) == tuple(int(x) for x in child)
+            assert tuple(int(x) for x in after(*w, action)) == tuple(int(x) for x in child)
+            out = np.zeros(3, dtype=np.uint64)
+            play(w, action, out)
+            assert np.array_equal(out, child)

@@ -9,7 +9,7 @@ import random
 import numpy as np
 
 from app.games.othello import Othello, OthelloState
-from app.games.othello_arrays import finished, legal_actions, play, returns_of
+from app.games.othello_arrays import after, finished, legal, legal_actions, play, returns_of, terminal, to_move
 
 GAME = Othello()
 
@@ -32,15 +32,23 @@ def test_the_compiled_rules_match_the_object_rules_on_random_games() -> None:
     words = GAME.state_words(states)
     assert words.dtype == np.uint64 and words.shape == (len(states), 3)
     for state, w in zip(states, words):
-        assert int(w[2]) == state.to_move + 2 * state.ply
+        assert int(w[2]) == state.to_move == to_move(w, state.ply)
         assert finished(w[0], w[1]) == state.is_terminal
         assert legal_actions(w[0], w[1]) == sum(1 << a for a in state.legal_moves())
+        returns = np.full(2, 9.0)
+        assert terminal(w, state.ply, returns) == state.is_terminal
         if state.is_terminal:
-            assert np.array_equal(returns_of(*w), state.returns())
+            assert np.array_equal(returns_of(*w), state.returns()) and np.array_equal(returns, state.returns())
             continue
+        moves = np.zeros(37, dtype=np.uint8)
+        assert legal(w, state.ply, moves) == len(state.legal_moves())
+        assert np.array_equal(moves.astype(bool), state.legal_mask())
         for action in state.legal_moves():
             child = GAME.state_words([state.play(action)])[0]
-            assert tuple(int(x) for x in play(*w, action)) == tuple(int(x) for x in child)
+            assert tuple(int(x) for x in after(*w, action)) == tuple(int(x) for x in child)
+            out = np.zeros(3, dtype=np.uint64)
+            play(w, action, out)
+            assert np.array_equal(out, child)
 
 
 def test_a_batch_has_each_states_planes_and_legal_mask() -> None:

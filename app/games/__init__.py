@@ -2,8 +2,10 @@
 
 from app.games.base import Game, GameError, GameState, IllegalMoveError, ParseError, result_scale
 from app.games.connect4 import Connect4
+from app.games.mnk3 import MNK3
+from app.games.othello import Othello
 
-_GAMES: dict[str, type[Game]] = {"connect4": Connect4}
+_GAMES: dict[str, type[Game]] = {"connect4": Connect4, "othello": Othello, "mnk3": MNK3}
 
 
 def get_game(name: str = "connect4") -> Game:

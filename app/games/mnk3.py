@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from app.games.base import Game, GameError, GameState, IllegalMoveError, ParseError
-from app.games.square_board import cell_symmetries, symmetric_images
+from app.games.square_board import cell_symmetries
 
 SIZE = 6
 CELLS = SIZE * SIZE
@@ -99,10 +99,6 @@ class MNK3State(GameState):
         out[self._winner] = _WIN
         return out
 
-    def terminal_value(self, length_discount: float = 0.0) -> float:
-        """The side to move's entry of `returns()` (never the winner's: the winner just moved)."""
-        return float(self.returns()[self.to_move])
-
     def legal_moves(self) -> list[int]:
         if self.is_terminal:
             return []
@@ -154,10 +150,11 @@ class MNK3(Game):
     num_actions = CELLS
     plane_shape = (PLAYERS + 1, SIZE, SIZE)
     max_plies = CELLS
+    words = 3
+    rules_module = "app.games.mnk3_arrays"
 
     def __init__(self) -> None:
         self.cell_perms = cell_symmetries(SIZE)
-        self.action_perms = self.cell_perms
 
     def initial_state(self) -> MNK3State:
         return MNK3State((EMPTY,) * CELLS, (), None)
@@ -180,8 +177,10 @@ class MNK3(Game):
     def action_to_text(self, action: int) -> str:
         return cell_name(action)
 
-    def symmetries(self, planes: np.ndarray, policy: np.ndarray) -> Sequence[tuple[np.ndarray, np.ndarray]]:
-        return symmetric_images(self.cell_perms, self.action_perms, planes, policy)
+    def symmetry_permutations(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The eight symmetries of the square (actions are the cells, so one permutation
+        serves both): image cell j takes the original's cell at the inverse of `cell_perms[k]`."""
+        return [(np.argsort(cells), np.argsort(cells)) for cells in self.cell_perms]
 
     # -- the batch form (app/games/mnk3_arrays.py) --
 
@@ -197,8 +196,3 @@ class MNK3(Game):
         from app.games import mnk3_arrays
         return mnk3_arrays.legal_masks(words)
 
-    def stacked_planes(self, states: Sequence[GameState]) -> np.ndarray:
-        return self.words_planes(self.state_words(states))
-
-    def stacked_legal_masks(self, states: Sequence[GameState]) -> np.ndarray:
-        return self.words_legal_masks(self.state_words(states))

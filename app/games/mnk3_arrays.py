@@ -4,9 +4,10 @@ seat, in seat order), the rules compiled by numba.
 The bitboards use Connect Four's padded layout: cell (row r, column c) is bit c * 7 + r, and
 bit c * 7 + 6 is an always-empty sentinel, so four in a line is found with four shifts (1: a
 column, 7: a row, 6 and 8: the diagonals) and never wraps. The ply is the number of stones and
-the seat to move the ply mod 3. Per node the search needs the legal actions as a mask
-(action r * 6 + c), the words after an action, and whether the game is over with each seat's
-result: compiled scalar functions (`legal_actions`, `play`, `finished`, `returns_of`). A
+the seat to move the ply mod 3. This module is the game's compiled node rules, the contract
+of app/games/array_rules.py (`play`, `to_move`, `terminal`, `legal` over a position's words),
+which the array search is compiled against; the same rules over three bitboards as scalars
+(`legal_actions`, `after`, `finished`, `returns_of`; actions r * 6 + c) serve the tests. A
 batch's network input and legal masks are arrays (`planes`, `legal_masks`).
 
 Written apart from `MNK3State` (a grid and line scans) so each checks the other:
@@ -24,6 +25,9 @@ SIZE = 6
 CELLS = SIZE * SIZE
 PLAYERS = 3
 WORDS = 3
+NUM_PLAYERS = PLAYERS
+NUM_ACTIONS = CELLS
+MAX_PLIES = CELLS
 _STRIDE = SIZE + 1
 _U1 = np.uint64(1)
 # action r * SIZE + c -> its bit c * 7 + r
@@ -73,15 +77,10 @@ def legal_actions(a: np.uint64, b: np.uint64, c: np.uint64) -> np.int64:
 
 
 @njit(cache=True)
-def to_move(a: np.uint64, b: np.uint64, c: np.uint64) -> np.int64:
-    return popcount(a | b | c) % PLAYERS
-
-
-@njit(cache=True)
-def play(a: np.uint64, b: np.uint64, c: np.uint64, action: np.int64):
+def after(a: np.uint64, b: np.uint64, c: np.uint64, action: np.int64):
     """The three words after the seat to move takes `action` (assumed legal)."""
     stone = _U1 << _ACTION_BIT[action]
-    seat = to_move(a, b, c)
+    seat = popcount(a | b | c) % PLAYERS
     if seat == 0:
         return a | stone, b, c
     if seat == 1:
@@ -90,15 +89,55 @@ def play(a: np.uint64, b: np.uint64, c: np.uint64, action: np.int64):
 
 
 @njit(cache=True)
-def returns_of(a: np.uint64, b: np.uint64, c: np.uint64) -> np.ndarray:
-    """Each seat's result of a finished position: the winner +1, the others -1/2, a draw 0."""
-    out = np.zeros(PLAYERS)
+def _fill_returns(a: np.uint64, b: np.uint64, c: np.uint64, out: np.ndarray) -> None:
+    out[:] = 0.0
     boards = (a, b, c)
     for seat in range(PLAYERS):
         if has_line(boards[seat]):
             out[:] = _LOSS
             out[seat] = _WIN
+
+
+@njit(cache=True)
+def returns_of(a: np.uint64, b: np.uint64, c: np.uint64) -> np.ndarray:
+    """Each seat's result of a finished position: the winner +1, the others -1/2, a draw 0."""
+    out = np.zeros(PLAYERS)
+    _fill_returns(a, b, c, out)
     return out
+
+
+# -- the compiled node rules (app/games/array_rules.py) -------------------------------------
+
+
+@njit(cache=True)
+def play(words, action, out):
+    a, b, c = after(words[0], words[1], words[2], action)
+    out[0] = a
+    out[1] = b
+    out[2] = c
+
+
+@njit(cache=True)
+def to_move(words, ply):
+    return ply % PLAYERS
+
+
+@njit(cache=True)
+def terminal(words, ply, returns):
+    if not finished(words[0], words[1], words[2]):
+        return False
+    _fill_returns(words[0], words[1], words[2], returns)
+    return True
+
+
+@njit(cache=True)
+def legal(words, ply, moves):
+    taken = words[0] | words[1] | words[2]
+    n = 0
+    for action in range(CELLS):
+        moves[action] = 1 - ((taken >> _ACTION_BIT[action]) & _U1)
+        n += moves[action]
+    return n
 
 
 # -- the batch as arrays --------------------------------------------------------------------

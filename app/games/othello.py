@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from app.games.base import Game, GameError, GameState, IllegalMoveError, ParseError
-from app.games.square_board import cell_symmetries, symmetric_images
+from app.games.square_board import cell_symmetries
 
 BLACK, WHITE = 0, 1
 _LETTERS = "abcdefgh"
@@ -218,6 +218,8 @@ class Othello(Game):
     """Othello on a size x size board (even, 4..8); `Othello()` is the shipped 6x6 game."""
 
     num_players = 2
+    words = 3
+    rules_module = "app.games.othello_arrays"
 
     def __init__(self, size: int = 6) -> None:
         if size % 2 or not 4 <= size <= 8:
@@ -277,10 +279,12 @@ class Othello(Game):
     def action_to_text(self, action: int) -> str:
         return "pass" if action == self.size * self.size else cell_name(action, self.size)
 
-    def symmetries(self, planes: np.ndarray, policy: np.ndarray) -> Sequence[tuple[np.ndarray, np.ndarray]]:
-        return symmetric_images(self.cell_perms, self.action_perms, planes, policy)
+    def symmetry_permutations(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The eight symmetries of the square; cell i goes to `cell_perms[k][i]`, so image
+        cell j takes the original's cell at the inverse permutation. A pass stays a pass."""
+        return [(np.argsort(cells), np.argsort(actions)) for cells, actions in zip(self.cell_perms, self.action_perms)]
 
-    # -- the batch form (app/games/othello_arrays.py) --
+    # -- the batch form (app/games/othello_arrays.py; 6x6 only, other sizes are for tests) --
 
     def state_words(self, states: Sequence[GameState]) -> np.ndarray:
         from app.games import othello_arrays
@@ -294,8 +298,3 @@ class Othello(Game):
         from app.games import othello_arrays
         return othello_arrays.legal_masks(words)
 
-    def stacked_planes(self, states: Sequence[GameState]) -> np.ndarray:
-        return self.words_planes(self.state_words(states)) if self.size == 6 else super().stacked_planes(states)
-
-    def stacked_legal_masks(self, states: Sequence[GameState]) -> np.ndarray:
-        return self.words_legal_masks(self.state_words(states)) if self.size == 6 else super().stacked_legal_masks(states)

@@ -1,12 +1,13 @@
 """Othello 6x6's batch form: a position as uint64 words, the rules compiled by numba.
 
 A position is three words: the side to move's stones, the other side's (bit r*6+c is cell
-column c, row r+1, as `othello`), and `info` = to_move + 2 * ply (passes make neither
-derivable from the stones). Per node the search needs the legal actions as a bit mask (cells
-0..35, pass 36), the position after an action, and whether the game is over with each seat's
-result: compiled scalar functions (`legal_actions`, `play`, `finished`, `returns_of`) that a
-compiled search loop calls. A batch's network input and legal masks are arrays (`planes`,
-`legal_masks`). `othello_solver` builds its exact search on `legal_cells` and `flips`.
+column c, row r+1, as `othello`), and the seat to move (0 black, 1 white; passes make it
+underivable from the stones). This module is Othello's compiled node rules, the contract of
+app/games/array_rules.py (`play`, `to_move`, `terminal`, `legal` over a position's words),
+which the array search is compiled against; the same rules as scalars over bitboards
+(`legal_actions`, `after`, `finished`, `returns_of`) serve the tests and `othello_solver`
+(its exact search runs on `legal_cells` and `flips`). A batch's network input and legal masks
+are arrays (`planes`, `legal_masks`).
 
 Written apart from `OthelloState` (no tables shared) so that each checks the other:
 tests/test_othello_arrays.py plays both on random games.
@@ -23,7 +24,8 @@ SIZE = 6
 CELLS = SIZE * SIZE
 PASS = CELLS  # the action number of a pass
 NUM_ACTIONS = CELLS + 1
-WORDS = 3  # (own, opp, info)
+WORDS = 3  # (own, opp, to_move)
+NUM_PLAYERS = 2
 MAX_PLIES = 2 * (CELLS - 4)
 
 _BOARD = np.uint64((1 << CELLS) - 1)
@@ -92,14 +94,13 @@ def legal_actions(own: np.uint64, opp: np.uint64) -> np.int64:
 
 
 @njit(cache=True)
-def play(own: np.uint64, opp: np.uint64, info: np.uint64, action: np.int64):
+def after(own: np.uint64, opp: np.uint64, seat: np.uint64, action: np.int64):
     """The words after the side to move plays `action` (assumed legal): the new side to
     move's stones first, as `OthelloState.play`."""
-    next_info = (info ^ _U1) + np.uint64(2)
     if action == PASS:
-        return opp, own, next_info
+        return opp, own, seat ^ _U1
     turned = flips(own, opp, action)
-    return opp & ~turned, own | turned | (_U1 << np.uint64(action)), next_info
+    return opp & ~turned, own | turned | (_U1 << np.uint64(action)), seat ^ _U1
 
 
 @njit(cache=True)
@@ -117,28 +118,66 @@ def popcount(bits: np.uint64) -> np.int64:
 
 
 @njit(cache=True)
-def returns_of(own: np.uint64, opp: np.uint64, info: np.uint64) -> np.ndarray:
+def _fill_returns(own: np.uint64, opp: np.uint64, seat: np.uint64, out: np.ndarray) -> None:
+    margin = popcount(own) - popcount(opp)
+    sign = 0.0 if margin == 0 else (1.0 if margin > 0 else -1.0)
+    mover = np.int64(seat & _U1)
+    out[mover] = sign
+    out[1 - mover] = -sign
+
+
+@njit(cache=True)
+def returns_of(own: np.uint64, opp: np.uint64, seat: np.uint64) -> np.ndarray:
     """Each seat's result of a finished position (+1 win, -1 loss, 0 draw), seat 0 black."""
     out = np.zeros(2)
-    margin = popcount(own) - popcount(opp)
-    if margin != 0:
-        mover = np.int64(info & _U1)
-        sign = 1.0 if margin > 0 else -1.0
-        out[mover] = sign
-        out[1 - mover] = -sign
+    _fill_returns(own, opp, seat, out)
     return out
+
+
+# -- the compiled node rules (app/games/array_rules.py) -------------------------------------
+
+
+@njit(cache=True)
+def play(words, action, out):
+    own, opp, seat = after(words[0], words[1], words[2], action)
+    out[0] = own
+    out[1] = opp
+    out[2] = seat
+
+
+@njit(cache=True)
+def to_move(words, ply):
+    return np.int64(words[2] & _U1)
+
+
+@njit(cache=True)
+def terminal(words, ply, returns):
+    if not finished(words[0], words[1]):
+        return False
+    _fill_returns(words[0], words[1], words[2], returns)
+    return True
+
+
+@njit(cache=True)
+def legal(words, ply, moves):
+    bits = legal_actions(words[0], words[1])
+    n = 0
+    for a in range(NUM_ACTIONS):
+        moves[a] = (bits >> a) & 1
+        n += moves[a]
+    return n
 
 
 # -- the batch as arrays ------------------------------------------------------------------------
 
 
 def words_of(states: Sequence) -> np.ndarray:
-    """(N, 3) uint64: each 6x6 `OthelloState`'s (own, opp, to_move + 2 * ply)."""
+    """(N, 3) uint64: each 6x6 `OthelloState`'s (own, opp, to_move)."""
     out = np.empty((len(states), WORDS), dtype=np.uint64)
     for i, s in enumerate(states):
         if s.size != SIZE:
             raise ValueError(f"the batch form is {SIZE}x{SIZE}; got a {s.size}x{s.size} state")
-        out[i] = (s.own, s.opp, s.to_move + 2 * s.ply)
+        out[i] = (s.own, s.opp, s.to_move)
     return out
 
 

@@ -1,9 +1,7 @@
 """The eight symmetries of a square board as index permutations, for the games played on one
-(Othello, the three-player m,n,k game): export multiplies its samples by them."""
+(Othello, the three-player m,n,k game): `Game.symmetry_permutations` is built from these."""
 
 from __future__ import annotations
-
-from typing import Sequence
 
 import numpy as np
 
@@ -24,15 +22,3 @@ def cell_symmetries(size: int) -> np.ndarray:
                         perm[r * size + c] = rr * size + cc
                 out.append(perm)
     return np.stack(out)
-
-
-def symmetric_images(cell_perms: np.ndarray, action_perms: np.ndarray, planes: np.ndarray,
-                     policy: np.ndarray) -> Sequence[tuple[np.ndarray, np.ndarray]]:
-    """Every image of (planes, policy), of one sample or a batch (a leading axis on both).
-
-    Cell i goes to `perm[i]`, so the image's value at j is the original's at the inverse
-    permutation's j; actions past the cells (a pass) are kept by `action_perms`."""
-    size = planes.shape[-1]
-    flat = planes.reshape(*planes.shape[:-2], size * size)
-    return [(flat[..., np.argsort(perm)].reshape(planes.shape), policy[..., np.argsort(action_perm)])
-            for perm, action_perm in zip(cell_perms, action_perms)]
