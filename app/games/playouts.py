@@ -7,6 +7,8 @@ each position and averages each seat's raw return, giving them in the network's 
 convention (`Game.value_size`): the mover's mean return (B,) for a two-player zero-sum game,
 else (B, N) with entry k for seat (to_move + k) % N. The loop is compiled once per rules
 module (a numba closure over its functions, not cached on disk: ~2-5 s the first call).
+`plies` reach the rules' `to_move` and `terminal`; an evaluator that has only a batch's words
+passes what it knows (Othello's and the three-player game's rules read the words alone).
 """
 
 from __future__ import annotations
