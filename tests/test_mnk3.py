@@ -117,3 +117,11 @@ def test_the_compiled_rules_match_the_object_rules_on_random_games() -> None:
             out = np.zeros(3, dtype=np.uint64)
             play(w, action, out)
             assert np.array_equal(out, child)
+
+
+def test_the_start_up_check_passes_the_shipped_game() -> None:
+    from app.games import get_game
+    from app.games.checks import check_game
+
+    assert get_game("mnk3").value_size == 3 and not get_game("mnk3").solver_proofs
+    check_game(get_game("mnk3"))  # raises GameError at the first thing wrong

@@ -57,3 +57,10 @@ def test_a_batch_has_each_states_planes_and_legal_mask() -> None:
     assert np.array_equal(GAME.words_planes(words), np.stack([s.planes() for s in states]))
     assert np.array_equal(GAME.words_legal_masks(words), np.stack([s.legal_mask() for s in states]))
     assert np.array_equal(GAME.stacked_planes(states), GAME.words_planes(words))
+
+
+def test_the_start_up_check_passes_the_shipped_game() -> None:
+    from app.games import get_game
+    from app.games.checks import check_game
+
+    check_game(get_game("othello"))  # raises GameError at the first thing wrong
