@@ -120,7 +120,7 @@ def train(game: Game, net, samples, steps: int, batch: int, lr: float, rng: np.r
         opt.zero_grad()
         loss.backward()
         opt.step()
-        loss_sum += float(loss)
+        loss_sum += float(loss.detach())
     net.eval()
     return loss_sum / max(steps, 1)
 
