@@ -209,6 +209,8 @@ def main() -> None:
     ap.add_argument("--eval-games", type=int, default=30, help="mnk3: games a seat")
     ap.add_argument("--mcts-sims", type=int, default=400, help="mnk3: pure MCTS simulations a move")
     ap.add_argument("--mcts-rollouts", type=int, default=4, help="mnk3: random playouts a leaf")
+    ap.add_argument("--mcts-reference", action="store_true",
+                    help="mnk3: also score pure MCTS itself in the agent's seat (par for the method)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -236,9 +238,11 @@ def main() -> None:
             return mnk3_score(game, NetworkEvaluator(net, game), args.eval_sims, opponent, args.mcts_sims,
                               args.eval_games, cfg, rng)
 
-        reference = {"pure_mcts_as_agent": mnk3_score(game, PlayoutEvaluator(game, args.mcts_rollouts, rng),
-                                                      args.mcts_sims, opponent, args.mcts_sims, args.eval_games,
-                                                      cfg, rng)}
+        reference = {}
+        if args.mcts_reference:
+            reference["pure_mcts_as_agent"] = mnk3_score(game, PlayoutEvaluator(game, args.mcts_rollouts, rng),
+                                                         args.mcts_sims, opponent, args.mcts_sims, args.eval_games,
+                                                         cfg, rng)
     curve = [{"iteration": 0, "samples": 0, **evaluate(), "seconds": round(time.time() - started)}]
     print(json.dumps(curve[-1]), file=sys.stderr, flush=True)
     window: list[list] = []
