@@ -58,3 +58,18 @@ def test_three_player_search_takes_a_win_and_values_by_seat() -> None:
     [result] = best_by_search(game, [state], 400)
     assert int(np.argmax(result.counts)) == game.cell_of("d1")
     assert result.root_value > 0.5  # the mover's entry of the vector: a win is +1
+
+
+def test_random_playouts_give_values_in_the_networks_convention() -> None:
+    from app.games.playouts import playout_values
+
+    rng = np.random.default_rng(0)
+    othello = get_game("othello")
+    one_move = othello.from_board(".oooox\n" + "\n".join(["xxxxxx"] * 5), BLACK)  # a1 wins 36-0
+    values = playout_values(othello, othello.state_words([one_move]), np.array([0]), 5, rng)
+    assert values.shape == (1,) and values[0] == 1.0  # the mover's mean return
+    mnk3 = get_game("mnk3")
+    # Seat 0 has just won (a1 b1 c1 d1); seat 1 would move: entry k is seat (1 + k) % 3.
+    won = mnk3.parse("a1 a2 a3 b1 b2 b3 c1 c2 c3 d1")
+    values = playout_values(mnk3, mnk3.state_words([won]), np.array([won.ply]), 3, rng)
+    assert values.shape == (1, 3) and list(values[0]) == [-0.5, -0.5, 1.0]
