@@ -203,6 +203,8 @@ class Connect4(Game):
     words = connect4_arrays.WORDS
     rules_module = "app.games.connect4_rules"
     num_players = 2
+    # Pons' solver-scored positions, beside the repository (../shared/...): the solved panel
+    scored_positions = "shared/benchmarks/connect4/move_scores.txt"
 
     def initial_state(self) -> Connect4State:
         return Connect4State()
@@ -227,6 +229,16 @@ class Connect4(Game):
     ) -> Sequence[tuple[np.ndarray, np.ndarray]]:
         """Identity and the left-right mirror: the only symmetry of the board."""
         return [(planes, policy), (planes[..., ::-1].copy(), policy[..., ::-1].copy())]
+
+    def heuristic_scores(self, state: GameState, depth: int) -> dict[int, float]:
+        from app.games.connect4_heuristic import connect4_move_scores
+
+        return connect4_move_scores(state.position, state.mask, depth)  # type: ignore[attr-defined]
+
+    def playout_values(self, words: np.ndarray, rollouts: int, rng: np.random.Generator) -> np.ndarray:
+        from app.games.connect4_playouts import playout_values
+
+        return playout_values(words, rollouts, rng)
 
     def state_words(self, states: Sequence[GameState]) -> np.ndarray:
         return connect4_arrays.words_of(states)
