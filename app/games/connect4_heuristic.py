@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from app.games.connect4 import playable_cells, winning_cells
+from app.games.connect4_bits import playable_cells, winning_cells
 
 # Connect Four bitboard constants (Pons' layout; see app/games/connect4.py).
 _W, _H = 7, 6
