@@ -45,7 +45,7 @@ import math
 import numpy as np
 from numba import njit
 
-from app.games.array_rules import THREAT_LOSS, THREAT_NONE, THREAT_SAFE, THREAT_WIN, no_threats
+from app.games.array_rules import THREAT_LOSS, THREAT_NONE, THREAT_SAFE, THREAT_WIN, no_ply_of, no_threats
 
 rules = None  # RULES: kernel_build writes `import <the game's rules module> as rules` here
 
@@ -54,6 +54,8 @@ NP = rules.NUM_PLAYERS
 WORDS = rules.WORDS
 MAX_PLIES = rules.MAX_PLIES
 threats = getattr(rules, "threats", no_threats)
+ply_of = getattr(rules, "ply_of", no_ply_of)
+HAS_PLY_OF = hasattr(rules, "ply_of")
 # with a threat hook every win on the spot is proven at creation: a later proof is 3 plies away
 QUICKEST_PROOF_PLIES = 3 if hasattr(rules, "threats") else 1
 N_, W_, P_ = 0, 1, 2  # rows of `edges`
@@ -465,3 +467,41 @@ def advance(t, action, discount, threat_check, proofs, keep, edges, child, words
     trees_i[t, COUNT] = new_id
     trees_f[t, NOISY] = 0.0
     trees_f[t, FORCED_K] = 0.0
+
+
+@njit(cache=True)
+def playout_values(words, rollouts, seed, value_size, out):
+    """Mean raw result of `rollouts` uniformly random games from each position of `words`
+    (B, WORDS), into `out` (B, value_size): the mover's (value_size 1) or every seat's from
+    the mover on. numba's own generator, seeded with `seed`."""
+    np.random.seed(seed)
+    w = np.empty(WORDS, dtype=np.uint64)
+    nxt = np.empty(WORDS, dtype=np.uint64)
+    row = np.empty(A, dtype=np.uint8)
+    ret = np.zeros(NP)
+    acc = np.zeros(NP)
+    for b in range(words.shape[0]):
+        start = ply_of(words[b])
+        mover = rules.to_move(words[b], start)
+        for i in range(NP):
+            acc[i] = 0.0
+        for _ in range(rollouts):
+            for i in range(WORDS):
+                w[i] = words[b, i]
+            ply = start
+            while not rules.terminal(w, ply, ret):
+                pick = np.random.randint(rules.legal(w, ply, row))
+                a = 0
+                for a in range(A):
+                    if row[a]:
+                        if pick == 0:
+                            break
+                        pick -= 1
+                rules.play(w, a, nxt)
+                for i in range(WORDS):
+                    w[i] = nxt[i]
+                ply += 1
+            for i in range(NP):
+                acc[i] += ret[i]
+        for k in range(value_size):
+            out[b, k] = acc[(mover + k) % NP] / rollouts

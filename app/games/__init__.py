@@ -21,6 +21,7 @@ from app.games.othello import Othello
 _GAMES: dict[str, type[Game]] = {"connect4": Connect4, "othello": Othello, "mnk3": MNK3}
 _LOADED: dict[str, Game] = {}
 GAME_KEY = "node.game"  # the config key that names the game
+DEFAULT_GAME = "connect4"  # what a node plays unless node.game says otherwise
 
 
 def load_game_class(spec: str, key: str = GAME_KEY) -> type[Game]:
@@ -41,7 +42,7 @@ def load_game_class(spec: str, key: str = GAME_KEY) -> type[Game]:
     return cls
 
 
-def get_game(name: str = "connect4", key: str = GAME_KEY) -> Game:
+def get_game(name: str = DEFAULT_GAME, key: str = GAME_KEY) -> Game:
     """The game registered under `name`, or a user's game by import path; a clear error lists
     the known ones or names what is wrong with the user's."""
     if name in _LOADED:
@@ -62,4 +63,4 @@ def get_game(name: str = "connect4", key: str = GAME_KEY) -> Game:
     return game
 
 
-__all__ = ["Game", "GameError", "GameState", "IllegalMoveError", "ParseError", "get_game", "result_scale"]
+__all__ = ["DEFAULT_GAME", "Game", "GameError", "GameState", "IllegalMoveError", "ParseError", "get_game", "result_scale"]

@@ -40,6 +40,11 @@ at node creation when `SearchConfig.threat_check` is on and the game has `solver
     A game with this hook must answer THREAT_WIN for every position with a win on the spot,
     since the solver's proofs lean on it (a win found later is at least three plies away).
 
+Optional, for the compiled random playouts (the rollout evaluator of a game without its own
+`Game.playout_values`):
+    ply_of(words) -> int64
+        the ply of a position from its words alone (an evaluator is handed words, not plies).
+
 `Game.state_words` must give, for each `GameState`, the words these functions read, and
 `Game.words_planes` / `words_legal_masks` the batch forms of `planes` / `legal_mask`;
 `app.games.checks.check_game` plays random games through both and refuses a game whose two
@@ -67,6 +72,12 @@ def no_threats(words: np.ndarray, ply: np.int64, moves: np.ndarray) -> np.int64:
     return THREAT_NONE
 
 
+@njit(cache=True)
+def no_ply_of(words: np.ndarray) -> np.int64:
+    """The stand-in of a game without `ply_of` (its compiled playouts are refused)."""
+    return -1
+
+
 def load_rules(path: str, key: str = "game") -> ModuleType:
     """The rules module at `path`, checked for every required name; a GameError naming the
     config key otherwise."""
@@ -77,7 +88,7 @@ def load_rules(path: str, key: str = "game") -> ModuleType:
     missing = [n for n in REQUIRED_CONSTANTS + REQUIRED_FUNCTIONS if not hasattr(module, n)]
     if missing:
         raise GameError(f"{key}: the rules module {path!r} lacks {', '.join(missing)} (app/games/array_rules.py)")
-    for n in REQUIRED_FUNCTIONS + (("threats",) if hasattr(module, "threats") else ()):
+    for n in REQUIRED_FUNCTIONS + tuple(o for o in ("threats", "ply_of") if hasattr(module, o)):
         if not hasattr(getattr(module, n), "py_func"):
             raise GameError(f"{key}: {path}.{n} is not compiled with numba.njit")
     return module

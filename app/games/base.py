@@ -184,7 +184,7 @@ class Game(ABC):
     methods `initial_state`, `parse`, `action_to_text`, `state_words`, `words_planes`,
     `words_legal_masks`. Defaults a game may override: `num_players` 2,
     `two_player_zero_sum` (True when N = 2), `solver_proofs`, `symmetry_permutations`
-    (identity only), `action_from_text`, `heuristic_action` (none), `scored_positions`
+    (identity only), `action_from_text`, `heuristic_scores`, `playout_values`, `scored_positions`
     (none). `app.games.checks.check_game` verifies all of it at start.
     """
 
@@ -195,7 +195,9 @@ class Game(ABC):
     words: int
     rules_module: str
     num_players: int = 2
-    scored_positions: str | None = None  # a file of solved positions (Pons' format) for the panel
+    # a file of solver-scored positions (app/training/solved_eval.py's format), relative to the
+    # directory that holds the repository; None: no solved-position panel for this game
+    scored_positions: str | None = None
 
     @property
     def two_player_zero_sum(self) -> bool:
@@ -234,9 +236,18 @@ class Game(ABC):
                 return action
         raise ParseError(f"{text!r} is no move of {self.name}")
 
-    def heuristic_action(self, state: GameState) -> int | None:
-        """A cheap hand-written player's move (the gauntlet's middle rung), or None when the
-        game has none (the gauntlet then plays random and the best model only)."""
+    def heuristic_scores(self, state: GameState, depth: int) -> dict[int, float] | None:
+        """A hand-written player's score of each legal move of `state` for its mover (higher
+        is better; the gauntlet's middle rung plays the best, ties to the centre), searching
+        `depth` plies; None (the default): app/ai/heuristic.py's search over the state
+        interface with terminal results only."""
+        return None
+
+    def playout_values(self, words: np.ndarray, rollouts: int, rng: np.random.Generator) -> np.ndarray | None:
+        """Mean raw result of `rollouts` uniformly random games from each position of a batch,
+        shaped like the network's values ((B,) for value_size 1, else (B, N) from each mover
+        on); None (the default): the search kernel's compiled playouts over the node rules
+        (which need the rules' `ply_of`)."""
         return None
 
     def symmetry_permutations(self) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -55,6 +55,11 @@ def play(words, action, out):
 
 
 @njit(cache=True)
+def ply_of(words):
+    return _count(words[0] & ((CELLS << _NINE) | CELLS))
+
+
+@njit(cache=True)
 def to_move(words, ply):
     return ply & 1
 
