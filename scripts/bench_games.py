@@ -34,28 +34,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.ai.evaluators import NetworkEvaluator, UniformEvaluator  # noqa: E402
+from app.ai.evaluators import NetworkEvaluator, RolloutEvaluator, UniformEvaluator  # noqa: E402
 from app.ai.model import Architecture, new_model  # noqa: E402
 from app.ai.search_forest import SearchForest  # noqa: E402
 from app.config.pipeline import SearchConfig  # noqa: E402
 from app.games import Game, GameState, get_game  # noqa: E402
-from app.games.playouts import playout_values  # noqa: E402
-
-
-class PlayoutEvaluator:
-    """Pure MCTS's evaluator: uniform priors over legal moves, values by random playouts.
-    Plies are passed as 0: the rules of othello and mnk3 read the words alone."""
-
-    def __init__(self, game: Game, rollouts: int, rng: np.random.Generator) -> None:
-        self.game, self.rollouts, self.rng = game, rollouts, rng
-        self.positions = self.batches = 0
-
-    def evaluate_batch(self, words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        self.positions += len(words)
-        self.batches += 1
-        legal = self.game.words_legal_masks(words).astype(np.float64)
-        priors = legal / np.maximum(legal.sum(axis=1, keepdims=True), 1.0)
-        return priors, playout_values(self.game, words, np.zeros(len(words), dtype=np.int64), self.rollouts, self.rng)
 
 
 def value_target(game: Game, returns: np.ndarray, mover: int) -> np.ndarray:
@@ -229,10 +212,10 @@ def main() -> None:
 
         reference = {"uniform_search": othello_agreement(game, UniformEvaluator(game), positions, args.eval_sims,
                                                          cfg, rng),
-                     "playout_search": othello_agreement(game, PlayoutEvaluator(game, 4, rng), positions,
+                     "playout_search": othello_agreement(game, RolloutEvaluator(game, 4, rng), positions,
                                                          args.eval_sims, cfg, rng)}
     else:
-        opponent = PlayoutEvaluator(game, args.mcts_rollouts, rng)
+        opponent = RolloutEvaluator(game, args.mcts_rollouts, rng)
 
         def evaluate() -> dict:
             return mnk3_score(game, NetworkEvaluator(net, game), args.eval_sims, opponent, args.mcts_sims,
@@ -240,7 +223,7 @@ def main() -> None:
 
         reference = {}
         if args.mcts_reference:
-            reference["pure_mcts_as_agent"] = mnk3_score(game, PlayoutEvaluator(game, args.mcts_rollouts, rng),
+            reference["pure_mcts_as_agent"] = mnk3_score(game, RolloutEvaluator(game, args.mcts_rollouts, rng),
                                                          args.mcts_sims, opponent, args.mcts_sims, args.eval_games,
                                                          cfg, rng)
     curve = [{"iteration": 0, "samples": 0, **evaluate(), "seconds": round(time.time() - started)}]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.ai.evaluators import uniform_priors
+from app.ai.evaluators import RolloutEvaluator, UniformEvaluator
 from app.ai.search_forest import SearchForest
 from app.config.pipeline import SearchConfig
 from app.games import get_game
@@ -16,21 +16,10 @@ from app.games.othello_solver import EndgameSolver
 CFG = SearchConfig(length_discount=0.0, threat_check=False)
 
 
-class Uniform:
-    """Uniform priors and a neutral value vector of the game's value size."""
-
-    def __init__(self, game) -> None:
-        self.game = game
-
-    def evaluate_batch(self, words: np.ndarray):
-        values = np.zeros((len(words), self.game.value_size))
-        return uniform_priors(self.game, words), values[:, 0] if self.game.value_size == 1 else values
-
-
 def best_by_search(game, states, sims: int) -> list:
     forest = SearchForest.for_search(game, CFG, trees=len(states))
     slots = [forest.add(s) for s in states]
-    return forest.search(slots, Uniform(game), sims, CFG, np.random.default_rng(0))
+    return forest.search(slots, UniformEvaluator(game), sims, CFG, np.random.default_rng(0))
 
 
 def test_othello_search_passes_and_plays_exact_endgames() -> None:
@@ -61,15 +50,15 @@ def test_three_player_search_takes_a_win_and_values_by_seat() -> None:
 
 
 def test_random_playouts_give_values_in_the_networks_convention() -> None:
-    from app.games.playouts import playout_values
-
+    """The rollout evaluator (the search kernel's playouts over the game's rules, from
+    `ply_of`) on positions whose every playout ends alike."""
     rng = np.random.default_rng(0)
     othello = get_game("othello")
     one_move = othello.from_board(".oooox\n" + "\n".join(["xxxxxx"] * 5), BLACK)  # a1 wins 36-0
-    values = playout_values(othello, othello.state_words([one_move]), np.array([0]), 5, rng)
+    _, values = RolloutEvaluator(othello, 5, rng).evaluate([one_move])
     assert values.shape == (1,) and values[0] == 1.0  # the mover's mean return
     mnk3 = get_game("mnk3")
     # Seat 0 has just won (a1 b1 c1 d1); seat 1 would move: entry k is seat (1 + k) % 3.
     won = mnk3.parse("a1 a2 a3 b1 b2 b3 c1 c2 c3 d1")
-    values = playout_values(mnk3, mnk3.state_words([won]), np.array([won.ply]), 3, rng)
+    _, values = RolloutEvaluator(mnk3, 3, rng).evaluate([won])
     assert values.shape == (1, 3) and list(values[0]) == [-0.5, -0.5, 1.0]

@@ -11,7 +11,7 @@ import pytest
 
 from app.games import IllegalMoveError, ParseError
 from app.games.mnk3 import MNK3, MNK3State
-from app.games.mnk3_arrays import after, finished, legal, legal_actions, play, returns_of, terminal, to_move
+from app.games.mnk3_arrays import after, finished, legal, legal_actions, play, ply_of, returns_of, terminal, to_move
 
 GAME = MNK3()
 
@@ -102,6 +102,7 @@ def test_the_compiled_rules_match_the_object_rules_on_random_games() -> None:
     assert np.array_equal(GAME.words_legal_masks(words), np.stack([s.legal_mask() for s in states]))
     for state, w in zip(states, words):
         assert finished(*w) == state.is_terminal and to_move(w, state.ply) == state.to_move
+        assert ply_of(w) == state.ply
         assert legal_actions(*w) == sum(1 << a for a in state.legal_moves())
         returns = np.full(3, 9.0)
         assert terminal(w, state.ply, returns) == state.is_terminal

@@ -9,7 +9,7 @@ import random
 import numpy as np
 
 from app.games.othello import Othello, OthelloState
-from app.games.othello_arrays import after, finished, legal, legal_actions, play, returns_of, terminal, to_move
+from app.games.othello_arrays import after, finished, legal, legal_actions, play, ply_of, returns_of, terminal, to_move
 
 GAME = Othello()
 
@@ -33,6 +33,7 @@ def test_the_compiled_rules_match_the_object_rules_on_random_games() -> None:
     assert words.dtype == np.uint64 and words.shape == (len(states), 3)
     for state, w in zip(states, words):
         assert int(w[2]) == state.to_move == to_move(w, state.ply)
+        assert ply_of(w) == sum(a != 36 for a in state.moves)  # the stone moves
         assert finished(w[0], w[1]) == state.is_terminal
         assert legal_actions(w[0], w[1]) == sum(1 << a for a in state.legal_moves())
         returns = np.full(2, 9.0)

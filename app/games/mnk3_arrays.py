@@ -6,7 +6,7 @@ bit c * 7 + 6 is an always-empty sentinel, so four in a line is found with four 
 column, 7: a row, 6 and 8: the diagonals) and never wraps. The ply is the number of stones and
 the seat to move the ply mod 3. This module is the game's compiled node rules, the contract
 of app/games/array_rules.py (`play`, `to_move`, `terminal`, `legal` over a position's words),
-which the array search is compiled against; the same rules over three bitboards as scalars
+which the array search is compiled against (with `ply_of`, for its random playouts); the same rules over three bitboards as scalars
 (`legal_actions`, `after`, `finished`, `returns_of`; actions r * 6 + c) serve the tests. A
 batch's network input and legal masks are arrays (`planes`, `legal_masks`).
 
@@ -119,8 +119,13 @@ def play(words, action, out):
 
 @njit(cache=True)
 def to_move(words, ply):
-    """From the stones, not `ply`: an evaluator given only words (random playouts) asks too."""
-    return popcount(words[0] | words[1] | words[2]) % PLAYERS
+    return ply % PLAYERS
+
+
+@njit(cache=True)
+def ply_of(words):
+    """The ply from the words alone: one stone a move."""
+    return popcount(words[0] | words[1] | words[2])
 
 
 @njit(cache=True)

@@ -4,7 +4,7 @@ A position is three words: the side to move's stones, the other side's (bit r*6+
 column c, row r+1, as `othello`), and the seat to move (0 black, 1 white; passes make it
 underivable from the stones). This module is Othello's compiled node rules, the contract of
 app/games/array_rules.py (`play`, `to_move`, `terminal`, `legal` over a position's words),
-which the array search is compiled against; the same rules as scalars over bitboards
+which the array search is compiled against (with `ply_of`, for its random playouts); the same rules as scalars over bitboards
 (`legal_actions`, `after`, `finished`, `returns_of`) serve the tests and `othello_solver`
 (its exact search runs on `legal_cells` and `flips`). A batch's network input and legal masks
 are arrays (`planes`, `legal_masks`).
@@ -148,6 +148,14 @@ def play(words, action, out):
 @njit(cache=True)
 def to_move(words, ply):
     return np.int64(words[2] & _U1)
+
+
+@njit(cache=True)
+def ply_of(words):
+    """The stone moves of a position (its stones less the four at the start): the ply but for
+    passes, which the words do not keep. No rule here reads the ply, so the search's random
+    playouts, which start from this, play the same games as from the true ply."""
+    return popcount(words[0] | words[1]) - 4
 
 
 @njit(cache=True)
