@@ -126,3 +126,23 @@ def test_the_start_up_check_passes_the_shipped_game() -> None:
 
     assert get_game("mnk3").value_size == 3 and not get_game("mnk3").solver_proofs
     check_game(get_game("mnk3"))  # raises GameError at the first thing wrong
+
+
+def test_self_play_stores_three_player_games_with_every_seat_winning(tmp_path) -> None:
+    """The node's self-play (no model: uniform priors) on the three-player game: each seat's
+    win is tallied, seat 2's too (a two-seat tally once crashed the self-play daemon on it)."""
+    from app.config import Settings
+    from app.db.replay_db import ReplayDB
+    from app.training.selfplay import run_selfplay
+
+    base = Settings()
+    settings = base.model_copy(update={"node": base.node.model_copy(update={"game": "mnk3"}),
+                                       "selfplay": base.selfplay.model_copy(update={"concurrent_games": 24})})
+    summary = run_selfplay(24, 4, tmp_path / "games.db", workers=0, seed=3, settings=settings)
+    assert summary.games == 24
+    db = ReplayDB(tmp_path / "games.db")
+    try:
+        winners = [g.winner for g in db.iter_games()]
+    finally:
+        db.close()
+    assert len(winners) == 24 and {0, 1, 2} <= set(winners)
