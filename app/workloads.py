@@ -1,5 +1,5 @@
-"""Which workload a node's pipeline runs: its configured `workload:` (the game workload, any
-game `node.game` names: `games`, or its older name `connect4`; or `lm`).
+"""Which workload a node's pipeline runs: its configured `workload:` (the game workload, for
+any game `node.game` names, under its first name in the config; or `lm`).
 
 The one place that knows both workloads. It builds the workload's steps (the seam of
 app/coordination/pipeline/steps.py) and the node's PipelineContext, with the export threshold
@@ -16,7 +16,6 @@ from app.config import ConfigError, Settings
 from app.coordination.pipeline.context import PipelineContext
 from app.coordination.pipeline.runner_settings import ExportSettings
 from app.coordination.pipeline.steps import WorkloadSteps
-from app.config.lm import GAME_WORKLOADS
 from app.training.workload.game_steps import GameSteps
 
 
@@ -34,10 +33,8 @@ def pipeline_context(settings: Settings, config_path: Path | None = None,
 
 def workload_steps(settings: Settings) -> WorkloadSteps:
     """The steps of a node's configured workload (`workload:` in its config)."""
-    if settings.workload in GAME_WORKLOADS:
-        return GameSteps(settings)
     if settings.workload == "lm":
         from app.lm.workload.lm_steps import LMSteps  # transformers: imported only on lm nodes
 
         return LMSteps(settings)
-    raise ValueError(f"unknown workload {settings.workload!r}: expected {' or '.join(GAME_WORKLOADS)} or lm")
+    return GameSteps(settings)  # the config's Literal leaves only the game workload

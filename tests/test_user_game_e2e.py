@@ -23,7 +23,6 @@ pytestmark = pytest.mark.slow
 
 SPEC = "tests.user_games.tictactoe:TicTacToe"
 CONFIG = {
-    "workload": "games",
     "model": {"channels": 16, "blocks": 1},
     "search": {"simulations": 32},
     "selfplay": {"concurrent_games": 32, "collect_workers": 1},

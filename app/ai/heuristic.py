@@ -2,8 +2,8 @@
 
 A candidate that cannot beat this has learnt less than a few lines of tactics, so the gate
 uses it as its middle rung between random and the current best. A game may give its own
-(`Game.heuristic_scores`: Connect Four's bitboard negamax scores open threats and centre
-stones); any other game falls back to a search over the state interface with terminal
+(`Game.heuristic_scores`: the default game's bitboard negamax scores open threats and
+centre stones); any other game falls back to a search over the state interface with terminal
 results only (negamax for two seats, max^n for more).
 """
 

@@ -17,26 +17,16 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import inspect
-import os
 import sys
-import tempfile
 from pathlib import Path
 from types import ModuleType
 
 from app.games import Game
-from app.games.array_rules import load_rules
+from app.games.array_rules import load_rules, write_module
 
 TEMPLATE = Path(__file__).with_name("search_kernel.py")
 RULES_LINE = "rules = None  # RULES: kernel_build writes `import <the game's rules module> as rules` here\n"
 _LOADED: dict[str, ModuleType] = {}
-
-
-def kernel_dir() -> Path:
-    explicit = os.environ.get("SELFPLAY_KERNEL_DIR")
-    if explicit:
-        return Path(explicit)
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "selfplay-mesh" / "kernels"
 
 
 def kernel_source(rules_module: str) -> str:
@@ -56,16 +46,7 @@ def kernel_for(game: Game) -> ModuleType:
     source = kernel_source(path)
     digest = hashlib.sha256(source.encode() + b"\0" + inspect.getsource(rules).encode()).hexdigest()[:16]
     name = f"search_kernel_{path.replace('.', '_')}_{digest}"
-    directory = kernel_dir()
-    directory.mkdir(parents=True, exist_ok=True)
-    target = directory / f"{name}.py"
-    if not target.exists() or target.read_text() != source:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
-        with os.fdopen(fd, "w") as fh:
-            fh.write(source)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
+    target = write_module(name, source)
     spec = importlib.util.spec_from_file_location(name, target)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -25,7 +25,7 @@ entry of the seat that moves at the edge's node, and PUCT at a node reads its mo
 For a two-player zero-sum game (value_size 1) the leaf's vector is (v, -v) from its mover's
 view: exactly negamax, operation for operation and in the same float arithmetic as the
 per-tree search this replaced (app/ai/search_tree.py at e1e3464), so for the same evaluator
-and noise Connect Four's visit counts are equal (tests/test_search_equivalence.py): PUCT
+and noise the default game's visit counts are equal (tests/test_search_equivalence.py): PUCT
 with first-play urgency 0, forced playouts at a noisy root, virtual loss, the MCTS-solver's
 proofs when `proofs` (a child proven lost for its mover worth the quickest win proves its
 parent; all children proven: the best of them), the game's threat hook at node creation and

@@ -28,8 +28,7 @@ from pydantic import Field, model_validator
 
 from app.config.base import StrictModel
 
-Workload = Literal["connect4", "games", "lm"]
-GAME_WORKLOADS = ("connect4", "games")  # the game workload (any node.game); connect4 its first name
+Workload = Literal["connect4", "lm"]
 CONNECT4_SECTIONS = ("model", "search", "selfplay", "export", "gauntlet", "promotion")
 SHARED_TRAIN_KEYS = frozenset({"nproc", "max_nodes", "span_cpu_nodes", "join_timeout_s"})
 
@@ -301,7 +300,7 @@ def workload_problems(workload: Workload, given: dict[str, set[str]]) -> list[tu
     """(dotted key, why) for every setting of the other workload. `given[section]` is the set of
     keys given in that section ("" for the top level's own keys, i.e. the sections given)."""
     top = given.get("", set())
-    if workload in GAME_WORKLOADS:
+    if workload == "connect4":
         return [("lm", "an lm section on a connect4 node (set workload: lm to run the language-model workload)")] \
             if "lm" in top else []
     problems = [(s, f"a connect4 setting on an lm node (the lm workload reads lm.*, not {s})")

@@ -1,6 +1,7 @@
 """Game rules behind one small interface; `get_game(name)` is the only way in from above.
 
-`name` is a registered game ("connect4", the default) or a user's game by import path,
+`name` is a registered game ("connect4", the default; "connect4_<w>x<h>" for another board
+size, app/games/connect4_sizes.py) or a user's game by import path,
 "package.module:ClassName" (a `Game` subclass written outside this repository). A user's game
 is checked at its first load in a process (`app.games.checks.check_game`: every required
 part, and its rules on random playouts), and a failure is one GameError line naming the
@@ -15,6 +16,7 @@ import importlib
 from app.games.base import Game, GameError, GameState, IllegalMoveError, ParseError, result_scale
 from app.games.checks import check_game
 from app.games.connect4 import Connect4
+from app.games.connect4_sizes import SIZED_NAME, sized_connect4
 from app.games.mnk3 import MNK3
 from app.games.othello import Othello
 
@@ -49,6 +51,9 @@ def get_game(name: str = DEFAULT_GAME, key: str = GAME_KEY) -> Game:
         return _LOADED[name]
     if name in _GAMES:
         game = _GAMES[name]()
+    elif SIZED_NAME.match(name):
+        width, height = (int(x) for x in SIZED_NAME.match(name).groups())  # type: ignore[union-attr]
+        game = sized_connect4(width, height)
     elif ":" in name:
         cls = load_game_class(name, key)
         try:
@@ -58,7 +63,8 @@ def get_game(name: str = DEFAULT_GAME, key: str = GAME_KEY) -> Game:
         game.name = name
         check_game(game, key)
     else:
-        raise GameError(f"unknown game {name!r}; known games: {sorted(_GAMES)} or 'package.module:ClassName'")
+        raise GameError(f"unknown game {name!r}; known games: {sorted(_GAMES)}, connect4_<w>x<h> or "
+                        f"'package.module:ClassName'")
     _LOADED[name] = game
     return game
 

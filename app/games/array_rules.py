@@ -53,7 +53,12 @@ forms disagree.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import os
+import sys
+import tempfile
+from pathlib import Path
 from types import ModuleType
 
 import numpy as np
@@ -92,3 +97,35 @@ def load_rules(path: str, key: str = "game") -> ModuleType:
         if not hasattr(getattr(module, n), "py_func"):
             raise GameError(f"{key}: {path}.{n} is not compiled with numba.njit")
     return module
+
+
+def generated_dir() -> Path:
+    """Where generated modules live (a game's rules at another size, the search kernels):
+    `SELFPLAY_KERNEL_DIR`, else `$XDG_CACHE_HOME/selfplay-mesh/kernels` (~/.cache by default);
+    on sys.path once asked for, so a generated rules module imports by its name anywhere."""
+    explicit = os.environ.get("SELFPLAY_KERNEL_DIR")
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    directory = Path(explicit) if explicit else Path(cache) / "selfplay-mesh" / "kernels"
+    directory.mkdir(parents=True, exist_ok=True)
+    if str(directory) not in sys.path:
+        sys.path.append(str(directory))
+    return directory
+
+
+def write_module(name: str, source: str) -> Path:
+    """`source` as `<generated_dir>/<name>.py`, written only when it differs (a temp name,
+    fsync, rename: concurrent processes never see half a file)."""
+    directory = generated_dir()
+    target = directory / f"{name}.py"
+    if not target.exists() or target.read_text() != source:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(source)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    return target
+
+
+def source_digest(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]

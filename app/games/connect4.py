@@ -18,8 +18,8 @@ from app.games.connect4_bits import (  # noqa: F401 - winning_cells, playable_ce
 )
 from app.games.base import Game, GameState, IllegalMoveError, ParseError
 
-WIDTH = 7
-HEIGHT = 6
+WIDTH = connect4_arrays.WIDTH
+HEIGHT = connect4_arrays.HEIGHT
 _COLUMN_BITS = HEIGHT + 1
 _BOTTOM = [1 << (c * _COLUMN_BITS) for c in range(WIDTH)]
 _TOP = [1 << (HEIGHT - 1 + c * _COLUMN_BITS) for c in range(WIDTH)]

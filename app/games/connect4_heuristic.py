@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import math
 
+from app.games.connect4_arrays import HEIGHT, WIDTH
 from app.games.connect4_bits import playable_cells, winning_cells
 
 # Connect Four bitboard constants (Pons' layout; see app/games/connect4.py).
-_W, _H = 7, 6
+_W, _H = WIDTH, HEIGHT
 _H1 = _H + 1
 _COLUMN = [((1 << _H) - 1) << (c * _H1) for c in range(_W)]
 _TOP = [1 << (_H - 1 + c * _H1) for c in range(_W)]
 _BOTTOM_CELL = [1 << (c * _H1) for c in range(_W)]
-_CENTRE_ORDER = [3, 2, 4, 1, 5, 0, 6]
-_CENTRE_WEIGHT = [0, 1, 2, 3, 2, 1, 0]
+_CENTRE_ORDER = sorted(range(_W), key=lambda c: (abs(2 * c - (_W - 1)), -c if _W % 2 == 0 else c))  # 3 2 4 1 5 0 6
+_CENTRE_WEIGHT = [(_W - 1) // 2 - abs(2 * c - (_W - 1)) // 2 for c in range(_W)]  # 0 1 2 3 2 1 0
 WIN_SCORE = 10_000.0  # as app/ai/heuristic.py
 THREAT_WEIGHT = 4.0
 CENTRE_WEIGHT = 1.0

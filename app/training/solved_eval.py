@@ -108,7 +108,7 @@ def load_positions(path: str | Path, game: Game | None = None) -> list[ScoredPos
     except FileNotFoundError:
         raise SolvedEvalError(
             f"{path}: solved move scores not found (expected the game's scored set "
-            f"`Game.scored_positions` beside the repository)") from None
+            f"../{game.scored_positions or POSITIONS_NAME} beside the repository)") from None
     except OSError as exc:
         raise SolvedEvalError(f"{path}: unreadable: {exc}") from None
     positions: list[ScoredPosition] = []

@@ -91,7 +91,7 @@ class ModelFiles:
 class GameSteps:
     """The AlphaZero loop: MCTS self-play into the replay DB, model files in the model store."""
 
-    name = "games"
+    name = "games"  # the seam's name for it; the config's `workload:` keeps its first name
     training = TrainingJob("app.training.train", loss_key="best_holdout_loss", candidate_name=CANDIDATE_NAME,
                            result_name=RESULT_NAME)
 
