@@ -2,18 +2,19 @@
 
     echo 4453 | python -m app.analyze --model data/models/best.safetensors --sims 200
 
-Input: one position per line as a move string in the game's notation (Connect Four: Pascal
-Pons' digits 1-7, the first column is 1); an empty line is the starting position. Output,
+Input: one position per line as a move string in the model's game's own notation
+(`Game.parse`; the default game: Pascal Pons' digits 1-7, the first column is 1); an empty
+line is the starting position. Output,
 one line per input line, written and flushed as soon as the line is read, so another program
 can drive this like an engine over a pipe:
 
     {"moves": "4453", "policy": [7 floats], "value": 0.12, "best_move": 4,
      "net_policy": [7 floats], "net_value": -0.05, "net_best_move": 3}
 
-Columns are numbered as in the input, everywhere: 1-7 (Pons), the first column is 1.
-`best_move`, `net_best_move` and `unsafe_moves` are such column numbers; `policy` and
-`net_policy` list one probability per column, columns 1 to 7 in order.
-`value` is from the side to move's view in [-1, 1];
+Moves are written as in the input, everywhere (`Game.action_to_text`, a number where the
+notation is one: 1-7 for the default game's columns). `best_move`, `net_best_move` and
+`unsafe_moves` are such moves; `policy` and `net_policy` list one probability per action, in
+action order. `value` is from the side to move's view in [-1, 1];
 `policy` is the search's visit distribution, or with `--sims 0` the raw network's
 probabilities (and `value` the network's). `net_policy`, `net_value` and `net_best_move`
 are always the raw network's own view of the position, so a user sees beside the search's
@@ -60,14 +61,14 @@ def analyse_line(line: str, game: Game, evaluator: NetworkEvaluator, simulations
         outcome = "a draw" if state.winner is None else f"won by player {state.winner + 1}"
         return {"moves": moves, "error": f"the game is over ({outcome}): nothing to analyse"}
     priors, values = evaluator.evaluate([state])
-    net_policy, net_value = priors[0], float(values[0])
+    net_policy, net_value = priors[0], float(np.ravel(values[0])[0])  # the mover's entry
     net_best = int(np.argmax(net_policy))
     proven = None
     if simulations == 0:
         policy, value, best = net_policy, net_value, net_best
     else:
         result: SearchResult = search(state, evaluator, simulations, cfg, rng,
-                                      leaves_per_round=min(LEAVES_PER_ROUND, simulations))
+                                      leaves_per_round=min(LEAVES_PER_ROUND, simulations), game=game)
         policy, value, best, proven = result.visits, result.root_value, result.best_action, result.proven
     safe = state.safe_moves()
     column = lambda action: move_number(game, action)  # noqa: E731
@@ -85,8 +86,8 @@ def analyse_line(line: str, game: Game, evaluator: NetworkEvaluator, simulations
 
 
 def move_number(game: Game, action: int) -> int | str:
-    """An action as the input writes it (Connect Four: column 1-7), a number where the
-    notation is one: a user reads one numbering in and out."""
+    """An action as the input writes it (`Game.action_to_text`), a number where the notation
+    is one: a user reads one numbering in and out."""
     text = game.action_to_text(action)
     return int(text) if text.isdigit() else text
 
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, required=True, help="model .safetensors (with its .json sidecar)")
     ap.add_argument("--sims", type=int, default=None,
                     help="search simulations per position; 0 = raw network (default: config search.simulations)")
-    ap.add_argument("--config", type=Path, default=None, help="node config YAML (search settings, game)")
+    ap.add_argument("--config", type=Path, default=None, help="node config YAML (search settings)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     if args.sims is not None and args.sims < 0:
@@ -122,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     try:
         settings = load_settings(args.config)
-        game = get_game(settings.node.game)
-        net, _ = load_model(args.model, expect_game=game.name)
+        net, meta = load_model(args.model)
+        game = get_game(meta.game)  # the model's own game, whatever the config's node.game
     except (ModelFormatError, ConfigError, GameError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -23,7 +23,13 @@
 - what a batch of small games costs with a worker spawned for it vs a worker kept in a
   `selfplay_pool.WorkerPool` (the self-play daemon's way): wall and CPU seconds per batch.
 
-    python scripts/bench_selfplay.py [--concurrent 64] [--sims 64] [--moves 6] [--device cuda]
+- with `--game G` (any game `node.game` takes: a registered name or "pkg.module:Class"): the
+  search's cost a simulation and its share of the network for that game, and the first-run
+  compile time of the game's search kernel (a fresh kernel cache directory) against its
+  cached start, each in a new process; the parts written for the default game's bitboards
+  (numpy steps, playouts, the shared server, worker start-up) run for the default game only.
+
+    python scripts/bench_selfplay.py [--game G] [--concurrent 64] [--sims 64] [--moves 6] [--device cuda]
 """
 
 from __future__ import annotations
@@ -445,6 +451,35 @@ def batch_start_up(batches: int, games: int, sims: int) -> dict:
     return out
 
 
+def kernel_start_up(game_name: str) -> dict:
+    """Seconds from a new process's first `get_game` to its first search of one simulation:
+    with an empty kernel cache (numba compiles the game's kernel) and again with that cache."""
+    import os
+    import subprocess
+    import tempfile
+
+    code = ("import time; t = time.perf_counter(); import numpy as np; from app.games import get_game; "
+            "from app.ai.mcts import SearchForest; from app.ai.evaluators import UniformEvaluator; "
+            "from app.config import SearchConfig; g = get_game(%r); c = SearchConfig(); "
+            "f = SearchForest.for_search(g, c); s = f.add(g.initial_state()); "
+            "f.search([s], UniformEvaluator(g), 1, c, np.random.default_rng(0)); "
+            "print(time.perf_counter() - t)") % game_name
+    root = Path(__file__).resolve().parent.parent
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "SELFPLAY_KERNEL_DIR": tmp}
+        for name in ("first_run", "cached_start"):
+            before = os.times()
+            run = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                                 check=True)
+            after = os.times()
+            out[f"{name}_s"] = round(float(run.stdout.strip().splitlines()[-1]), 2)
+            # the child's CPU seconds: what a shared machine's load does not inflate
+            out[f"{name}_cpu_s"] = round(after.children_user - before.children_user
+                                         + after.children_system - before.children_system, 2)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--concurrent", type=int, default=64)
@@ -460,13 +495,14 @@ def main() -> None:
                     help="search processes sharing one network server process (0: skip that part)")
     ap.add_argument("--server-seconds", type=float, default=20.0)
     ap.add_argument("--slices", type=int, default=8, help="paired slices (a network window, a move of every game)")
+    ap.add_argument("--game", default=None, help="the game (node.game's forms); default: the config's")
     args = ap.parse_args()
     configure_logging()  # the self-play runs below log; stdout carries only the one JSON object
     torch.set_num_threads(1)
     settings = Settings()
-    game = get_game(settings.node.game)
-    arch = Architecture(args.channels or settings.model.channels, args.blocks or settings.model.blocks,
-                        game.plane_shape, game.num_actions)
+    game = get_game(args.game or settings.node.game)
+    default_game = game.name == settings.node.game
+    arch = Architecture.for_game(game, args.channels or settings.model.channels, args.blocks or settings.model.blocks)
     device = network_device(args.device)
     net = new_model(arch, seed=0).to(device).eval()
 
@@ -490,11 +526,13 @@ def main() -> None:
     paired = paired_slices(net, states, game, evaluator, settings, args.concurrent, args.sims, args.slices)
     cost = search_cost(ForestGames, game, args.concurrent, args.sims, args.moves * 3, settings)
     server = (shared_network(arch, args.server_workers, args.server_seconds, args.concurrent, args.sims, str(device))
-              if args.server_workers else None)
-    playouts = playout_speed(args.playout_batch, repeats=5)
-    numpy_steps = numpy_step_cost(args.concurrent)
-    start_up = batch_start_up(args.batches, games=8, sims=4) if args.batches else None
+              if args.server_workers and default_game else None)
+    playouts = playout_speed(args.playout_batch, repeats=5) if default_game else None
+    numpy_steps = numpy_step_cost(args.concurrent) if default_game else None
+    start_up = batch_start_up(args.batches, games=8, sims=4) if args.batches and default_game else None
     print(json.dumps({
+        "game": game.name,
+        "kernel_start_up": kernel_start_up(game.name),
         "machine": {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
                     "torch_threads": torch.get_num_threads()},
         "net": {"channels": arch.channels, "blocks": arch.blocks, "device": str(device)},

@@ -5,6 +5,7 @@ of many concurrent games and asks once, with the positions in the game's batch f
 uint64 array of words, `Game.state_words`), so its input is made by array operations:
 
     priors, values = evaluator.evaluate_batch(words)   # (N, A) over legal moves, (N,) side to move
+                                                       # ((N, value_size) for an N-player game)
     priors, values = evaluator.evaluate(states)        # the same for GameState objects
 
 Priors are zero on illegal moves and sum to 1 over legal ones; values are in [-1, 1] from
@@ -16,7 +17,8 @@ search values those exactly itself).
 - `UniformEvaluator(game)`: uniform prior, value 0 -- the bootstrap before any model exists;
   the search then learns only from terminal states it reaches.
 - `RolloutEvaluator(game, rollouts_per_leaf, rng)`: uniform prior, value = mean of random
-  playouts on the vectorised Connect Four bitboards.
+  playouts: the game's own (`Game.playout_values`) or the search kernel's, compiled over the
+  game's node rules.
 - `SharedNetworkClient` (app/ai/network_server.py): the same answers from a network served
   to several search processes at once.
 """
@@ -28,7 +30,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from app.ai.model import PolicyValueNet, predict
-from app.games import Game, GameState, get_game
+from app.games import Game, GameState
 
 
 class Evaluator(Protocol):
@@ -80,15 +82,20 @@ class NetworkEvaluator(_FromStates):
 class UniformEvaluator(_FromStates):
     """Uniform prior over legal moves and value 0: search guided by terminal states only."""
 
-    def __init__(self, game: Game | None = None) -> None:
-        self.game = game or get_game("connect4")
+    def __init__(self, game: Game) -> None:
+        self.game = game
         self.positions = 0
         self.batches = 0
 
     def evaluate_batch(self, words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         self.positions += len(words)
         self.batches += 1
-        return uniform_priors(self.game, words), np.zeros(len(words), dtype=np.float64)
+        return uniform_priors(self.game, words), zero_values(self.game, len(words))
+
+
+def zero_values(game: Game, n: int) -> np.ndarray:
+    """Value 0 for every seat, shaped as the game's network answers."""
+    return np.zeros(n if game.value_size == 1 else (n, game.value_size), dtype=np.float64)
 
 
 class RolloutEvaluator(_FromStates):
@@ -97,17 +104,27 @@ class RolloutEvaluator(_FromStates):
     def __init__(self, game: Game, rollouts_per_leaf: int = 16, rng: np.random.Generator | None = None) -> None:
         if rollouts_per_leaf < 1:
             raise ValueError(f"rollouts_per_leaf must be >= 1, got {rollouts_per_leaf}")
-        if game.name != "connect4":
-            raise ValueError(f"random playouts are written for connect4's bitboards, not {game.name!r}")
         self.game = game
+        self._kernel = None
+        if type(game).playout_values is Game.playout_values:  # no playouts of its own: the compiled ones
+            from app.ai.kernel_build import kernel_for
+
+            self._kernel = kernel_for(game)
+            if not self._kernel.HAS_PLY_OF:
+                raise ValueError(f"{game.name}: random playouts need Game.playout_values or the rules' ply_of")
         self.rollouts_per_leaf = rollouts_per_leaf
         self.rng = rng if rng is not None else np.random.default_rng()
         self.positions = 0
         self.batches = 0
 
     def evaluate_batch(self, words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        from app.games.connect4_playouts import playout_values
-
         self.positions += len(words)
         self.batches += 1
-        return uniform_priors(self.game, words), playout_values(words, self.rollouts_per_leaf, self.rng)
+        if self._kernel is None:
+            values = self.game.playout_values(words, self.rollouts_per_leaf, self.rng)
+        else:
+            out = np.zeros((len(words), self.game.value_size))
+            self._kernel.playout_values(np.ascontiguousarray(words), self.rollouts_per_leaf,
+                                        int(self.rng.integers(2**31)), self.game.value_size, out)
+            values = out[:, 0] if self.game.value_size == 1 else out
+        return uniform_priors(self.game, words), values

@@ -1,110 +1,49 @@
-"""The heuristic baseline's brain: win now, block now, else a shallow negamax, centre first.
+"""The heuristic baseline's brain: win now, block now, else a shallow search, centre first.
 
 A candidate that cannot beat this has learnt less than a few lines of tactics, so the gate
-uses it as its middle rung between random and the current best. For Connect Four the
-search runs on the bitboard (Pascal Pons' layout) and scores leaves by open threats (empty
-cells that would complete four) and centre stones; any other game falls back to the
-generic state interface with a win/loss-only evaluation.
+uses it as its middle rung between random and the current best. A game may give its own
+(`Game.heuristic_scores`: the default game's bitboard negamax scores open threats and
+centre stones); any other game falls back to a search over the state interface with terminal
+results only (negamax for two seats, max^n for more).
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from app.games import GameState
-from app.games.connect4 import playable_cells, winning_cells
+from app.games import DEFAULT_GAME, GameState, get_game
 
-# Connect Four bitboard constants (Pons' layout; see app/games/connect4.py).
-_W, _H = 7, 6
-_H1 = _H + 1
-_COLUMN = [((1 << _H) - 1) << (c * _H1) for c in range(_W)]
-_TOP = [1 << (_H - 1 + c * _H1) for c in range(_W)]
-_BOTTOM_CELL = [1 << (c * _H1) for c in range(_W)]
-_CENTRE_ORDER = [3, 2, 4, 1, 5, 0, 6]
-_CENTRE_WEIGHT = [0, 1, 2, 3, 2, 1, 0]
 WIN_SCORE = 10_000.0
-THREAT_WEIGHT = 4.0
-CENTRE_WEIGHT = 1.0
 
 
-def _centre_score(stones: int) -> int:
-    return sum(w * (stones & _COLUMN[c]).bit_count() for c, w in enumerate(_CENTRE_WEIGHT) if w)
+def generic_move_scores(state: GameState, depth: int, num_players: int = 2) -> dict[int, float]:
+    """Any game: max^n over the state interface (negamax for two seats), terminal results
+    only (0 elsewhere), each seat's entry scaled by WIN_SCORE plus the depth left (a sooner
+    result weighs more: a win now beats a win later); the mover's entry scores a move."""
 
-
-def _evaluate(position: int, mask: int) -> float:
-    """Static score from the view of `position`'s owner (the side to move)."""
-    opponent = position ^ mask
-    threats = winning_cells(position, mask).bit_count() - winning_cells(opponent, mask).bit_count()
-    return THREAT_WEIGHT * threats + CENTRE_WEIGHT * (_centre_score(position) - _centre_score(opponent))
-
-
-def _negamax_c4(position: int, mask: int, depth: int, alpha: float, beta: float, moves_left: int) -> float:
-    """Alpha-beta negamax on the bitboard; `position` is the side to move's stones."""
-    playable = playable_cells(mask)
-    if winning_cells(position, mask) & playable:
-        return WIN_SCORE + moves_left  # win now; sooner is better
-    if moves_left == 0:
-        return 0.0
-    if depth == 0:
-        return _evaluate(position, mask)
-    best = -math.inf
-    for col in _CENTRE_ORDER:
-        if mask & _TOP[col]:
-            continue
-        stone = (mask + _BOTTOM_CELL[col]) & _COLUMN[col]
-        new_mask = mask | stone
-        score = -_negamax_c4(position ^ mask, new_mask, depth - 1, -beta, -alpha, moves_left - 1)
-        if score > best:
-            best = score
-        if best > alpha:
-            alpha = best
-        if alpha >= beta:
-            break
-    return best
-
-
-def connect4_move_scores(position: int, mask: int, depth: int) -> dict[int, float]:
-    """Score of each legal column for the side to move: forced wins and blocks first, then negamax."""
-    playable = playable_cells(mask)
-    legal = [c for c in range(_W) if not mask & _TOP[c]]
-    mine = winning_cells(position, mask) & playable
-    wins = [c for c in legal if mine & _COLUMN[c]]
-    if wins:
-        return {c: (WIN_SCORE * 2 if c in wins else -WIN_SCORE * 2) for c in legal}
-    theirs = winning_cells(position ^ mask, mask) & playable
-    blocks = [c for c in legal if theirs & _COLUMN[c]]
-    if blocks:  # two blocks needed means the game is lost anyway; block the first
-        return {c: (WIN_SCORE if c == blocks[0] else -WIN_SCORE) for c in legal}
-    moves_left = _W * _H - mask.bit_count()
-    scores = {}
-    for col in legal:
-        stone = (mask + _BOTTOM_CELL[col]) & _COLUMN[col]
-        scores[col] = -_negamax_c4(position ^ mask, mask | stone, max(depth - 1, 0),
-                                   -math.inf, math.inf, moves_left - 1)
-    return scores
-
-
-def generic_move_scores(state: GameState, depth: int) -> dict[int, float]:
-    """Any game: negamax over the state interface, terminal results only (0 elsewhere)."""
-
-    def negamax(s: GameState, d: int) -> float:
+    def maxn(s: GameState, d: int) -> np.ndarray:
         if s.is_terminal:
-            return s.terminal_value() * WIN_SCORE
+            return np.asarray(s.returns(), dtype=np.float64) * (WIN_SCORE + d)  # sooner counts more
         if d == 0:
-            return 0.0
-        return max(-negamax(s.play(a), d - 1) for a in s.legal_moves())
+            return np.zeros(num_players)
+        best = None
+        for a in s.legal_moves():
+            v = maxn(s.play(a), d - 1)
+            if best is None or v[s.to_move] > best[s.to_move]:
+                best = v
+        return best
 
-    return {a: -negamax(state.play(a), max(depth - 1, 0)) for a in state.legal_moves()}
+    mover = state.to_move
+    return {a: float(maxn(state.play(a), max(depth - 1, 0))[mover]) for a in state.legal_moves()}
 
 
-def heuristic_move(state: GameState, depth: int, rng: np.random.Generator, game_name: str = "connect4") -> int:
-    """The heuristic's move: the best score, ties to the action nearest the centre, then at random."""
-    if game_name == "connect4":
-        scores = connect4_move_scores(state.position, state.mask, depth)  # type: ignore[attr-defined]
-    else:
-        scores = generic_move_scores(state, depth)
+def heuristic_move(state: GameState, depth: int, rng: np.random.Generator, game_name: str = DEFAULT_GAME) -> int:
+    """The heuristic's move: the best score, ties to the action nearest the centre, then at
+    random. `game_name` "generic" uses the state-interface search whatever the game."""
+    game = None if game_name == "generic" else get_game(game_name)
+    scores = None if game is None else game.heuristic_scores(state, depth)
+    if scores is None:
+        scores = generic_move_scores(state, depth, game.num_players if game is not None else 2)
     if not scores:
         raise ValueError(f"no legal move in position {state.to_text()!r}")
     num_actions = len(state.legal_mask())

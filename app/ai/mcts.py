@@ -19,7 +19,7 @@ import numpy as np
 
 from app.ai.search_forest import SearchForest
 from app.ai.search_result import SearchResult, choose_action, temperature_for_ply
-from app.games import Game, GameState, get_game
+from app.games import DEFAULT_GAME, Game, GameState, get_game
 
 if TYPE_CHECKING:
     from app.ai.evaluators import Evaluator
@@ -31,8 +31,8 @@ __all__ = ["SearchForest", "SearchResult", "choose_action", "search", "temperatu
 def search(state: GameState, evaluator: "Evaluator", simulations: int, cfg: "SearchConfig",
            rng: np.random.Generator | None = None, add_noise: bool = False, leaves_per_round: int = 1,
            game: Game | None = None) -> SearchResult:
-    """One search of one position (of `game`, Connect Four by default) in a forest of its own."""
-    forest = SearchForest.for_search(game or get_game("connect4"), cfg)
+    """One search of one position (of `game`, the default game unless given) in a forest of its own."""
+    forest = SearchForest.for_search(game or get_game(DEFAULT_GAME), cfg)
     slot = forest.add(state)
     rng = rng if rng is not None else np.random.default_rng()
     return forest.search([slot], evaluator, simulations, cfg, rng, add_noise, leaves_per_round)[0]

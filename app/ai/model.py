@@ -36,6 +36,13 @@ class Architecture:
     plane_shape: tuple[int, int, int]
     num_actions: int
     kind: str = "resnet"
+    value_size: int = 1  # value outputs: 1 (the mover's, two-player zero-sum) or N (Game.value_size)
+
+    @staticmethod
+    def for_game(game, channels: int, blocks: int) -> "Architecture":
+        """The net's sizes from the game: planes, board, policy and value outputs."""
+        return Architecture(channels, blocks, tuple(game.plane_shape), int(game.num_actions),
+                            value_size=int(game.value_size))
 
     @staticmethod
     def from_dict(data: dict) -> "Architecture":
@@ -45,6 +52,7 @@ class Architecture:
             plane_shape=tuple(int(x) for x in data["plane_shape"]),  # type: ignore[arg-type]
             num_actions=int(data["num_actions"]),
             kind=str(data.get("kind", "resnet")),
+            value_size=int(data.get("value_size", 1)),
         )
 
 
@@ -63,6 +71,8 @@ class ModelMeta:
     def to_json(self) -> dict:
         data = asdict(self)
         data["architecture"]["plane_shape"] = list(self.architecture.plane_shape)
+        if self.architecture.value_size == 1:  # a one-value net's sidecar reads as it always did
+            del data["architecture"]["value_size"]
         data["format"] = SIDECAR_FORMAT
         return data
 
@@ -81,7 +91,9 @@ class ResidualBlock(nn.Module):
 
 
 class PolicyValueNet(nn.Module):
-    """AlphaZero's residual tower: policy logits over actions and a tanh value for the side to move."""
+    """AlphaZero's residual tower: policy logits over actions and a tanh value for the side to
+    move (value_size 1), or one per seat from the mover on (value_size N: entry k for seat
+    (to_move + k) % N)."""
 
     def __init__(self, arch: Architecture) -> None:
         super().__init__()
@@ -98,7 +110,7 @@ class PolicyValueNet(nn.Module):
         )
         self.value_head = nn.Sequential(
             nn.Conv2d(ch, 1, 1, bias=False), nn.BatchNorm2d(1), nn.ReLU(), nn.Flatten(),
-            nn.Linear(height * width, ch), nn.ReLU(), nn.Linear(ch, 1), nn.Tanh(),
+            nn.Linear(height * width, ch), nn.ReLU(), nn.Linear(ch, arch.value_size), nn.Tanh(),
         )
 
         # Channels-last weights and inputs take oneDNN's NHWC convolutions on CPU: on one thread
@@ -110,7 +122,8 @@ class PolicyValueNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         h = self.tower(self.stem(x.contiguous(memory_format=torch.channels_last)))
-        return self.policy_head(h), self.value_head(h).squeeze(-1)
+        value = self.value_head(h)
+        return self.policy_head(h), value.squeeze(-1) if self.arch.value_size == 1 else value
 
 
 def new_model(arch: Architecture, seed: int | None = None) -> PolicyValueNet:
@@ -124,7 +137,8 @@ def new_model(arch: Architecture, seed: int | None = None) -> PolicyValueNet:
 
 @torch.inference_mode()
 def predict(net: PolicyValueNet, planes: np.ndarray, legal: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Batched inference: (N, *plane_shape) planes -> (N, A) probabilities and (N,) values.
+    """Batched inference: (N, *plane_shape) planes -> (N, A) probabilities and (N,) values
+    ((N, value_size) for a net with several value outputs).
 
     Illegal actions get probability zero when `legal` (N, A bool) is given. A network on a GPU
     gets its input moved there and its answers back; on the CPU nothing is copied.

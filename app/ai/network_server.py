@@ -8,8 +8,8 @@ its round's leaves, the server takes every request that is waiting, evaluates th
 forward pass, and answers each worker its share. While it evaluates, the other workers'
 requests queue up, so its batches grow with the number of workers and no timer is needed.
 
-    server = NetworkServer(model_path, sha256, "connect4", device="cuda")   # starts the process
-    client = SharedNetworkClient.connect(server.address, server.authkey, "connect4", name="w0")
+    server = NetworkServer(model_path, sha256, game_name, device="cuda")   # starts the process
+    client = SharedNetworkClient.connect(server.address, server.authkey, game_name, name="w0")
     priors, values = client.evaluate_batch(words)     # in any process; an Evaluator
     server.load(new_path, new_sha256)                 # a promotion: the same process, a new net
     server.stats()                                    # evaluations, batches, each client's share

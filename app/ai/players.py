@@ -24,7 +24,7 @@ from app.ai.heuristic import heuristic_move
 from app.ai.mcts import SearchForest
 from app.ai.model import load_model, read_meta
 from app.config.pipeline import GauntletConfig, SearchConfig
-from app.games import GameState, get_game
+from app.games import DEFAULT_GAME, GameState, get_game
 
 
 class Player(Protocol):
@@ -67,7 +67,7 @@ class RandomPlayer(_OneAtATime):
 class HeuristicPlayer(_OneAtATime):
     """Wins when it can, blocks an immediate loss, else shallow negamax preferring the centre."""
 
-    def __init__(self, depth: int = 2, rng: np.random.Generator | None = None, game_name: str = "connect4") -> None:
+    def __init__(self, depth: int = 2, rng: np.random.Generator | None = None, game_name: str = DEFAULT_GAME) -> None:
         if depth < 1:
             raise ValueError(f"heuristic depth must be >= 1, got {depth}")
         self.depth = depth
@@ -151,7 +151,7 @@ class _TreePlayer:
 class RolloutMCTSPlayer(_TreePlayer):
     """Plain MCTS: uniform priors, leaves valued by random playouts. Knows nothing learnt."""
 
-    def __init__(self, game_name: str = "connect4", simulations: int = 200, rollouts_per_leaf: int = 4,
+    def __init__(self, game_name: str = DEFAULT_GAME, simulations: int = 200, rollouts_per_leaf: int = 4,
                  search_cfg: SearchConfig | None = None, rng: np.random.Generator | None = None) -> None:
         rng = rng if rng is not None else np.random.default_rng()
         evaluator = RolloutEvaluator(get_game(game_name), rollouts_per_leaf, rng)
@@ -203,7 +203,7 @@ class PlayerSpec:
     model_path: str | None = None
     sha256: str | None = None
     c_puct: float = 1.5
-    game: str = "connect4"
+    game: str = DEFAULT_GAME
     device: str = "cpu"  # where a net player's network runs ("cpu" or "cuda"); not part of its name
 
     @property
@@ -228,7 +228,7 @@ def net_spec(model_path: str | Path, simulations: int, c_puct: float = 1.5) -> P
 
 
 def parse_player_spec(text: str, cfg: GauntletConfig | None = None, search: SearchConfig | None = None,
-                      game: str = "connect4") -> PlayerSpec:
+                      game: str = DEFAULT_GAME) -> PlayerSpec:
     """'random', 'heuristic[:depth]', 'rollout[:simulations]', or a model path (.safetensors)."""
     cfg = cfg or GauntletConfig()
     c_puct = (search or SearchConfig()).c_puct

@@ -11,8 +11,10 @@ Each round every searched tree selects a leaf (several with virtual loss when
 are backed up on the spot, and all other leaves go to the evaluator in ONE
 `evaluate_batch(words)` call: their positions as the game's batch form (uint64 words), so
 the network's input and legal masks are array operations. Selection, node creation with the
-threat check, backup and proofs run compiled over all trees (app/ai/search_kernel.py, whose
-docstring says the rules); Python does one loop iteration per round, not per tree.
+game's threat hook, backup and proofs run compiled over all trees (app/ai/search_kernel.py,
+whose docstring says the rules, compiled once per game by app/ai/kernel_build.py); Python
+does one loop iteration per round, not per tree. Any game with an array form is searched:
+values are backed up as one entry per seat, each node choosing by its mover's (max^n).
 
 `simulations` new simulations are run per call (reused visits come on top). Dirichlet noise
 (cfg.dirichlet_alpha, cfg.dirichlet_fraction) is mixed into the root prior only, and only
@@ -28,16 +30,13 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from app.ai import search_kernel as K
+from app.ai.kernel_build import kernel_for
 from app.ai.search_result import SearchResult
 from app.games import Game, GameState
 
 if TYPE_CHECKING:
     from app.ai.evaluators import Evaluator
     from app.config.pipeline import SearchConfig
-
-ARRAY_GAMES = ("connect4",)  # games whose rules the search kernel is compiled against
-
 
 class SearchForest:
     """Trees in slots of shared arrays; a slot holds one game's tree from `add` to `release`.
@@ -48,12 +47,13 @@ class SearchForest:
 
     def __init__(self, game: Game, length_discount: float = 0.0, threat_check: bool = False,
                  trees: int = 1, capacity: int = 256) -> None:
-        if game.name not in ARRAY_GAMES:
-            raise ValueError(f"the array search knows the rules of {ARRAY_GAMES}, not {game.name!r}")
         self.game = game
+        self.K = kernel_for(game)
+        self.proofs = bool(game.solver_proofs)
+        self.value_size = int(game.value_size)
         self.length_discount = float(length_discount)
         self.threat_check = bool(threat_check)
-        self.capacity = max(int(capacity), 2 * K.MAX_NEW_NODES)
+        self.capacity = max(int(capacity), 2 * self.K.MAX_NEW_NODES)
         self._states: list[GameState | None] = []
         self._free: list[int] = []
         self._allocate(max(1, trees), self.capacity)
@@ -80,9 +80,9 @@ class SearchForest:
     def reset(self, slot: int, state: GameState) -> None:
         """Root the tree in `slot` at `state` afresh (a new game in the same slot)."""
         self._states[slot] = state
-        K.new_roots(np.array([slot], dtype=np.int64), self.game.state_words([state]),
-                    np.array([state.ply], dtype=np.int64), self.length_discount, self.threat_check,
-                    *self._node_arrays(), self.trees_f)
+        self.K.new_roots(np.array([slot], dtype=np.int64), self.game.state_words([state]),
+                         np.array([state.ply], dtype=np.int64), self.length_discount, self.threat_check,
+                         self.proofs, *self._node_arrays(), self.trees_f)
 
     def release(self, slot: int) -> None:
         """Free a slot for a later `add` (its tree is dropped)."""
@@ -101,16 +101,16 @@ class SearchForest:
         return state
 
     def node_count(self, slot: int) -> int:
-        return int(self.trees_i[slot, K.COUNT])
+        return int(self.trees_i[slot, self.K.COUNT])
 
     def advance(self, slot: int, action: int) -> None:
         """Move the root to the child after `action`, keeping its subtree's statistics; an
         illegal move raises the game's IllegalMoveError and changes nothing."""
         state = self.root_state(slot).play(int(action))
-        if self.trees_i[slot, K.COUNT] + 1 > self.capacity:
+        if self.trees_i[slot, self.K.COUNT] + 1 > self.capacity:
             self._resize(self.trees_i.shape[0], 2 * self.capacity)
-        K.advance(slot, int(action), self.length_discount, self.threat_check, self._keep,
-                  *self._node_arrays(), self.trees_f)
+        self.K.advance(slot, int(action), self.length_discount, self.threat_check, self.proofs, self._keep,
+                       *self._node_arrays(), self.trees_f)
         self._states[slot] = state
 
     # -- the search -----------------------------------------------------------------------------
@@ -143,20 +143,29 @@ class SearchForest:
         for slot, noise in zip(slots, noisy):
             if noise:
                 legal = self.root_state(slot).legal_moves()
-                K.set_root_noise(slot, rng.dirichlet([cfg.dirichlet_alpha] * len(legal)), cfg.dirichlet_fraction,
-                                 cfg.forced_playouts, self.edges, self.nodes_i, self.trees_i, self.trees_f)
+                self.K.set_root_noise(slot, rng.dirichlet([cfg.dirichlet_alpha] * len(legal)),
+                                      cfg.dirichlet_fraction, cfg.forced_playouts, self.edges, self.moves,
+                                      self.trees_i, self.trees_f)
         self._simulate(ids, np.array(budgets, dtype=np.int64), evaluator, cfg.c_puct, leaves_per_round)
         return self._results(ids, cfg.c_puct)
 
+    def _values(self, values: np.ndarray, n: int) -> np.ndarray:
+        """The evaluator's values as (n, value_size) float64, each row its leaf's mover's view."""
+        out = np.asarray(values, dtype=np.float64).reshape(n, -1)
+        if out.shape[1] != self.value_size:
+            raise ValueError(f"the evaluator gave {out.shape[1]} values a position, {self.game.name} has "
+                             f"value_size {self.value_size}")
+        return out
+
     def _expand_roots(self, ids: np.ndarray, evaluator: "Evaluator") -> None:
-        roots = self.trees_i[ids, K.ROOT]
-        fresh = self.nodes_i[ids, roots, K.LEGAL] < 0
+        roots = self.trees_i[ids, self.K.ROOT]
+        fresh = self.nodes_i[ids, roots, self.K.STATE] == self.K.NEW
         if not fresh.any():
             return
         ids, roots = ids[fresh], roots[fresh]
         priors, values = evaluator.evaluate_batch(self.words[ids, roots])
-        K.expand_nodes(ids, roots.astype(np.int64), np.asarray(priors, dtype=np.float64),
-                       np.asarray(values, dtype=np.float64), self.edges, self.words, self.nodes_f, self.nodes_i)
+        self.K.expand_nodes(ids, roots.astype(np.int64), np.asarray(priors, dtype=np.float64),
+                            self._values(values, len(ids)), self.moves, self.nodes_f, self.nodes_i, self.edges)
 
     def _simulate(self, ids: np.ndarray, budgets: np.ndarray, evaluator: "Evaluator", c_puct: float,
                   per_round: int) -> None:
@@ -165,6 +174,7 @@ class SearchForest:
         selected = np.zeros_like(remaining)
         virtual = per_round > 1
         rows = len(ids) * per_round
+        K = self.K
         pending = np.zeros((rows, K.PEND_PATH + K.MAX_PATH), dtype=np.int64)
         slot_of = np.zeros(rows, dtype=np.int64)
         unique = np.zeros((rows, 2), dtype=np.int64)
@@ -175,7 +185,7 @@ class SearchForest:
             while True:
                 n_pending, n_unique, start = K.select_round(
                     active, start, remaining, selected, per_round, virtual, c_puct, self.length_discount,
-                    self.threat_check, pending, n_pending, slot_of, unique, n_unique, self.capacity,
+                    self.threat_check, self.proofs, pending, n_pending, slot_of, unique, n_unique, self.capacity,
                     *self._node_arrays(), self.trees_f)
                 if start < 0:
                     break
@@ -184,7 +194,7 @@ class SearchForest:
                 leaves = unique[:n_unique]
                 priors, values = evaluator.evaluate_batch(self.words[leaves[:, 0], leaves[:, 1]])
                 K.expand_and_backup(pending, n_pending, slot_of, unique, np.asarray(priors, dtype=np.float64),
-                                    np.asarray(values, dtype=np.float64), virtual, self.edges, self.words,
+                                    self._values(values, n_unique), virtual, self.edges, self.moves,
                                     self.nodes_f, self.nodes_i)
             active = active[remaining[active] > 0]
 
@@ -192,8 +202,8 @@ class SearchForest:
         n, A = len(ids), self.game.num_actions
         counts, q, prior, child_proven = (np.zeros((n, A)) for _ in range(4))
         root_value, proven = np.zeros(n), np.zeros(n)
-        K.root_summary(ids, counts, q, prior, root_value, proven, child_proven, self.edges, self.child,
-                       self.nodes_f, self.trees_i)
+        self.K.root_summary(ids, counts, q, prior, root_value, proven, child_proven, self.edges, self.child,
+                            self.nodes_f, self.nodes_i, self.trees_i)
         out = []
         for j, slot in enumerate(ids):
             target = self._pruned(int(slot), counts[j], q[j], c_puct)
@@ -207,21 +217,21 @@ class SearchForest:
     # -- the root, read back ----------------------------------------------------------------------
 
     def root_counts(self, slot: int) -> np.ndarray:
-        return self.edges[slot, self.trees_i[slot, K.ROOT], K.N_].copy()
+        return self.edges[slot, self.trees_i[slot, self.K.ROOT], self.K.N_].copy()
 
     def root_prior(self, slot: int) -> np.ndarray:
         """The evaluator's prior at the root (without noise)."""
-        return self.edges[slot, self.trees_i[slot, K.ROOT], K.P_].copy()
+        return self.edges[slot, self.trees_i[slot, self.K.ROOT], self.K.P_].copy()
 
     def noisy_root_prior(self, slot: int) -> np.ndarray | None:
         """The root prior with the noise of the last noisy search mixed in (None without)."""
-        return self.trees_f[slot, :K.A].copy() if self.trees_f[slot, K.NOISY] else None
+        return self.trees_f[slot, :self.K.A].copy() if self.trees_f[slot, self.K.NOISY] else None
 
     def pruned_counts(self, slot: int, c_puct: float) -> np.ndarray:
         """`SearchResult.visits` before normalising: the root counts less forced playouts."""
-        root = self.trees_i[slot, K.ROOT]
+        root = self.trees_i[slot, self.K.ROOT]
         counts = self.root_counts(slot)
-        w = self.edges[slot, root, K.W_]
+        w = self.edges[slot, root, self.K.W_]
         q = np.divide(w, counts, out=np.zeros_like(w), where=counts > 0)
         return self._pruned(slot, counts, q, c_puct)
 
@@ -231,6 +241,7 @@ class SearchForest:
         most visited move's, and a move left with one visit or fewer is dropped. What remains
         is what PUCT alone would have spent, so forcing widens what the search looks at without
         teaching the network that those moves were good. Without forced playouts: the counts."""
+        K = self.K
         k = float(self.trees_f[slot, K.FORCED_K])
         total = float(counts.sum())
         if k <= 0.0 or not self.trees_f[slot, K.NOISY] or total <= 0.0:
@@ -240,10 +251,10 @@ class SearchForest:
         best = int(np.argmax(counts))
         best_score = q[best] + scale * prior[best] / (1.0 + counts[best])
         out = counts.copy()
-        legal = int(self.nodes_i[slot, self.trees_i[slot, K.ROOT], K.LEGAL])
+        searched = self.moves[slot, self.trees_i[slot, K.ROOT]]
         for a in range(K.A):
             n = counts[a]
-            if not (legal >> a) & 1 or a == best or n <= 0.0:
+            if not searched[a] or a == best or n <= 0.0:
                 continue
             floor = max(0.0, n - math.sqrt(k * prior[a] * total))
             gap = best_score - q[a]
@@ -256,22 +267,23 @@ class SearchForest:
     # -- storage --------------------------------------------------------------------------------
 
     def _node_arrays(self) -> tuple:
-        return self.edges, self.child, self.words, self.nodes_f, self.nodes_i, self.trees_i
+        return self.edges, self.child, self.words, self.moves, self.nodes_f, self.nodes_i, self.trees_i
 
     def _allocate(self, trees: int, capacity: int) -> None:
         A = self.game.num_actions
         self.edges = np.zeros((trees, capacity, 3, A))
         self.child = np.full((trees, capacity, A), -1, dtype=np.int32)
-        self.words = np.zeros((trees, capacity, 2), dtype=np.uint64)
-        self.nodes_f = np.zeros((trees, capacity, 2))
-        self.nodes_i = np.zeros((trees, capacity, 3), dtype=np.int32)
+        self.words = np.zeros((trees, capacity, self.K.WORDS), dtype=np.uint64)
+        self.moves = np.zeros((trees, capacity, A), dtype=np.uint8)
+        self.nodes_f = np.zeros((trees, capacity, 1 + self.K.NP))
+        self.nodes_i = np.zeros((trees, capacity, 4), dtype=np.int32)
         self.trees_i = np.zeros((trees, 2), dtype=np.int32)
         self.trees_f = np.zeros((trees, A + 2))
         self._keep = np.zeros(capacity, dtype=np.int32)
         self.capacity = capacity
 
     def _resize(self, trees: int, capacity: int) -> None:
-        old = (self.edges, self.child, self.words, self.nodes_f, self.nodes_i, self.trees_i, self.trees_f)
+        old = (self.edges, self.child, self.words, self.nodes_f, self.nodes_i, self.trees_i, self.trees_f, self.moves)
         t, c = self.trees_i.shape[0], self.capacity
         self._allocate(trees, capacity)
         self.edges[:t, :c] = old[0]
@@ -281,3 +293,4 @@ class SearchForest:
         self.nodes_i[:t, :c] = old[4]
         self.trees_i[:t] = old[5]
         self.trees_f[:t] = old[6]
+        self.moves[:t, :c] = old[7]

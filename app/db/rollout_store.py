@@ -1,6 +1,6 @@
 """RolloutStore: the LM workload's self-play records, one scored group of completions per row.
 
-What a replay DB is to Connect Four games, this is to rollouts: a group and all its samples
+What a replay DB is to board games, this is to rollouts: a group and all its samples
 go in one transaction and a group's uid is unique, so a writer killed at any moment leaves
 the whole group or nothing, and a group synced again from a peer is never stored twice.
 WAL lets the export read while self-play writes. Tokens, masks and log-probs are stored as

@@ -13,10 +13,13 @@ from typing import Sequence
 import numpy as np
 
 from app.games import connect4_arrays
+from app.games.connect4_bits import (  # noqa: F401 - winning_cells, playable_cells: this module's API too
+    _BOARD, _BOTTOM_ROW, _column_mask, _columns, playable_cells, winning_cells,
+)
 from app.games.base import Game, GameState, IllegalMoveError, ParseError
 
-WIDTH = 7
-HEIGHT = 6
+WIDTH = connect4_arrays.WIDTH
+HEIGHT = connect4_arrays.HEIGHT
 _COLUMN_BITS = HEIGHT + 1
 _BOTTOM = [1 << (c * _COLUMN_BITS) for c in range(WIDTH)]
 _TOP = [1 << (HEIGHT - 1 + c * _COLUMN_BITS) for c in range(WIDTH)]
@@ -156,49 +159,16 @@ class Connect4State(GameState):
         return self.moves
 
 
-def _column_mask(col: int) -> int:
-    return ((1 << HEIGHT) - 1) << (col * _COLUMN_BITS)
-
-
-_BOTTOM_ROW = sum(_BOTTOM)
-_BOARD = sum(_column_mask(c) for c in range(WIDTH))
-
-
-def playable_cells(mask: int) -> int:
-    """The cell each unfull column would take next (one bit per column)."""
-    return (mask + _BOTTOM_ROW) & _BOARD
-
-
-def _columns(cells: int) -> list[int]:
-    """The columns of `cells`, at most one cell a column, in increasing order."""
-    out = []
-    while cells:
-        low = cells & -cells
-        out.append((low.bit_length() - 1) // _COLUMN_BITS)
-        cells ^= low
-    return out
-
-
-def winning_cells(stones: int, mask: int) -> int:
-    """Empty cells where `stones`' owner would make four (Pons' compute_winning_position):
-    three of the four in place, in every direction, the gap at either end or inside. The
-    heuristic baseline (app/ai/heuristic.py) scores leaves by these too."""
-    # vertical: three stones straight below
-    cells = (stones << 1) & (stones << 2) & (stones << 3)
-    for shift in (_COLUMN_BITS, HEIGHT, _COLUMN_BITS + 1):  # horizontal and both diagonals
-        pair = (stones << shift) & (stones << 2 * shift)
-        cells |= pair & (stones << 3 * shift)
-        cells |= pair & (stones >> shift)
-        pair = (stones >> shift) & (stones >> 2 * shift)
-        cells |= pair & (stones << shift)
-        cells |= pair & (stones >> 3 * shift)
-    return cells & (_BOARD ^ mask)
-
-
 class Connect4(Game):
     name = "connect4"
     num_actions = WIDTH
     plane_shape = (3, HEIGHT, WIDTH)
+    max_plies = WIDTH * HEIGHT
+    words = connect4_arrays.WORDS
+    rules_module = "app.games.connect4_rules"
+    num_players = 2
+    # Pons' solver-scored positions, beside the repository (../shared/...): the solved panel
+    scored_positions = "shared/benchmarks/connect4/move_scores.txt"
 
     def initial_state(self) -> Connect4State:
         return Connect4State()
@@ -223,6 +193,16 @@ class Connect4(Game):
     ) -> Sequence[tuple[np.ndarray, np.ndarray]]:
         """Identity and the left-right mirror: the only symmetry of the board."""
         return [(planes, policy), (planes[..., ::-1].copy(), policy[..., ::-1].copy())]
+
+    def heuristic_scores(self, state: GameState, depth: int) -> dict[int, float]:
+        from app.games.connect4_heuristic import connect4_move_scores
+
+        return connect4_move_scores(state.position, state.mask, depth)  # type: ignore[attr-defined]
+
+    def playout_values(self, words: np.ndarray, rollouts: int, rng: np.random.Generator) -> np.ndarray:
+        from app.games.connect4_playouts import playout_values
+
+        return playout_values(words, rollouts, rng)
 
     def state_words(self, states: Sequence[GameState]) -> np.ndarray:
         return connect4_arrays.words_of(states)

@@ -38,6 +38,8 @@ _LOW_COLUMN = np.uint64((1 << HEIGHT) - 1)
 _S1 = np.uint64(1)
 _S2 = np.uint64(2)
 _S3 = np.uint64(3)
+_DIRECTIONS = (_COLUMN_BITS, HEIGHT, _COLUMN_BITS + 1, 1)  # bit shifts: across columns, both diagonals, up a column
+_LINES = _DIRECTIONS[:3]  # every direction but up a column
 _CELL_BITS = np.array([[c * _COLUMN_BITS + r for c in range(WIDTH)] for r in range(HEIGHT)], dtype=np.int64)
 
 
@@ -87,7 +89,7 @@ def has_four_many(stones: np.ndarray) -> np.ndarray:
 
 @njit(cache=True, inline="always")
 def has_four(stones: np.uint64) -> bool:
-    for s in (7, 6, 8, 1):
+    for s in _DIRECTIONS:
         shift = np.uint64(s)
         pairs = stones & (stones >> shift)
         if pairs & (pairs >> (shift + shift)):
@@ -99,7 +101,7 @@ def has_four(stones: np.uint64) -> bool:
 def winning_cells(stones: np.uint64, mask: np.uint64) -> np.uint64:
     """Pons' compute_winning_position, as `connect4.winning_cells`."""
     cells = (stones << _S1) & (stones << _S2) & (stones << _S3)
-    for s in (7, 6, 8):
+    for s in _LINES:
         shift = np.uint64(s)
         pair = (stones << shift) & (stones << (shift + shift))
         cells |= pair & (stones << (shift * _S3))

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.games.connect4 import HEIGHT, WIDTH
-from app.games.connect4_arrays import has_four_many
+from app.games.connect4_arrays import HEIGHT, WIDTH, has_four_many
 
 _COLUMN_BITS = HEIGHT + 1
 _BOTTOM = np.array([1 << (c * _COLUMN_BITS) for c in range(WIDTH)], dtype=np.uint64)

@@ -1,6 +1,6 @@
 """Joining the process group torchrun describes: which device a rank trains on, and the group.
 
-Both torchrun targets (the Connect Four trainer and the language-model jobs) join the same way.
+Both torchrun targets (the game trainer and the language-model jobs) join the same way.
 The device comes from LOCAL_RANK (the rank on this node), never from RANK: on a second node
 RANK is 8 while the GPUs are 0..7. NCCL needs one GPU per rank, so "auto" picks CUDA only when
 this node has a GPU for each of its ranks (LOCAL_WORLD_SIZE); more ranks than GPUs train on the

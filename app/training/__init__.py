@@ -7,7 +7,7 @@
     gauntlet.py        candidate vs baselines and best; gauntlet_shard.py a slice played anywhere
     sprt.py, elo.py    early stopping of matches; Elo by maximum likelihood
     promotion.py       the gate decision (pure) and the registry actions around it
-    workload/          this workload's pipeline steps (the seam's Connect Four side)
+    workload/          this workload's pipeline steps (the seam's game side)
 
 Knows no daemon and no mesh: app/coordination calls these functions.
 """

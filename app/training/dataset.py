@@ -28,7 +28,8 @@ class DatasetError(ValueError):
 
 @dataclass(frozen=True)
 class Arrays:
-    """Aligned training samples: planes (N, C, H, W), policy targets (N, A), values (N,)."""
+    """Aligned training samples: planes (N, C, H, W), policy targets (N, A), values (N,), or
+    (N, V) for a game with V = value_size > 1 (entry k: seat (to_move + k) % players)."""
 
     planes: np.ndarray
     policy: np.ndarray
@@ -38,11 +39,11 @@ class Arrays:
         return int(self.value.shape[0])
 
     @staticmethod
-    def empty(plane_shape: tuple[int, ...], num_actions: int) -> "Arrays":
+    def empty(plane_shape: tuple[int, ...], num_actions: int, value_size: int = 1) -> "Arrays":
         return Arrays(
             np.zeros((0, *plane_shape), np.float32),
             np.zeros((0, num_actions), np.float32),
-            np.zeros((0,), np.float32),
+            np.zeros((0,) if value_size == 1 else (0, value_size), np.float32),
         )
 
 
@@ -83,7 +84,7 @@ def load_arrays(path: Path, plane_shape: tuple[int, ...], num_actions: int) -> A
         raise DatasetError(f"{path}: dataset file not found") from None
     except (zipfile.BadZipFile, KeyError, ValueError, OSError, EOFError) as exc:
         raise DatasetError(f"{path}: truncated or corrupt NPZ: {exc}") from None
-    n = value.shape[0] if value.ndim == 1 else -1
+    n = value.shape[0] if value.ndim in (1, 2) else -1
     if planes.shape != (n, *plane_shape) or policy.shape != (n, num_actions):
         raise DatasetError(
             f"{path}: arrays do not fit the manifest: planes {planes.shape}, policy {policy.shape}, "

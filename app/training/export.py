@@ -110,6 +110,20 @@ def value_target(outcome: float, search_value: float, mix: float) -> float:
     return (1.0 - mix) * outcome + mix * float(search_value)
 
 
+def seat_targets(game: Game, final: GameState, sampled: Sequence[GameState], search_values: Sequence[float],
+                 value_mix: float, length_discount: float) -> np.ndarray:
+    """The value targets of a game with one value a seat: (n, N), row i the final scaled
+    returns from sample i's mover on (entry k: seat (to_move + k) % N); `value_mix` mixes the
+    search's root value (the mover's) into entry 0 only. A record that does not end is refused."""
+    if not final.is_terminal:
+        raise GameError("the moves do not finish the game")
+    returns = np.asarray(final.scaled_returns(length_discount), dtype=np.float64)
+    rows = np.stack([np.roll(returns, -s.to_move) for s in sampled])
+    if value_mix:
+        rows[:, 0] = [value_target(r, v, value_mix) for r, v in zip(rows[:, 0], search_values)]
+    return rows.astype(np.float32)
+
+
 def outcome_for(winner: int | None, to_move: int) -> float:
     """Final result from the view of the side to move: +1 win, 0 draw, -1 loss."""
     if winner is None:
@@ -152,15 +166,18 @@ def game_samples(game: Game, record: GameRecord, augment: bool, value_mix: float
     if state.is_terminal and state.winner != record.winner:
         raise GameError(f"recorded winner {record.winner} but the moves end with winner {state.winner}")
     if not sampled:
-        return Arrays.empty(game.plane_shape, game.num_actions)
+        return Arrays.empty(game.plane_shape, game.num_actions, game.value_size)
     targets = _visit_targets(game, record, plies)
     planes, values = game.stacked_planes(sampled), np.asarray(value, np.float32)
+    if game.value_size > 1:
+        values = seat_targets(game, state, sampled, [record.moves[p].root_value for p in plies], value_mix,
+                              length_discount)
     if not augment:
         return Arrays(planes, targets, values)
     images = game.symmetries(planes, targets)
     return Arrays(np.stack([p for p, _ in images], axis=1).reshape(-1, *game.plane_shape),
                   np.stack([q for _, q in images], axis=1).reshape(-1, game.num_actions),
-                  np.repeat(values, len(images)))
+                  np.repeat(values, len(images), axis=0))
 
 
 def _visit_targets(game: Game, record: GameRecord, plies: list[int]) -> np.ndarray:
@@ -195,7 +212,7 @@ def build_arrays(game: Game, records: Iterable[GameRecord], augment: bool, sourc
         except (GameError, IndexError, TypeError) as exc:
             raise ExportError(f"{source.get(record.uid, '?')}: game {record.uid} is invalid: {exc}") from None
     if not parts:
-        return Arrays.empty(game.plane_shape, game.num_actions)
+        return Arrays.empty(game.plane_shape, game.num_actions, game.value_size)
     return Arrays(np.concatenate([a.planes for a in parts]).astype(np.float32, copy=False),
                   np.concatenate([a.policy for a in parts]).astype(np.float32, copy=False),
                   np.concatenate([a.value for a in parts]).astype(np.float32, copy=False))

@@ -213,10 +213,10 @@ def run_gauntlet(
 
     def record_for(opponent: PlayerSpec) -> Callable[[GameTask, GameOutcome], None]:
         def record(task: GameTask, outcome: GameOutcome) -> None:
-            p0, p1 = (candidate.name, opponent.name) if task.candidate_side == 0 else (opponent.name, candidate.name)
+            p0, p1, winner = outcome.two_seat_record(candidate.name, opponent.name)
             registry.add_match_games([MatchGame(
                 uid=f"{match_id}-{opponent.name}-{task.index}", match_id=match_id, game=game_name,
-                player0=p0, player1=p1, winner=outcome.winner, moves=outcome.moves,
+                player0=p0, player1=p1, winner=winner, moves=outcome.moves,
                 opening_plies=outcome.opening_plies, created_at=time.time())])
         return record
 

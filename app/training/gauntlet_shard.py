@@ -116,9 +116,8 @@ def play_shard(
     played: list[ShardGame] = []
 
     def record(task: GameTask, outcome: GameOutcome) -> None:
-        p0, p1 = (candidate.name, opponent.name) if task.candidate_side == 0 else (opponent.name, candidate.name)
-        played.append(ShardGame(f"{shard_id}#{task.index}", p0, p1, outcome.winner, outcome.moves,
-                                outcome.opening_plies))
+        p0, p1, winner = outcome.two_seat_record(candidate.name, opponent.name)
+        played.append(ShardGame(f"{shard_id}#{task.index}", p0, p1, winner, outcome.moves, outcome.opening_plies))
 
     result = play_fixed_match(candidate, opponent, games, settings, seed, record, workers, should_stop)
     with ModelRegistry(registry_db) as registry:

@@ -1,8 +1,8 @@
 """How a gauntlet's games are played: openings, the games of a match cut into waves, and each
 wave played in lock step by one worker (spawned, one torch thread; or this process).
 
-Each pair of games starts from its own random opening of a few plies and the candidate takes
-each side once. A worker plays its wave's games together: each round every game's side to
+Each group of games (one per seat: a pair for two players) starts from its own random opening
+of a few plies and the candidate takes each seat once, the opponent every other seat. A worker plays its wave's games together: each round every game's side to
 move moves, and a player moves in all of its games at once (`Player.select_moves`), so a
 search player's network call carries a leaf of every game still running instead of one
 position (`scripts/bench_gauntlet.py`: 4.45x on a 20-game match on one CPU core).
@@ -35,7 +35,7 @@ class GameTask:
     index: int
     candidate: PlayerSpec
     opponent: PlayerSpec
-    candidate_side: int  # 0: the candidate moves first after the opening
+    candidate_side: int  # the candidate's seat (0: it moves first after the opening)
     opening: tuple[int, ...]
     seed: int
 
@@ -47,10 +47,27 @@ class GameOutcome:
     winner: int | None
     moves: str
     opening_plies: int
+    seats: int = 2
+    score: float | None = None  # N > 2 seats: the share of the opponent's seats the candidate beat
 
     @property
     def candidate_score(self) -> float:
+        """1 a win, 0.5 a draw, 0 a loss; with N > 2 seats the candidate's result against each
+        other seat (1 above it, 0.5 level, 0 below) averaged: the pairwise form the Elo and the
+        SPRT read as one game's score."""
+        if self.score is not None:
+            return self.score
         return 0.5 if self.winner is None else (1.0 if self.winner == self.candidate_side else 0.0)
+
+    def two_seat_record(self, candidate: str, opponent: str) -> tuple[str, str, int | None]:
+        """(player0, player1, winner) as the two-player match-game tables keep a game: seats in
+        order for two players; with more, the candidate as player0 against the field, winner 0
+        when the candidate alone came first, 1 when an opponent's seat did, None otherwise."""
+        if self.seats == 2:
+            p0, p1 = (candidate, opponent) if self.candidate_side == 0 else (opponent, candidate)
+            return p0, p1, self.winner
+        winner = None if self.winner is None else (0 if self.winner == self.candidate_side else 1)
+        return candidate, opponent, winner
 
 
 # --- openings and waves of games (run inside workers) -----------------------------------
@@ -113,8 +130,17 @@ def play_games(game: Game, candidate, opponent, tasks: Sequence[GameTask],
             moved = True
         if not moved:
             break
-    return [GameOutcome(task.index, task.candidate_side, state.winner, state.to_text(), len(task.opening))
-            for task, state in zip(tasks, states) if state.is_terminal]
+    return [_outcome(task, state, game.num_players) for task, state in zip(tasks, states) if state.is_terminal]
+
+
+def _outcome(task: GameTask, state, seats: int) -> GameOutcome:
+    score = None
+    if seats > 2:
+        r = state.returns()
+        mine = r[task.candidate_side]
+        others = [r[s] for s in range(seats) if s != task.candidate_side]
+        score = sum(1.0 if mine > o else 0.5 if mine == o else 0.0 for o in others) / len(others)
+    return GameOutcome(task.index, task.candidate_side, state.winner, state.to_text(), len(task.opening), seats, score)
 
 
 _PLAYER_CACHE: dict[PlayerSpec, object] = {}
@@ -174,14 +200,17 @@ class InlineExecutor:
 
 def match_tasks(candidate: PlayerSpec, opponent: PlayerSpec, games: int, settings: Settings,
                 rng: np.random.Generator) -> list[GameTask]:
-    """A match's games in opening pairs: games 2k and 2k + 1 share an opening, after which the
-    candidate moves first in game 2k and second in 2k + 1; each game's seed comes from `rng`."""
+    """A match's games in opening groups, one game per seat (pairs for two players): games
+    Nk .. Nk + N-1 share an opening, after which the candidate takes seat 0, 1, .. N-1 in
+    turn; each game's seed comes from `rng`."""
     cfg = settings.gauntlet
-    pairs = math.ceil(games / 2)
-    openings = make_openings(get_game(candidate.game), pairs, cfg.opening_plies_min, cfg.opening_plies_max, rng)
+    game = get_game(candidate.game)
+    seats = game.num_players
+    groups = math.ceil(games / seats)
+    openings = make_openings(game, groups, cfg.opening_plies_min, cfg.opening_plies_max, rng)
     tasks = []
-    for i in range(pairs * 2):
-        tasks.append(GameTask(i, candidate, opponent, i % 2, openings[i // 2], int(rng.integers(2**31))))
+    for i in range(groups * seats):
+        tasks.append(GameTask(i, candidate, opponent, i % seats, openings[i // seats], int(rng.integers(2**31))))
     return tasks
 
 
@@ -198,7 +227,7 @@ def match_executor(workers: int):
     """One worker plays in this process, on one torch thread like a spawned worker: a wave's
     network calls are small batches (~16 positions), which more threads only slow (measured
     on batches of one, on 2 cores: 1271 vs 995 calls/s quiet, 1334 vs 312 beside one busy
-    process: the threads spin waiting for a core). The setting is process-wide; a Connect Four
+    process: the threads spin waiting for a core). The setting is process-wide; a game
     node's orchestrator runs no other torch work."""
     if workers <= 1:
         _worker_init()

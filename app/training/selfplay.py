@@ -22,6 +22,7 @@ Workers exit on their own when the writer dies (they poll their parent's pid).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -148,7 +149,7 @@ class _Tally:
     def __init__(self) -> None:
         self.games = 0
         self.positions = 0
-        self.wins = [0, 0]
+        self.wins: Counter[int] = Counter()  # by seat: a game may have more than two (mnk3)
         self.draws = 0
 
     def add(self, record: GameRecord) -> None:

@@ -44,12 +44,14 @@ def random_opening(game: Game, max_plies: int, rng: np.random.Generator) -> tupl
     the position they reach.
 
     With `max_plies` 0 no random number is drawn, so self-play with the feature off is exactly
-    what it was before it existed. A line that ends the game is drawn again (in Connect Four
-    that needs 7 plies or more and a lucky line, so it is rare).
+    what it was before it existed. A line that ends the game is drawn again (in the default
+    game that needs 7 plies or more and a lucky line, so it is rare).
     """
     if max_plies <= 0:
         return [], game.initial_state()
-    plies = int(rng.integers(max_plies + 1))
+    # at most half the game's longest line: a short game (tic-tac-toe's 9 plies) keeps room to
+    # be played, and an opening that must end the game is never asked for
+    plies = min(int(rng.integers(max_plies + 1)), game.max_plies // 2)
     while True:
         state, moves = game.initial_state(), []
         for _ in range(plies):

@@ -1,6 +1,6 @@
 """How close each promoted model's raw network plays to perfect, kept per model on disk.
 
-Where the game has solver-scored positions (Connect Four: `move_scores.txt`, see
+Where the game ships solver-scored positions (`Game.scored_positions`, the format of
 solved_eval.py), a promoted model's policy argmax is scored once: exact-move accuracy (the
 solver's best move) and outcome accuracy (a move that keeps the position's result). One
 batched forward pass over 931 positions, well under a second on a CPU core; the result is
@@ -16,18 +16,18 @@ from pathlib import Path
 
 from app.ai.model import load_model
 from app.atomic_files import atomic_write_json
-from app.games import get_game
+from app.games import DEFAULT_GAME, get_game
 from app.training.solved_eval import ScoredPosition, accuracy, default_positions_path, network_choices
 
 ACCURACY_FILE = "solved_accuracy.json"
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SOLVED_GAMES = ("connect4",)  # games whose solver-scored positions exist (the format of solved_eval.py)
 MODELS_KEPT = 1000  # newest entries kept in the file
 
 
-def positions_file(configured: Path | None) -> Path:
-    """The configured file, or the shared benchmark beside the repository."""
-    return Path(configured) if configured is not None else default_positions_path(REPO_ROOT)
+def positions_file(configured: Path | None, game_name: str = DEFAULT_GAME) -> Path | None:
+    """The configured file, or the game's scored set beside the repository (None: the game
+    ships none, and no panel is shown)."""
+    return Path(configured) if configured is not None else default_positions_path(REPO_ROOT, get_game(game_name))
 
 
 def score_raw_network(model_path: str | Path, positions: list[ScoredPosition], game_name: str,

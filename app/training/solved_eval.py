@@ -1,12 +1,13 @@
 """How far a model is from perfect play, on positions a perfect solver scored move by move.
 
-    positions = load_positions(default_positions_path(REPO))   # ../shared/benchmarks/connect4/
+    positions = load_positions(default_positions_path(REPO))   # the game's Game.scored_positions
     report = score_model(net, positions, simulations=[0, 400], cfg=SearchConfig())
     report["raw"]["exact"], report["mcts"]["400"]["outcome"]
 
-Connect Four is solved, so the distance to perfect play can be measured instead of guessed
-from Elo against weak baselines. `move_scores.txt` (format in the README beside it) gives
-every legal move of 931 middle-game positions a solver score. A chosen move is *exact* when
+For a solved game that ships a scored set (`Game.scored_positions`: the default game's
+`move_scores.txt`, format in the README beside it), the distance to perfect play can be
+measured instead of guessed from Elo against weak baselines: the file gives every legal move
+of 931 middle-game positions a solver score. A chosen move is *exact* when
 it has the best score, and *keeps the outcome* when its score has the best score's sign
 (a won position stays won, a drawn one drawn). The raw network plays the argmax of its
 policy; MCTS plays the most visited move of a noise-free search, all positions' trees
@@ -27,7 +28,7 @@ from app.ai.evaluators import NetworkEvaluator
 from app.ai.mcts import SearchForest
 from app.ai.model import PolicyValueNet
 from app.config.pipeline import SearchConfig
-from app.games import Game, GameError, GameState, get_game
+from app.games import DEFAULT_GAME, Game, GameError, GameState, get_game
 
 POSITIONS_NAME = "move_scores.txt"
 # Ply ranges of the per-phase breakdown (the file holds plies 4-32).
@@ -75,9 +76,14 @@ class ScoredPosition:
         return score
 
 
-def default_positions_path(repo_root: str | Path) -> Path:
-    """Where the shared benchmark lives: beside the repository, not inside it."""
-    return Path(repo_root).resolve().parent / "shared" / "benchmarks" / "connect4" / POSITIONS_NAME
+def default_positions_path(repo_root: str | Path, game: Game | None = None) -> Path | None:
+    """Where the game's scored set lives (`Game.scored_positions`, relative to the directory
+    that holds the repository: the shared benchmarks sit beside it, not inside); None for a
+    game that ships none."""
+    game = game or get_game(DEFAULT_GAME)
+    if game.scored_positions is None:
+        return None
+    return Path(repo_root).resolve().parent / game.scored_positions
 
 
 def parse_line(line: str, num_actions: int = 7) -> ScoredPosition:
@@ -96,13 +102,13 @@ def load_positions(path: str | Path, game: Game | None = None) -> list[ScoredPos
     """Every position of the file, each checked against the rules (its full columns and
     that it is unfinished); any problem is a SolvedEvalError naming path and line."""
     path = Path(path)
-    game = game or get_game("connect4")
+    game = game or get_game(DEFAULT_GAME)
     try:
         text = path.read_text()
     except FileNotFoundError:
         raise SolvedEvalError(
-            f"{path}: solved move scores not found (expected the shared benchmark "
-            f"../shared/benchmarks/connect4/{POSITIONS_NAME} beside the repository)") from None
+            f"{path}: solved move scores not found (expected the game's scored set "
+            f"../{game.scored_positions or POSITIONS_NAME} beside the repository)") from None
     except OSError as exc:
         raise SolvedEvalError(f"{path}: unreadable: {exc}") from None
     positions: list[ScoredPosition] = []
@@ -179,7 +185,7 @@ def random_mover_accuracy(positions: Sequence[ScoredPosition]) -> dict:
 def seen_in(positions: Sequence[ScoredPosition], planes: np.ndarray, game: Game | None = None) -> list[bool]:
     """Whether each position occurs among `planes` (a dataset's training inputs, mirror images
     included), compared as the exact input the network gets."""
-    game = game or get_game("connect4")
+    game = game or get_game(DEFAULT_GAME)
     stored = {np.ascontiguousarray(row, dtype=np.float32).tobytes() for row in planes}
     return [np.ascontiguousarray(game.parse(p.moves).planes(), dtype=np.float32).tobytes() in stored
             for p in positions]
@@ -204,7 +210,7 @@ def coverage(positions: Sequence[ScoredPosition], choices: Sequence[int], seen: 
 def network_choices(net: PolicyValueNet, positions: Sequence[ScoredPosition], game: Game | None = None,
                     batch: int = 512) -> list[int]:
     """The raw policy's argmax over legal moves for every position (batched forward passes)."""
-    game = game or get_game("connect4")
+    game = game or get_game(DEFAULT_GAME)
     evaluator = NetworkEvaluator(net, game)
     choices: list[int] = []
     for start in range(0, len(positions), batch):
@@ -222,7 +228,7 @@ def value_choices(net: PolicyValueNet, positions: Sequence[ScoredPosition], game
     first (it is always the quickest win), a move that fills the board scores a draw, and every
     other child is worth minus the network's value for the opponent, all children of all
     positions in one batch."""
-    game = game or get_game("connect4")
+    game = game or get_game(DEFAULT_GAME)
     evaluator = NetworkEvaluator(net, game)
     scored: list[dict[int, float]] = []
     children: list[GameState] = []
@@ -249,7 +255,7 @@ def mcts_choices(net: PolicyValueNet, positions: Sequence[ScoredPosition], simul
                  cfg: SearchConfig, game: Game | None = None, batch: int = 256, seed: int = 0) -> list[int]:
     """The most visited move of a noise-free search per position; `batch` trees advance in
     lock step, so each network call evaluates one leaf of each of them."""
-    game = game or get_game("connect4")
+    game = game or get_game(DEFAULT_GAME)
     evaluator = NetworkEvaluator(net, game)
     rng = np.random.default_rng(seed)
     choices: list[int] = []
@@ -269,7 +275,7 @@ def score_model(net: PolicyValueNet, positions: Sequence[ScoredPosition], simula
     budget asked: 0 means the raw network, scored twice, by its policy ("raw") and by its value
     head one ply deep ("value", `value_choices`)."""
     cfg = cfg or SearchConfig()
-    game = game or get_game("connect4")
+    game = game or get_game(DEFAULT_GAME)
     report: dict = {"positions": len(positions)}
     for sims in dict.fromkeys(int(s) for s in simulations):
         if sims < 0:

@@ -145,7 +145,7 @@ def build_model(opts: dict, game_name: str, parent: Path | None, resume: dict | 
         except ModelFormatError as exc:
             raise TrainInputError(str(exc)) from None
         return net, meta.architecture, meta
-    arch = Architecture(opts["channels"], opts["blocks"], game.plane_shape, game.num_actions)
+    arch = Architecture.for_game(game, opts["channels"], opts["blocks"])
     return new_model(arch, seed=opts["seed"]), arch, None
 
 

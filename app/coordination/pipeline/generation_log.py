@@ -55,7 +55,7 @@ class GenerationRecord:
         return f"{COMMIT_PREFIX}{self.generation}"
 
     def to_json(self) -> dict:
-        """The record's fields; `heldout` only where there is one (Connect Four records stay
+        """The record's fields; `heldout` only where there is one (game records stay
         byte for byte what they were before the field existed)."""
         data = asdict(self)
         for optional in ("heldout", "matches"):

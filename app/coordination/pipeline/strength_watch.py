@@ -24,7 +24,7 @@ from app.coordination.pipeline.context import PipelineContext
 from app.db.registry import ModelRegistry, RegistryError
 from app.log import get_logger
 from app.training.solved_accuracy import (
-    ACCURACY_FILE, SOLVED_GAMES, AccuracyCache, positions_file, score_raw_network,
+    ACCURACY_FILE, AccuracyCache, positions_file, score_raw_network,
 )
 from app.training.solved_eval import SolvedEvalError, load_positions
 
@@ -55,8 +55,10 @@ def model_file(pipe: PipelineContext, sha: str, known: Path | None) -> Path | No
 
 async def watch_strength(pipe: PipelineContext, interval_s: float = 10.0) -> None:
     """Until cancelled (returns at once when there is nothing to score against)."""
-    path = positions_file(pipe.settings.gauntlet.solved_positions)
-    if pipe.settings.workload != "connect4" or pipe.settings.node.game not in SOLVED_GAMES or not path.is_file():
+    if pipe.settings.workload == "lm":
+        return
+    path = positions_file(pipe.settings.gauntlet.solved_positions, pipe.settings.node.game)
+    if path is None or not path.is_file():
         return
     try:
         positions = await asyncio.to_thread(load_positions, path)

@@ -1,4 +1,5 @@
-"""The Connect Four workload's steps (app/coordination/pipeline/steps.py): MCTS self-play into
+"""The game workload's steps (app/coordination/pipeline/steps.py), for whatever game
+`node.game` names (app/games: a registered game or a user's by import path): MCTS self-play into
 the replay DB, position datasets, the policy/value trainer, the gauntlet, model files in the
 model store, and the mesh routes that serve games, models and datasets to peers."""
 
@@ -87,10 +88,10 @@ class ModelFiles:
         """Self-play reads the best model's path from the pipeline state: nothing else to do."""
 
 
-class Connect4Steps:
+class GameSteps:
     """The AlphaZero loop: MCTS self-play into the replay DB, model files in the model store."""
 
-    name = "connect4"
+    name = "games"  # the seam's name for it; the config's `workload:` keeps its first name
     training = TrainingJob("app.training.train", loss_key="best_holdout_loss", candidate_name=CANDIDATE_NAME,
                            result_name=RESULT_NAME)
 
