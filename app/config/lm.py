@@ -183,9 +183,10 @@ class LMRolloutSettings(StrictModel):
     temperature: float = Field(1.0, gt=0.0)  # sampling; greedy is for evaluation only
     max_steps: int = Field(4, ge=1)
     max_seq_len: int = Field(128, ge=2)
-    length_is_parse_failure: bool = True
+    # truncated completions are scored unless told otherwise (a failing reward is then seen):
+    length_is_parse_failure: bool = False  # True: a completion cut at max_new_tokens gets parse_failure_reward
     parse_failure_reward: float = 0.0
-    overlong_reward: Literal["zero", "score"] = "zero"
+    overlong_reward: Literal["zero", "score"] = "score"  # a completion cut at max_seq_len: scored, or 0
     overlong_group: Literal["keep", "mask_loss", "drop_group"] = "keep"
     truncated_reward: float | None = None
     max_staleness: int = Field(1, ge=0)  # weight versions a group may lag the trained model
@@ -258,6 +259,9 @@ class LMRewardPoolSettings(StrictModel):
 
     workers: int = Field(1, ge=1, le=16)
     timeout_s: float = Field(10.0, gt=0)  # one reward call
+    # the reward failed on every group of this many scored batches in a row: the workload stops
+    # with an error naming the function (app/lm/reward_failures.py); 0 = never
+    stop_after_failed_batches: int = Field(5, ge=0)
 
 
 class LMConfig(StrictModel):

@@ -225,11 +225,14 @@ class LMSteps:
                 self._rewards = None
 
     def node_status(self, pipe: Pipe) -> Json:
-        """The inference engines (the weights they serve, whether they are in service) and the
-        rollout groups this node's filter dropped, by reason."""
+        """The inference engines (the weights they serve, whether they are in service), the
+        rollout groups this node's filter dropped, by reason, and the reward's failures (their
+        first lines, and the stop when it failed on every group: app/lm/reward_failures.py)."""
         state = pipe.state
+        rewards = self._rewards
         return {"lm_engines": self.engines.status(state.best_generation, state.best_sha256),
-                "lm_rollouts_dropped": dict(self._dropped or {})}
+                "lm_rollouts_dropped": dict(self._dropped or {}),
+                "lm_reward_failures": rewards.failures.snapshot() if rewards is not None else None}
 
     def progress_extra(self, pipe: Pipe) -> Json:
         """/progress of a lone node: held-out reward by generation, with its interval."""
