@@ -232,6 +232,10 @@ class LMGRPOSettings(StrictModel):
     scale_by_std: bool = True
     eps: float = Field(1e-6, gt=0)
     backend: Literal["local", "fsdp2"] = "local"
+    # where a generation's GRPO groups come from: "stored", the exported window of self-play's
+    # (made by the best model); "online", generated in the trainer by its own newest weights,
+    # synced every step (app/lm/train/generation.py)
+    rollouts: Literal["stored", "online"] = "stored"
     seed: int = 0
     reference: Path | None = None  # KL reference: a model directory; None: the policy GRPO starts from
     sft: LMSFTSettings = LMSFTSettings()
