@@ -15,8 +15,9 @@ trains through the rollout manager's over-sampling and filters, by an engine tha
 weights after every step: in process (default), or an SGLang / vLLM server loading them from
 `RUN/engine_weights/step_N` (sync disk) or as tensors (sync tensor). Rewards run in a pool of
 worker processes, each call bounded. One process (LocalBackend) by default; `--nproc N` re-runs
-itself under torchrun through `app.shared.launcher` with the FSDP2 backend (in-process engines
-only). Re-running the same command resumes each phase from its newest complete checkpoint.
+itself under torchrun through `app.shared.launcher` with the FSDP2 backend: each rank its own
+in-process engine, or all of them one SGLang / vLLM server that rank 0 loads the gathered
+weights into. Re-running the same command resumes each phase from its newest complete checkpoint.
 Prints one JSON object: what ran, the dropped groups by reason and the greedy exact match on
 held-out prompts.
 """

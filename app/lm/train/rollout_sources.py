@@ -11,7 +11,8 @@
                      its own stream of prompts (a group stays whole on one rank, so advantages
                      need no exchange); only the token count is summed across ranks. After the
                      optimizer step the engine gets the new weights (weight_sync.py), with the
-                     step as their version; an engine whose sync failed is synced again before
+                     step as their version (an HTTP server beside several ranks: rank 0 loads
+                     the gathered weights, the others generate once it confirmed them); an engine whose sync failed is synced again before
                      it generates, and the run stops if that fails too: nothing it would
                      generate is labelled with weights it did not load.
 
@@ -159,24 +160,45 @@ class GeneratedGroups:
             return self.publish(version)
         return WeightPublisher(backend.get_weights)(version)
 
+    def _shared(self, backend: TrainingBackend) -> bool:
+        """An HTTP engine beside several training ranks: one server for them all."""
+        return self.engine.kind != "in_process" and backend.world_size > 1
+
     def _sync(self, backend: TrainingBackend, version: int) -> None:
         """The engine loads the trainer's weights as `version`; a failure is logged and leaves
-        the engine out of service (weight_sync.py)."""
+        the engine out of service (weight_sync.py). Every rank joins the gather of the whole
+        weights (a collective); with one HTTP server beside several ranks, rank 0 alone loads
+        them into it (slime's "rank 0 gathers full weights") and every rank learns whether the
+        server confirmed the version before any of them generates with it."""
         update = self._update(backend, version)
-        try:
-            sync_engines_blocking([self.engine], update)
-        except WeightSyncError as exc:
-            log.error("online_sync_failed", engine=self.engine.name, version=version, error=str(exc))
+        loads = not self._shared(backend) or backend.rank == 0
+        if loads:
+            try:
+                sync_engines_blocking([self.engine], update)
+            except WeightSyncError as exc:
+                log.error("online_sync_failed", engine=self.engine.name, version=version, error=str(exc))
+        if not self._shared(backend):
+            return
+        confirmed = all_reduce_sum(backend, [1.0 if backend.rank == 0 and self.engine.in_service else 0.0])[0] > 0
+        if backend.rank != 0:
+            if confirmed:
+                self.engine.adopt(version)  # type: ignore[attr-defined]
+            else:
+                self.engine.take_out_of_service(f"rank 0's load of version {version} failed")  # type: ignore[attr-defined]
+
+    def _needs_sync(self, backend: TrainingBackend) -> bool:
+        """This engine is out of service; with a shared server, any rank's is (a collective, so
+        every rank then joins the sync together)."""
+        local = not self.engine.in_service
+        return all_reduce_sum(backend, [float(local)])[0] > 0 if self._shared(backend) else local
 
     def begin(self, backend: TrainingBackend, step: int) -> None:
         """Start-up checks, then rollouts of the weights that train (version `step`)."""
-        if self.engine.kind != "in_process" and backend.world_size > 1:
-            raise ValueError(f"engine {self.engine.name}: an HTTP engine serves the online loop at world size 1")
         start_engines_blocking([self.engine])
         self._sync(backend, step)
 
     def batch(self, backend: TrainingBackend, step: int) -> StepBatch:
-        if not self.engine.in_service:  # the last sync failed: once more, with the weights that train now
+        if self._needs_sync(backend):  # the last sync failed: once more, with the weights that train now
             self._sync(backend, step - 1)
             if not self.engine.in_service:
                 raise EngineOutOfService(f"engine {self.engine.name} is out of service and a new sync failed: "
