@@ -195,7 +195,7 @@ def test_online_rollouts_follow_the_trainer_step_by_step_on_two_fsdp_ranks(gen1,
     clipped, and the candidate is a verified directory."""
     config, dataset, run1 = gen1
     data = yaml.safe_load(config.read_text())
-    data["lm"]["grpo"]["rollouts"] = "online"
+    data["lm"]["grpo"].update(rollouts="online", eval_every=2)
     online = tmp_path / "online.yaml"
     online.write_text(yaml.safe_dump(data))
     run_dir = tmp_path / "gen2-online"
@@ -208,3 +208,7 @@ def test_online_rollouts_follow_the_trainer_step_by_step_on_two_fsdp_ranks(gen1,
     assert [m["step"] for m in lines] == list(range(1, RL_STEPS + 1))
     assert [m["weight_version"] for m in lines] == list(range(RL_STEPS))  # the trainer's newest, every step
     assert abs(lines[0]["mean_ratio"] - 1.0) < 1e-5 and lines[0]["clip_fraction"] == 0.0, lines[0]
+    heldout = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    heldout = [m for m in heldout if m["phase"] == "heldout"]
+    assert [(m["step"], m["weight_version"]) for m in heldout] == [(2, 2), (4, 4)]  # the trainer's own weights
+    assert all(0.0 <= m["mean_reward"] <= 1.0 and m["prompts"] == 32 for m in heldout)

@@ -236,9 +236,19 @@ class LMGRPOSettings(StrictModel):
     # (made by the best model); "online", generated in the trainer by its own newest weights,
     # synced every step (app/lm/train/generation.py)
     rollouts: Literal["stored", "online"] = "stored"
+    # online: every this many GRPO steps the trainer's weights answer the held-out prompts
+    # greedily, a "heldout" line in the run's metrics (0: never)
+    eval_every: int = Field(0, ge=0)
     seed: int = 0
     reference: Path | None = None  # KL reference: a model directory; None: the policy GRPO starts from
     sft: LMSFTSettings = LMSFTSettings()
+
+    @model_validator(mode="after")
+    def _eval_every_needs_online(self) -> LMGRPOSettings:
+        if self.eval_every and self.rollouts != "online":
+            raise ValueError("eval_every is read with rollouts: online only (the trainer's own engine answers the "
+                             "held-out prompts); the stored mode's candidate is evaluated by the gate")
+        return self
 
 
 class LMExportSettings(StrictModel):

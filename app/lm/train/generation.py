@@ -41,6 +41,7 @@ from app.lm.train.checkpoint_dirs import CheckpointDirError
 from app.lm.data_buffer import DataBuffer
 from app.lm.train.dist_env import GROUP_TIMEOUT_S
 from app.lm.train.fsdp_backend import FSDPBackend
+from app.lm.train.evaluate import evaluate
 from app.lm.train.grpo import GRPOConfig, grpo_loss_fn, sft_loss
 from app.lm.train.reference import reference_model
 from app.lm.train.rollout_sources import GeneratedGroups, LoopFilters, StoredGroups, dataset_problem, drawn_mean_reward
@@ -65,6 +66,7 @@ from app.lm.setup import (
     build_task,
     build_tokenizer,
     for_training,
+    heldout_prompts,
     initial_model,
     reward_pool,
     rollout_settings,
@@ -179,6 +181,8 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
     def progress(phase: str, step: int, stats: dict[str, Any]) -> None:
         keys = ("loss", "grad_norm", "mean_reward", "mean_ratio", "clip_fraction")
         say(env, f"{phase} step {step}: " + " ".join(f"{k} {stats[k]:.4g}" for k in keys if k in stats))
+        if phase == "rl" and isinstance(source, GeneratedGroups) and g.eval_every and step % g.eval_every == 0:
+            heldout_line(env, run_dir, lm, task, tok, source, step)
 
     micro = max(1, -(-rank_share(g.sft.batch_size, 0, env.world_size)[1] // g.micro_batches))
     plan = RunPlan(SFTConfig(steps=sft_steps, batch_size=g.sft.batch_size, micro_batch_size=micro) if sft_steps else None,
@@ -228,6 +232,20 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
     publish_candidate(staged[0], candidate)
     say(env, f"done: candidate {candidate} ({staged[1][:12]}), final loss {result['final_loss']}")
     return result
+
+
+def heldout_line(env: DistContext, run_dir: Path, lm: LMConfig, task, tok, source: GeneratedGroups,
+                 step: int) -> None:
+    """Rank 0: the held-out prompts answered greedily by the trainer's engine, which holds the
+    weights of `step` (synced after it), as a "heldout" line of the run's metrics."""
+    if not env.is_main:
+        return
+    result = evaluate(source.engine, task, tok, heldout_prompts(task, lm.task), max_new_tokens=lm.eval.max_new_tokens)
+    line = {"phase": "heldout", "step": step, "weight_version": source.engine.weight_version,
+            "mean_reward": result.mean_reward, "exact_match": result.exact_match, "prompts": result.samples}
+    with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(line) + "\n")
+    say(env, f"held-out at step {step}: reward {result.mean_reward:.4g} exact {result.exact_match:.4g}")
 
 
 def online_source(lm: LMConfig, task, tok, sampler, rewards, env: DistContext, micro: int) -> GeneratedGroups:
