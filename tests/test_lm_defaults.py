@@ -43,3 +43,32 @@ def test_truncation_rules_agree_with_the_config():
                 "truncated_reward", "max_seq_len", "max_steps", "temperature", "max_new_tokens"):
         assert getattr(rules, key) == getattr(cfg, key), key
     assert not rules.length_is_parse_failure and rules.overlong_reward == "score"  # truncated ones are scored
+
+
+def group(prompt_id: str, rewards: list[float]):
+    from app.lm.samples import Group, Sample
+
+    samples = [Sample(prompt_id=prompt_id, group_index=i, prompt_tokens=[1], response_tokens=[5, 2], loss_mask=[1, 1],
+                      rollout_logprobs=[-1.0, -1.0], reward=r, weight_version=0, finish_reason="stop",
+                      terminated=True, truncated=False, truncation_reason=None, metadata={})
+               for i, r in enumerate(rewards)]
+    return Group(prompt_id=prompt_id, samples=samples, weight_version=0)
+
+
+def test_the_stored_path_drops_equal_groups_at_training_time():
+    """Self-play stores every group; StoredGroups applies lm.rollout.zero_variance: equal groups
+    are skipped and the step drawn on, and a dataset without signal still trains (as keep)."""
+    from app.lm.data_buffer import DataBuffer
+    from app.lm.train.rollout_sources import StoredGroups
+
+    backend = type("OneRank", (), {"rank": 0, "world_size": 1})()
+    equal = [group(f"e{i}", [0.0, 0.0]) for i in range(6)]
+    mixed = equal[:2] + [group(f"s{i}", [0.0, 1.0]) for i in range(2)]
+    source = StoredGroups(DataBuffer(mixed, 0), groups_per_step=2, zero_variance="drop")
+    for _ in range(5):  # 4 x 2 draws hold a whole epoch: both groups with signal
+        batch = source.batch(backend, 1)
+        assert batch.stats["groups"] == 2 and len(batch.rows) == 4
+        assert all(r.advantage != 0.0 for r in batch.rows)  # only groups with signal
+    flat = StoredGroups(DataBuffer(equal, 0), groups_per_step=2, zero_variance="drop")
+    batch = flat.batch(backend, 1)
+    assert batch.stats["groups"] == 2 and batch.stats["skipped_zero_variance"] == 8  # drew 4 x 2, trained 2

@@ -198,7 +198,7 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
                   f"{lm.rollout.max_staleness} steps)"
     else:
         source = StoredGroups(DataBuffer(groups, g.seed + 1), g.groups_per_step, micro_batches=g.micro_batches,
-                              scale_by_std=g.scale_by_std, eps=g.eps)
+                              scale_by_std=g.scale_by_std, eps=g.eps, zero_variance=lm.rollout.zero_variance)
         what_rl = f"{len(groups)} groups of {args.dataset}"
     demonstrations = sft_rows(task, tok, train_prompts(task, lm.task)) if sft_steps else []
     what = {"sft": f"{len(demonstrations)} demonstrations", "rl": what_rl}

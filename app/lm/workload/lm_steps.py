@@ -93,8 +93,11 @@ class LMSteps:
         self._rewards: RewardPool | None = None
         self._dropped: Counter[str] | None = None  # this node's dropped groups by reason (from the store)
         r = self.lm.rollout
+        # self-play stores every complete group, equal rewards included: the trainer applies
+        # `lm.rollout.zero_variance` (StoredGroups, or the online loop's own filter). Dropped here,
+        # a poor model's groups (nearly all equal) would starve the export for many minutes.
         self.filters = ManagerSettings(batch_groups=r.batch_groups, group_size=r.n, oversample=r.oversample,
-                                       max_staleness=r.max_staleness, zero_variance=r.zero_variance)
+                                       max_staleness=r.max_staleness, zero_variance="keep")
 
     # -- building blocks ------------------------------------------------------------------
     def _task_kit(self) -> tuple[PreTrainedTokenizerBase, Task, list[Prompt]]:
