@@ -72,3 +72,22 @@ def test_the_stored_path_drops_equal_groups_at_training_time():
     flat = StoredGroups(DataBuffer(equal, 0), groups_per_step=2, zero_variance="drop")
     batch = flat.batch(backend, 1)
     assert batch.stats["groups"] == 2 and batch.stats["skipped_zero_variance"] == 8  # drew 4 x 2, trained 2
+
+
+def test_run_progress_reads_step_version_staleness_and_curve(tmp_path):
+    """/status and /progress of a training run, from its metrics file's tail."""
+    import json
+
+    from app.lm.workload.run_metrics import run_progress
+
+    assert run_progress(None) is None and run_progress(tmp_path) is None
+    lines = [{"phase": "sft", "step": 5, "loss": 1.0},
+             {"phase": "rl", "step": 1, "loss": 0.1, "weight_version": 0, "mean_reward": 0.2, "dropped_stale": 0},
+             {"phase": "heldout", "step": 2, "mean_reward": 0.3, "exact_match": 0.25},
+             {"phase": "rl", "step": 3, "loss": 0.2, "weight_version": 1, "mean_reward": 0.4,
+              "dropped_zero_variance": 3, "dropped_stale": 0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines) + '{"phase": "rl", "st')
+    got = run_progress(tmp_path)
+    assert got["sft_step"] == 5 and got["step"] == 3 and got["policy_version"] == 1 and got["staleness"] == 1
+    assert got["dropped"] == {"zero_variance": 3} and got["mean_reward"] == 0.4
+    assert got["heldout"] == [{"step": 2, "reward": 0.3, "exact_match": 0.25}]
