@@ -59,7 +59,7 @@ def worker(args: argparse.Namespace) -> int:
     from app.lm.train.dist_env import init_distributed, shutdown
     from app.lm.train.fsdp_backend import FSDPBackend
     from app.lm.train.grpo import GRPOConfig, grpo_loss_fn, sft_loss
-    from app.lm.train.rollout_sources import GeneratedGroups
+    from app.lm.train.rollout_sources import GeneratedGroups, LoopFilters
     from app.lm.train.sft_grpo import grpo_loop
 
     configure_logging(level="WARNING")
@@ -73,7 +73,8 @@ def worker(args: argparse.Namespace) -> int:
     task = DigitTask("copy", 3, 3, "partial")
     rollout = RolloutSettings(n=args.group_size, max_new_tokens=4, length_is_parse_failure=False)
     source = GeneratedGroups(engine, task, tok, task.make_prompts(400, 1, "train"), seed=0,
-                             prompts_per_step=args.prompts_per_step, rollout=rollout, micro_batch_size=64)
+                             prompts_per_step=args.prompts_per_step, rollout=rollout, micro_batch_size=64,
+                             filters=LoopFilters(1.0, "keep", 1))  # every group trains: the work measured before
     history = grpo_loop(backend, source, tok.pad_token_id, grpo_loss_fn(GRPOConfig(), rollout.temperature),
                         args.warmup + args.steps)[args.warmup:]
     if env.is_main:
@@ -189,7 +190,7 @@ def vs_bare(args: argparse.Namespace) -> dict:
     from app.lm.setup import check_inputs, initial_model, rollout_settings, train_prompts
     from app.lm.train.backend import LocalBackend, OptimConfig
     from app.lm.train.grpo import GRPOConfig, grpo_loss_fn, sft_loss
-    from app.lm.train.rollout_sources import GeneratedGroups
+    from app.lm.train.rollout_sources import GeneratedGroups, LoopFilters
     from app.lm.train.sft_grpo import grpo_step
     from app.log import configure_logging
 
@@ -207,7 +208,8 @@ def vs_bare(args: argparse.Namespace) -> dict:
     bare_optim = torch.optim.AdamW(bare.parameters(), lr=lm.grpo.lr)
     backend = LocalBackend(model, OptimConfig(lr=lm.grpo.lr, max_grad_norm=None), sft_loss)
     source = GeneratedGroups(InProcessEngine(copy.deepcopy(model), tok), task, tok, train_prompts(task, lm.task),
-                             seed=0, prompts_per_step=args.prompts_per_step, rollout=rollout)
+                             seed=0, prompts_per_step=args.prompts_per_step, rollout=rollout,
+                             filters=LoopFilters(1.0, "keep", 1))  # the bare loop trains every group too
     taken: list = []
     batch_of = source.batch
     source.batch = lambda backend, step: taken.append(batch_of(backend, step)) or taken[-1]  # type: ignore[method-assign]

@@ -15,8 +15,9 @@ trains through the rollout manager's over-sampling and filters, by an engine tha
 weights after every step: in process (default), or an SGLang / vLLM server loading them from
 `RUN/engine_weights/step_N` (sync disk) or as tensors (sync tensor). Rewards run in a pool of
 worker processes, each call bounded. One process (LocalBackend) by default; `--nproc N` re-runs
-itself under torchrun through `app.shared.launcher` with the FSDP2 backend (in-process engines
-only). Re-running the same command resumes each phase from its newest complete checkpoint.
+itself under torchrun through `app.shared.launcher` with the FSDP2 backend: each rank its own
+in-process engine, or all of them one SGLang / vLLM server that rank 0 loads the gathered
+weights into. Re-running the same command resumes each phase from its newest complete checkpoint.
 Prints one JSON object: what ran, the dropped groups by reason and the greedy exact match on
 held-out prompts.
 """
@@ -30,10 +31,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.config.lm import LMGRPOSettings  # noqa: E402  (after the path)
+from app.config.lm import LMConfig  # noqa: E402  (after the path)
 
 PROMPTS = 400  # training prompts (the demonstrations of SFT, the prompts of GRPO)
-GRPO_LR = LMGRPOSettings.model_fields["lr"].default  # the measured default (docs/benchmarks/lm_tasks.md)
+# One set of defaults for both entry points: every default below is the node config's (lm.*),
+# measured in docs/benchmarks/lm_tasks.md, so this script runs what a mesh node runs.
+D = LMConfig()
+GRPO_LR = D.grpo.lr
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,30 +47,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", choices=("copy", "reverse"), default="copy")
     p.add_argument("--digits", type=int, default=3)
     p.add_argument("--reward", choices=("exact", "partial"), default="exact")
-    p.add_argument("--sft-steps", type=int, default=60)
+    p.add_argument("--sft-steps", type=int, default=D.grpo.sft.steps)
     p.add_argument("--rl-steps", type=int, default=150)
-    p.add_argument("--sft-lr", type=float, default=2e-3)
+    p.add_argument("--sft-lr", type=float, default=D.grpo.sft.lr)
     p.add_argument("--rl-lr", type=float, default=GRPO_LR, help="default: lm.grpo.lr's (app/config/lm.py)")
-    p.add_argument("--prompts-per-step", type=int, default=8)
-    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--prompts-per-step", type=int, default=D.grpo.groups_per_step)
+    p.add_argument("--group-size", type=int, default=D.rollout.n)
     p.add_argument("--checkpoint-every", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--kl-coef", type=float, default=0.0)
+    p.add_argument("--temperature", type=float, default=D.rollout.temperature)
+    p.add_argument("--kl-coef", type=float, default=D.grpo.kl_coef)
     p.add_argument("--reference", type=Path, help="KL reference model directory (default: the policy GRPO starts from)")
-    p.add_argument("--oversample", type=float, default=1.0)
-    p.add_argument("--zero-variance", choices=("keep", "drop"), default="keep")
-    p.add_argument("--max-staleness", type=int, default=1)
-    p.add_argument("--overlong-group", choices=("keep", "mask_loss", "drop_group"), default="keep")
-    p.add_argument("--max-seq-len", type=int, default=128)
+    p.add_argument("--oversample", type=float, default=D.rollout.oversample)
+    p.add_argument("--zero-variance", choices=("keep", "drop"), default=D.rollout.zero_variance)
+    p.add_argument("--max-staleness", type=int, default=D.rollout.max_staleness)
+    p.add_argument("--overlong-group", choices=("keep", "mask_loss", "drop_group"), default=D.rollout.overlong_group)
+    p.add_argument("--max-seq-len", type=int, default=D.rollout.max_seq_len)
     p.add_argument("--engine", choices=("in_process", "sglang", "vllm"), default="in_process")
     p.add_argument("--engine-url", help="http://host:port of the SGLang / vLLM server")
     p.add_argument("--engine-model", default="default", help="vllm: the served model name")
     p.add_argument("--sync", choices=("disk", "tensor"), help="default: tensor in process, disk over HTTP")
     p.add_argument("--sync-timeout", type=float, default=300.0)
     p.add_argument("--nccl-master", help="vllm tensor sync: host:port of the trainer's NCCL group")
-    p.add_argument("--reward-workers", type=int, default=1)
-    p.add_argument("--reward-timeout", type=float, default=10.0)
+    p.add_argument("--reward-workers", type=int, default=D.reward_pool.workers)
+    p.add_argument("--reward-timeout", type=float, default=D.reward_pool.timeout_s)
     p.add_argument("--export", type=Path, help="save_pretrained directory of the final weights")
     p.add_argument("--nproc", type=int, default=1)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -106,7 +110,7 @@ def worker(args: argparse.Namespace) -> int:
                                   sync=args.sync, sync_timeout_s=args.sync_timeout, nccl_master=args.nccl_master)
     engine = build_engine(engine_cfg, build_model(LMModelConfig(seed=args.seed), tok).to(env.device), tok)
     reference = reference_model(model, args.reference, env.device) if args.kl_coef else None
-    optim = OptimConfig(lr=args.sft_lr)
+    optim = OptimConfig(lr=args.sft_lr, weight_decay=D.grpo.weight_decay, max_grad_norm=D.grpo.max_grad_norm)
     backend = (FSDPBackend(model, optim, sft_loss, env) if env.world_size > 1
                else LocalBackend(model, optim, sft_loss, env.device))
     task = DigitTask(args.task, args.digits, args.digits, args.reward)
@@ -118,7 +122,8 @@ def worker(args: argparse.Namespace) -> int:
                    checkpoint_every=args.checkpoint_every)
     publish = WeightPublisher(backend.get_weights, model=backend.model, tokenizer=tok, writer=env.is_main,
                               out_dir=args.run_dir / "engine_weights" if engine.sync_mode == "disk" else None)
-    rewards = RewardPool(task, workers=args.reward_workers, timeout_s=args.reward_timeout)
+    rewards = RewardPool(task, workers=args.reward_workers, timeout_s=args.reward_timeout,
+                         stop_after=D.reward_pool.stop_after_failed_batches)
     # the same run and the same loss as a mesh generation (app/lm/train/generation.py); only the
     # rollouts differ: generated here, by an engine given the trainer's weights after every step
     source = GeneratedGroups(engine, task, tok, prompts, seed=args.seed, prompts_per_step=args.prompts_per_step,
@@ -127,7 +132,8 @@ def worker(args: argparse.Namespace) -> int:
                              filters=LoopFilters(args.oversample, args.zero_variance, args.max_staleness))
     try:
         report = run(backend, tok, args.run_dir, plan, demonstrations=sft_rows(task, tok, prompts), source=source,
-                     loss_fn=grpo_loss_fn(GRPOConfig(kl_coef=args.kl_coef), rollout.temperature, reference),
+                     loss_fn=grpo_loss_fn(GRPOConfig(clip_low=D.grpo.clip_low, clip_high=D.grpo.clip_high,
+                                                     kl_coef=args.kl_coef), rollout.temperature, reference),
                      reference=reference, reference_is_start=args.reference is None)
     finally:
         rewards.close()

@@ -68,6 +68,33 @@ def probe_batch(pad_id: int):
     return collate(rows, pad_id, sum(r.trained_tokens for r in rows))
 
 
+def stock_gpt2(tok):
+    """GPT-2's architecture with its shipped dropout (0.1), tiny, left in train mode."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(7)
+    cfg = GPT2Config(vocab_size=len(tok), n_positions=64, n_embd=32, n_layer=2, n_head=2,
+                     pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    return GPT2LMHeadModel(cfg).train()
+
+
+def dropout_probe(env, tok) -> dict:
+    """The FSDP2 backend's forward on a dropout-0.1 GPT-2, twice on one batch, and the eval-mode
+    forward of the same weights: all three equal only if the backend trains with dropout off."""
+    from app.lm.train.fsdp_backend import FSDPBackend
+
+    model = stock_gpt2(tok)
+    backend = FSDPBackend(model, OPTIM, loss_fn, env)
+    batch = probe_batch(tok.pad_token_id)
+    mine = collate(take_share(global_rows(999), env.rank, env.world_size), tok.pad_token_id, batch.normalizer)
+    first = wait(backend.forward_backward(mine))["loss"]
+    second = wait(backend.forward_backward(mine))["loss"]
+    with torch.no_grad():
+        third = float(loss_fn(backend.model(input_ids=mine.input_ids, attention_mask=mine.attention_mask).logits,
+                              mine)[0])
+    return {"losses": [first, second, third], "training": backend.model.training}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, required=True)
@@ -77,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", type=Path)
     p.add_argument("--hf-dir", type=Path)
     p.add_argument("--logits", type=Path)
+    p.add_argument("--dropout-probe", type=Path)
     args = p.parse_args(argv)
     from app.lm.train.dist_env import init_distributed, shutdown
     from app.lm.train.fsdp_backend import FSDPBackend
@@ -102,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
             logits = backend.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         if env.is_main:
             torch.save(logits, args.logits)
+    if args.dropout_probe:
+        probe = dropout_probe(env, tok)
+        if env.is_main:
+            args.dropout_probe.write_text(json.dumps(probe))
     if env.is_main:
         args.out.write_text(json.dumps(losses))
     shutdown()

@@ -57,3 +57,16 @@ def slow_on_odd(record: Mapping[str, Any], completion_text: str) -> float:
     if int(record["n"]) % 2:
         time.sleep(3600)
     return float(completion_text.strip() == str(record["n"]))
+
+
+def broken_reward(record: Mapping[str, Any], completion_text: str) -> float:
+    """A team's reward with a bug (`tests.reward_tasks:broken_reward`): raises on every call,
+    with a message of two lines (only the first belongs in a log line)."""
+    raise ValueError(f"no field 'expected' in the record\n{sorted(record)}")
+
+
+def breaks_on_long(record: Mapping[str, Any], completion_text: str) -> float:
+    """Fails on completions longer than 2 characters, scores the others (`tests.reward_tasks:breaks_on_long`)."""
+    if len(completion_text) > 2:
+        raise ValueError("too long to parse")
+    return float(len(completion_text))

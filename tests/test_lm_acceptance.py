@@ -26,7 +26,7 @@ from app.lm.data_buffer import DataBuffer
 from app.lm.train.evaluate import evaluate
 from app.lm.train.grpo import sft_loss
 from app.lm.train.grpo import GRPOConfig, grpo_loss_fn
-from app.lm.train.rollout_sources import GeneratedGroups
+from app.lm.train.rollout_sources import GeneratedGroups, LoopFilters
 from app.lm.train.sft_grpo import SFTConfig, grpo_loop, sft_loop, sft_rows
 
 TOK = build_digit_tokenizer()
@@ -40,7 +40,8 @@ def online_grpo(backend, engine, task, prompts: list, steps: int, rollout: Rollo
                 shuffle: bool = False) -> list[dict]:
     """GRPO steps with groups generated as it trains (scripts/sft_rl.py's rollout source)."""
     source = GeneratedGroups(engine, task, TOK, prompts, seed=0, prompts_per_step=8, rollout=rollout,
-                             micro_batch_size=64, shuffle_advantages=shuffle)
+                             micro_batch_size=64, shuffle_advantages=shuffle,
+                             filters=LoopFilters(1.0, "keep", 1))  # the thresholds were measured without dynamic sampling
     return grpo_loop(backend, source, TOK.pad_token_id, grpo_loss_fn(GRPOConfig(), rollout.temperature), steps)
 
 

@@ -97,14 +97,13 @@ def test_env_truncation_is_its_own_reason_and_scored_or_fixed_by_setting():
     assert fixed.truncation_reason == "env" and fixed.reward == -1.0
 
 
-def test_length_is_a_parse_failure_by_default_and_scored_when_told():
+def test_length_is_scored_by_default_and_a_parse_failure_when_told():
     prompt = Prompt("copy:123", "copy:123=", "123")
-    failed, _ = run([("123", "length")], task=DigitTask("copy"), prompt=prompt)
+    scored, _ = run([("123", "length")], task=DigitTask("copy"), prompt=prompt, parse_failure_reward=-1.0)
+    assert scored.finish_reason == "length" and scored.reward == 1.0 and "parse_failure" not in scored.metadata
+    failed, _ = run([("123", "length")], task=DigitTask("copy"), prompt=prompt, length_is_parse_failure=True)
     assert failed.finish_reason == "length" and failed.reward == 0.0
     assert failed.metadata["parse_failure"] == "length" and failed.terminated and not failed.truncated
-    scored, _ = run([("123", "length")], task=DigitTask("copy"), prompt=prompt, length_is_parse_failure=False,
-                    parse_failure_reward=-1.0)
-    assert scored.reward == 1.0 and "parse_failure" not in scored.metadata
 
 
 @pytest.mark.parametrize("reward_setting,group_setting", [("zero", "keep"), ("score", "mask_loss"),

@@ -45,8 +45,19 @@ def local_backend() -> LocalBackend:
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("fsdp")
     losses = run_job(tmp, "A", 2, "--steps", str(STEPS), "--save-at", str(SAVE_AT), "--ckpt-root", str(tmp / "ckpt"),
-                     "--hf-dir", str(tmp / "export" / "hf"), "--logits", str(tmp / "logits.pt"))
+                     "--hf-dir", str(tmp / "export" / "hf"), "--logits", str(tmp / "logits.pt"),
+                     "--dropout-probe", str(tmp / "dropout.json"))
     return {"tmp": tmp, "losses": losses}
+
+
+@pytest.mark.timeout(300)
+def test_fsdp_backend_forwards_with_dropout_off(two_ranks):
+    """Each rank's GRPO forward on a stock GPT-2 (dropout 0.1) is deterministic and equals the
+    eval-mode forward: the ratio's log-probs are the sampler's in the sharded backend too."""
+    probe = json.loads((two_ranks["tmp"] / "dropout.json").read_text())
+    first, second, evaluated = probe["losses"]
+    assert first == second == pytest.approx(evaluated, abs=1e-7)
+    assert probe["training"] is False
 
 
 @pytest.mark.timeout(300)

@@ -32,7 +32,7 @@ from app.lm.train.checkpoint_dirs import (
 from app.lm.train.grpo import sft_loss
 from app.lm.train.hf_io import WeightsFormatError, load_weight_files
 from app.lm.train.grpo import GRPOConfig, grpo_loss_fn
-from app.lm.train.rollout_sources import GeneratedGroups
+from app.lm.train.rollout_sources import GeneratedGroups, LoopFilters
 from app.lm.train.sft_grpo import NoSFTCheckpoint, RunPlan, SFTConfig, run, sft_rows
 
 
@@ -119,7 +119,8 @@ def online(backend, engine, task, tok, run_dir: Path, plan: RunPlan) -> dict:
     """scripts/sft_rl.py's run, small: groups generated as it trains."""
     prompts = task.make_prompts(40, 0, "train")
     rollout = RolloutSettings(n=2, max_new_tokens=4)
-    source = GeneratedGroups(engine, task, tok, prompts, seed=0, prompts_per_step=2, rollout=rollout)
+    source = GeneratedGroups(engine, task, tok, prompts, seed=0, prompts_per_step=2, rollout=rollout,
+                             filters=LoopFilters(1.0, "keep", 1))  # a random model: equal rewards are kept
     return run(backend, tok, run_dir, plan, demonstrations=sft_rows(task, tok, prompts), source=source,
                loss_fn=grpo_loss_fn(GRPOConfig(), rollout.temperature))
 

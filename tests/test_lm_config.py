@@ -105,7 +105,10 @@ BAD_LM = [
     ({"model": {"path": "some/dir", "hidden_size": 64}}, "hidden_size shape a random-init model and would not act"),
     ({"model": {"dtype": "float16"}}, "lm.model.dtype: Input should be 'float32' or 'bfloat16'"),
     ({"lora": {"r": 0}}, "lm.lora.r: Input should be greater than or equal to 1"),
+    ({"lora": {"r": 4}}, "lm.lora on a randomly initialised model (no lm.model.path) cannot learn: LoRA freezes "
+                         "the embeddings and norms"),
     ({"grpo": {"mode": "dpo"}}, "lm.grpo.mode: Input should be 'rl' or 'sft+rl'"),
+    ({"grpo": {"eval_every": 5}}, "eval_every is read with rollouts: online only"),
     ({"engines": [{"name": "s", "kind": "sglang"}]}, "a sglang engine needs a url"),
     ({"engines": [{"name": "l", "url": "http://127.0.0.1:1"}]}, "an in_process engine takes no url"),
     ({"engines": [{"name": "a"}, {"name": "a", "kind": "vllm", "url": "http://x"}]}, "engine names must be distinct"),

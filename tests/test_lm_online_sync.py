@@ -24,7 +24,7 @@ from app.lm.tasks import DigitTask
 from app.lm.tokenizer import build_digit_tokenizer
 from app.lm.train.backend import LocalBackend, OptimConfig
 from app.lm.train.grpo import GRPOConfig, grpo_loss_fn, sft_loss
-from app.lm.train.rollout_sources import GeneratedGroups
+from app.lm.train.rollout_sources import GeneratedGroups, LoopFilters
 from app.lm.train.sft_grpo import RunPlan, run
 from app.lm.train.weight_publish import WeightPublisher
 from app.lm.truncation import RolloutSettings
@@ -46,7 +46,7 @@ def online_run(engine, run_dir: Path) -> dict:
     publish = WeightPublisher(backend.get_weights, model=backend.model, tokenizer=TOK,
                               out_dir=run_dir / "engine_weights")
     source = GeneratedGroups(engine, TASK, TOK, PROMPTS, seed=9, prompts_per_step=2, rollout=ROLLOUT,
-                             publish=publish)
+                             publish=publish, filters=LoopFilters(1.0, "keep", 1))  # no filter: counts exact
     return run(backend, TOK, run_dir, RunPlan(None, 1e-3, STEPS, 1e-3, save=False), demonstrations=[],
                source=source, loss_fn=grpo_loss_fn(GRPOConfig(), ROLLOUT.temperature, None))
 

@@ -108,3 +108,28 @@ def test_the_check_sees_a_temperature_in_the_wrong_place(tmp_path):
     _, log_ratio = first_step(model, StoredGroups(DataBuffer(groups, 1), groups_per_step=8), 0.5, tmp_path,
                               scored_at=1.0)
     assert log_ratio.abs().max().item() > 1e-2
+
+
+def stock_gpt2():
+    """GPT-2's architecture as shipped (dropout 0.1 on embeddings, attention and residuals), tiny."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.set_num_threads(1)
+    torch.manual_seed(3)
+    cfg = GPT2Config(vocab_size=len(TOK), n_positions=64, n_embd=32, n_layer=2, n_head=2,
+                     bos_token_id=TOK.bos_token_id, eos_token_id=TOK.eos_token_id, pad_token_id=TOK.pad_token_id)
+    assert cfg.resid_pdrop == cfg.embd_pdrop == cfg.attn_pdrop == 0.1
+    model = GPT2LMHeadModel(cfg)
+    model.generation_config.pad_token_id = TOK.pad_token_id
+    return model.train()  # as a user's code leaves it: the backend must turn dropout off itself
+
+
+def test_ratio_is_one_at_step_one_with_gpt2_dropout(tmp_path):
+    model = stock_gpt2()
+    engine = InProcessEngine(copy.deepcopy(model), TOK)
+    source = GeneratedGroups(engine, TASK, TOK, PROMPTS, seed=2, prompts_per_step=8, rollout=rollout(1.0))
+    final, log_ratio = first_step(model, source, 1.0, tmp_path)
+    assert log_ratio.numel() == final["trained_tokens"] > 50
+    assert log_ratio.abs().max().item() <= 1e-5
+    assert abs(final["mean_ratio"] - 1.0) <= 1e-5
+    assert final["clip_fraction"] == 0.0

@@ -20,7 +20,7 @@ from app.lm.tasks import DigitTask
 from app.lm.tokenizer import build_digit_tokenizer
 from app.lm.train.backend import LocalBackend, OptimConfig
 from app.lm.train.grpo import sft_loss
-from app.lm.train.rollout_sources import GeneratedGroups
+from app.lm.train.rollout_sources import GeneratedGroups, LoopFilters
 from app.lm.truncation import RolloutSettings
 
 pytestmark = pytest.mark.timeout(120)
@@ -73,7 +73,8 @@ def one_online_step(group_policy: str):
     torch.set_num_threads(1)
     engine = AnsweringEngine()
     backend = LocalBackend(build_model(LMModelConfig(seed=1), TOK), OptimConfig(lr=1e-3), sft_loss)
-    source = GeneratedGroups(engine, TASK, TOK, PROMPTS, seed=3, prompts_per_step=8, rollout=rollout(group_policy))
+    source = GeneratedGroups(engine, TASK, TOK, PROMPTS, seed=3, prompts_per_step=8, rollout=rollout(group_policy),
+                             filters=LoopFilters(1.0, "keep", 1))  # only the overlong rule filters here
     return engine, source.batch(backend, 1)
 
 

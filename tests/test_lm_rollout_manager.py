@@ -114,11 +114,23 @@ def test_stale_partial_groups_are_dropped():
 
 
 def test_filter_rejecting_everything_is_a_clear_error():
-    producer = ScriptedProducer(flat={p.prompt_id for p in PROMPTS})
+    producer = ScriptedProducer(failed={p.prompt_id: "reward_error" for p in PROMPTS})
     manager = RolloutManager(producer, DataBuffer(PROMPTS, 0), settings(max_empty_rounds=3), seed=0)
-    with pytest.raises(FilterStarvationError, match=r"no group in 3 rounds.*zero_variance"):
+    with pytest.raises(FilterStarvationError, match=r"no group in 3 rounds.*reward_error"):
         manager.next_batch(weight_version=0)
     assert len(producer.requests) == 3
+
+
+def test_equal_rewards_alone_fall_back_to_the_batch_as_it_is():
+    """A solved task (every group equal) has no signal, which is no reason to stop the run: after
+    max_empty_rounds the batch is the newest equal groups, counted and logged."""
+    producer = ScriptedProducer(flat={p.prompt_id for p in PROMPTS})
+    manager = RolloutManager(producer, DataBuffer(PROMPTS, 0), settings(max_empty_rounds=3), seed=0)
+    batch = manager.next_batch(weight_version=0)
+    assert len(batch) == 4 and len(producer.requests) == 3
+    assert_whole(batch, 3)
+    assert all(len(set(g.rewards)) == 1 for g in batch)
+    assert manager.stats["zero_variance_fallback"] == 1 and manager.equal == []
 
 
 def test_unrequested_samples_are_refused():

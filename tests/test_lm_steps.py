@@ -87,7 +87,8 @@ async def test_nothing_is_stored_from_a_server_whose_sync_failed_or_that_restart
     settings = Settings.model_validate({"workload": "lm", "node": {"data_dir": str(tmp_path / "data")}, "lm": {
         "engines": [{"name": "sg", "kind": "sglang", "url": server.url}],
         "task": {"name": "copy", "min_digits": 2, "max_digits": 2, "train_prompts": 32, "heldout_prompts": 8},
-        "rollout": {"n": 2, "batch_groups": 2, "max_new_tokens": 3}}})
+        "rollout": {"n": 2, "batch_groups": 2, "max_new_tokens": 3,  # the stub answers alike:
+                    "zero_variance": "keep", "oversample": 1.0}}})  # its groups are kept as they come
     pipe = pipeline_context(settings)
     batch = SelfplaySettings()
     db = pipe.steps.paths.rollouts_db

@@ -183,14 +183,18 @@ class LMRolloutSettings(StrictModel):
     temperature: float = Field(1.0, gt=0.0)  # sampling; greedy is for evaluation only
     max_steps: int = Field(4, ge=1)
     max_seq_len: int = Field(128, ge=2)
-    length_is_parse_failure: bool = True
+    # truncated completions are scored unless told otherwise (a failing reward is then seen):
+    length_is_parse_failure: bool = False  # True: a completion cut at max_new_tokens gets parse_failure_reward
     parse_failure_reward: float = 0.0
-    overlong_reward: Literal["zero", "score"] = "zero"
+    overlong_reward: Literal["zero", "score"] = "score"  # a completion cut at max_seq_len: scored, or 0
     overlong_group: Literal["keep", "mask_loss", "drop_group"] = "keep"
     truncated_reward: float | None = None
     max_staleness: int = Field(1, ge=0)  # weight versions a group may lag the trained model
-    zero_variance: Literal["keep", "drop"] = "keep"  # groups of equal rewards (no GRPO signal)
-    oversample: float = Field(1.0, ge=1.0, le=8.0)  # prompts played per group a batch keeps
+    # DAPO's dynamic sampling, the default of the mesh and of scripts/sft_rl.py alike (issue 53):
+    # groups of equal rewards carry no GRPO signal and only shrink the others' share of the
+    # normaliser, so they are dropped and the batch refilled by playing 2x the prompts it needs
+    zero_variance: Literal["keep", "drop"] = "drop"
+    oversample: float = Field(2.0, ge=1.0, le=8.0)  # prompts played per group a batch keeps
 
 
 class LMSFTSettings(StrictModel):
@@ -228,9 +232,23 @@ class LMGRPOSettings(StrictModel):
     scale_by_std: bool = True
     eps: float = Field(1e-6, gt=0)
     backend: Literal["local", "fsdp2"] = "local"
+    # where a generation's GRPO groups come from: "stored", the exported window of self-play's
+    # (made by the best model); "online", generated in the trainer by its own newest weights,
+    # synced every step (app/lm/train/generation.py)
+    rollouts: Literal["stored", "online"] = "stored"
+    # online: every this many GRPO steps the trainer's weights answer the held-out prompts
+    # greedily, a "heldout" line in the run's metrics (0: never)
+    eval_every: int = Field(0, ge=0)
     seed: int = 0
     reference: Path | None = None  # KL reference: a model directory; None: the policy GRPO starts from
     sft: LMSFTSettings = LMSFTSettings()
+
+    @model_validator(mode="after")
+    def _eval_every_needs_online(self) -> LMGRPOSettings:
+        if self.eval_every and self.rollouts != "online":
+            raise ValueError("eval_every is read with rollouts: online only (the trainer's own engine answers the "
+                             "held-out prompts); the stored mode's candidate is evaluated by the gate")
+        return self
 
 
 class LMExportSettings(StrictModel):
@@ -258,6 +276,9 @@ class LMRewardPoolSettings(StrictModel):
 
     workers: int = Field(1, ge=1, le=16)
     timeout_s: float = Field(10.0, gt=0)  # one reward call
+    # the reward failed on every group of this many scored batches in a row: the workload stops
+    # with an error naming the function (app/lm/reward_failures.py); 0 = never
+    stop_after_failed_batches: int = Field(5, ge=0)
 
 
 class LMConfig(StrictModel):
@@ -282,6 +303,15 @@ class LMConfig(StrictModel):
             if path is not None:
                 return {**data, "tokenizer": {"kind": "file", "path": path}}
         return data
+
+    @model_validator(mode="after")
+    def _lora_needs_a_trained_base(self) -> LMConfig:
+        if self.lora is not None and self.model.path is None:
+            raise ValueError("lm.lora on a randomly initialised model (no lm.model.path) cannot learn: LoRA freezes "
+                             "the embeddings and norms, which then stay random (SFT loss stalls at 5.08 nats against "
+                             "1.17 fully fine-tuned); remove lm.lora to train every weight, or give a trained "
+                             "model directory as lm.model.path")
+        return self
 
     @model_validator(mode="after")
     def _engines_distinct(self) -> LMConfig:

@@ -12,7 +12,10 @@ reward is one job; `score` hands the jobs of a batch to `workers` processes
 
 A failed reward never becomes a number the trainer sees: the sample is marked, and the
 rollout filter drops its whole group with that reason (groups.filter_reason), counted in the
-metrics, /status and the run's metrics file. The pool itself keeps going.
+metrics, /status and the run's metrics file. The pool itself keeps going, but every scorer
+hands its results to its `failures` (app/lm/reward_failures.py): the first line of each
+failure in the log at a bounded rate and in /status, and a stop (`RewardFailing`, naming the
+function) once the reward failed on every group of `stop_after` batches in a row.
 
 `InlineRewards` is the same contract in the calling thread, without the timeout (no thread
 can be stopped): for evaluations of built-in tasks in scripts and tests. Both keep `seconds`,
@@ -36,6 +39,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from app.lm.reward_failures import RewardFailures, reward_label
 from app.lm.reward_worker import call_reward
 
 log = structlog.get_logger(__name__)
@@ -58,6 +62,7 @@ class Scored:
 
 class RewardScorer(Protocol):
     seconds: float
+    failures: RewardFailures
 
     def score(self, items: Sequence[tuple[Any, str]]) -> list[Scored]: ...  # (prompt, completion text)
     def close(self) -> None: ...
@@ -66,10 +71,12 @@ class RewardScorer(Protocol):
 class InlineRewards:
     """The task's reward in the calling thread: errors and non-finite values caught, no timeout."""
 
-    def __init__(self, task: Any) -> None:
+    def __init__(self, task: Any, *, stop_after: int = 5) -> None:
         self.task, self.seconds = task, 0.0
+        self.failures = RewardFailures(reward_label(task), stop_after=stop_after)
 
     def score(self, items: Sequence[tuple[Any, str]]) -> list[Scored]:
+        self.failures.check()
         started = time.perf_counter()
         out = []
         for prompt, text in items:
@@ -78,6 +85,7 @@ class InlineRewards:
             except Exception as exc:
                 out.append(Scored(None, "reward_error", f"{type(exc).__name__}: {exc}"[:300]))
         self.seconds += time.perf_counter() - started
+        self.failures.observe(items, out)
         return out
 
     def close(self) -> None:
@@ -116,7 +124,7 @@ class _Worker:
 class RewardPool:
     """`workers` reward processes for one task; thread-safe (one batch scored at a time)."""
 
-    def __init__(self, task: Any, *, workers: int = 1, timeout_s: float = 10.0) -> None:
+    def __init__(self, task: Any, *, workers: int = 1, timeout_s: float = 10.0, stop_after: int = 5) -> None:
         if workers < 1 or timeout_s <= 0:
             raise ValueError(f"a reward pool needs workers >= 1 and timeout_s > 0, got {workers}, {timeout_s}")
         self.task_bytes = pickle.dumps(task)  # a task that cannot be pickled is refused here, at once
@@ -124,13 +132,16 @@ class RewardPool:
         self.workers: list[_Worker] = []
         self.seconds = 0.0
         self.restarts = 0
+        self.failures = RewardFailures(reward_label(task), stop_after=stop_after)
         self._lock = threading.Lock()
 
     def score(self, items: Sequence[tuple[Any, str]]) -> list[Scored]:
+        self.failures.check()
         started = time.perf_counter()
         with self._lock:
             results = self._score(list(items))
         self.seconds += time.perf_counter() - started
+        self.failures.observe(items, results)
         return results
 
     def _score(self, items: list[tuple[Any, str]]) -> list[Scored]:

@@ -116,4 +116,5 @@ def greedy_settings(cfg: LMConfig) -> RolloutSettings:
 
 def reward_pool(cfg: LMConfig, task: Task) -> RewardPool:
     """The task's reward in `lm.reward_pool.workers` processes, each call within `timeout_s`."""
-    return RewardPool(task, workers=cfg.reward_pool.workers, timeout_s=cfg.reward_pool.timeout_s)
+    return RewardPool(task, workers=cfg.reward_pool.workers, timeout_s=cfg.reward_pool.timeout_s,
+                      stop_after=cfg.reward_pool.stop_after_failed_batches)

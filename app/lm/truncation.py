@@ -4,10 +4,12 @@ Kept apart on purpose (item 9): the engine's `finish_reason` says why generation
 `terminated` / `truncated` + `truncation_reason` say how the episode ended. Each case has an
 explicit setting and leaves a mark in the sample's metadata, never a silent choice:
 
-- a "length" completion (the engine ran out of `max_new_tokens`) is a parse failure by
-  default: reward `parse_failure_reward`, metadata `parse_failure="length"`;
-- a sample cut to `max_seq_len` (`truncation_reason="max_seq_len"`): its reward is zero or
-  the score of the cut text (`overlong_reward`), and its group is kept, kept with this
+- a "length" completion (the engine ran out of `max_new_tokens`) is scored on its text by
+  default, like any other: a reward that fails is then seen even when every completion is cut
+  (issue 53); `length_is_parse_failure` gives it `parse_failure_reward` instead, metadata
+  `parse_failure="length"`;
+- a sample cut to `max_seq_len` (`truncation_reason="max_seq_len"`): its reward is the score
+  of the cut text (default) or zero (`overlong_reward`), and its group is kept, kept with this
   sample's loss masked out (the sample still counts in the group's mean and std), or dropped
   whole by the filter (`overlong_group`), metadata `overlong=...`;
 - "max_steps" and "env" truncations are scored on the text so far (`truncated_reward=None`)
@@ -29,9 +31,9 @@ class RolloutSettings(BaseModel):
     temperature: float = Field(1.0, ge=0.0)
     max_steps: int = Field(4, ge=1)                # model steps per episode
     max_seq_len: int = Field(128, ge=2)            # prompt + response tokens
-    length_is_parse_failure: bool = True
+    length_is_parse_failure: bool = False          # True: a "length" completion gets parse_failure_reward
     parse_failure_reward: float = 0.0
-    overlong_reward: Literal["zero", "score"] = "zero"
+    overlong_reward: Literal["zero", "score"] = "score"
     overlong_group: Literal["keep", "mask_loss", "drop_group"] = "keep"
     truncated_reward: float | None = None          # for max_steps / env truncations; None = score the text
 

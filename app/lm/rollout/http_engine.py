@@ -49,6 +49,12 @@ class HttpEngine:
     def _fail(self, what: str) -> EngineError:
         return EngineError(f"{self.kind} engine {self.name}: {what}")
 
+    def adopt(self, version: int) -> None:
+        """Another rank of the same trainer loaded `version` into this server and the server
+        confirmed it: this client generates with it too (each answer is still checked against
+        it, so a server that did not load it is caught at the first generation)."""
+        self.weight_version, self.in_service, self.last_error = version, True, None
+
     def take_out_of_service(self, why: str) -> EngineOutOfService:
         self.in_service, self.last_error = False, why
         return EngineOutOfService(f"{self.kind} engine {self.name}: out of service: {why}")

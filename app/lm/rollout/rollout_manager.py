@@ -15,7 +15,11 @@ older than `max_staleness` versions.
 `next_batch` over-samples: it asks for `oversample` times the groups the batch still needs.
 `collect` plays exactly the prompts it is given (a self-play batch draws its over-sampled
 prompt list itself, so a batch stays a pure function of its number). When `max_empty_rounds`
-rounds in a row keep nothing, `FilterStarvationError` says why, rather than spinning forever.
+rounds in a row keep nothing, `FilterStarvationError` says why, rather than spinning forever;
+except in `next_batch` when equal rewards were the only reason (a task solved, or not yet
+learnable, at this weight version): then the batch is those groups as they are (their
+advantages are zero, as under `zero_variance: keep`), counted (`zero_variance_fallback`) and
+logged, so dynamic sampling never stops a run that merely has no signal for a while.
 
 All of it is plain state (`state_dict` / `load_state_dict`, JSON-able), so a resumed run
 draws the same prompts with the same seeds.
@@ -85,6 +89,7 @@ class RolloutManager:
         self.ready: list[Group] = []                                     # filtered, carried
         self.stats: Counter[str] = Counter()
         self.drops: list[Drop] = []                                      # since the caller last took them
+        self.equal: list[Group] = []  # this next_batch call's newest equal-reward groups (at most batch_groups)
 
     def dropped(self) -> dict[str, int]:
         """Groups dropped so far, by reason."""
@@ -101,6 +106,7 @@ class RolloutManager:
             raise RuntimeError("next_batch needs a prompt source")
         empty_rounds = 0
         round_reasons: Counter[str] = Counter()
+        self.equal = []
         while True:
             self._drop_stale(weight_version)
             if len(self.ready) >= self.settings.batch_groups:
@@ -112,10 +118,22 @@ class RolloutManager:
             round_reasons += reasons
             empty_rounds = 0 if kept else empty_rounds + 1
             if empty_rounds >= self.settings.max_empty_rounds:
+                if set(round_reasons) == {"zero_variance"} and len(self.ready) + len(self.equal) >= \
+                        self.settings.batch_groups:
+                    return self._no_signal_batch(weight_version, empty_rounds)
                 raise FilterStarvationError(
                     f"rollout filter kept no group in {empty_rounds} rounds in a row "
                     f"(needed {self.settings.batch_groups - len(self.ready)} more); rejected: "
                     f"{dict(round_reasons) or 'nothing completed'}; totals {dict(self.stats)}")
+
+    def _no_signal_batch(self, weight_version: int, rounds: int) -> list[Group]:
+        need = self.settings.batch_groups - len(self.ready)
+        batch, self.ready = self.ready + self.equal[-need:] if need > 0 else self.ready, []
+        self.equal = []
+        self.stats["zero_variance_fallback"] += 1
+        log.warning("rollout_no_signal", weight_version=weight_version, rounds=rounds,
+                    why="every group had equal rewards: trained as they are (zero advantages)")
+        return batch[: self.settings.batch_groups]
 
     # -- self-play ----------------------------------------------------------------------------
     def collect(self, prompts: Sequence[Prompt], weight_version: int) -> Collected:
@@ -176,6 +194,8 @@ class RolloutManager:
             else:
                 reasons[reason] += 1
                 self._drop(prompt_id, reason, group.oldest_version)
+                if reason == "zero_variance":
+                    self.equal = [*self.equal, group][-self.settings.batch_groups:]
         self.stats["kept_groups"] += kept
         self.stats["partial_groups_carried"] += len(self.pending)
         return kept, reasons

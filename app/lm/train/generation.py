@@ -8,7 +8,10 @@ Every rank runs it; rank 0 alone writes. Generation 1 of `lm.grpo.mode: sft+rl` 
 first takes `lm.grpo.sft.steps` supervised steps on the task's demonstrations; then
 `lm.grpo.steps` GRPO steps on the groups of the exported rollout dataset (off-policy: against
 the log-probs stored with them): the one run of app/lm/train/sft_grpo.py, its rollouts drawn
-from the dataset (rollout_sources.StoredGroups). Checkpoints go to `RUN/sft` and `RUN/rl`, one
+from the dataset (rollout_sources.StoredGroups). With `lm.grpo.rollouts: online` the GRPO
+steps train instead on groups each rank's in-process engine generates from the trainer's own
+weights, synced after every step (rollout_sources.GeneratedGroups, as scripts/sft_rl.py runs):
+the dataset then only starts the generation (its task is still checked). Checkpoints go to `RUN/sft` and `RUN/rl`, one
 line per step to `RUN/metrics.jsonl`; the same
 command after a kill continues from the newest complete checkpoint. At the end: the candidate
 `RUN/candidate/` (a Hugging Face directory with its manifest, renamed into place whole) and
@@ -19,6 +22,7 @@ Exit codes: 0 done, 2 bad input (config, dataset, parent, run dir).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -37,9 +41,10 @@ from app.lm.train.checkpoint_dirs import CheckpointDirError
 from app.lm.data_buffer import DataBuffer
 from app.lm.train.dist_env import GROUP_TIMEOUT_S
 from app.lm.train.fsdp_backend import FSDPBackend
+from app.lm.train.evaluate import evaluate
 from app.lm.train.grpo import GRPOConfig, grpo_loss_fn, sft_loss
 from app.lm.train.reference import reference_model
-from app.lm.train.rollout_sources import StoredGroups, dataset_problem, drawn_mean_reward
+from app.lm.train.rollout_sources import GeneratedGroups, LoopFilters, StoredGroups, dataset_problem, drawn_mean_reward
 from app.lm.train.sft_grpo import RunPlan, SFTConfig, sft_rows
 from app.lm.train.sft_grpo import run as run_phases
 from app.lm.train.candidate import (
@@ -61,7 +66,10 @@ from app.lm.setup import (
     build_task,
     build_tokenizer,
     for_training,
+    heldout_prompts,
     initial_model,
+    reward_pool,
+    rollout_settings,
     train_prompts,
 )
 from app.shared.process_group import DistContext, rank_share, run_rank
@@ -156,6 +164,7 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
     if bad:
         raise LMTrainInputError(f"{args.dataset}: {bad}")
     reference = reference_model(model, g.reference) if g.kl_coef else None
+    sampler = copy.deepcopy(model).eval() if g.rollouts == "online" else None  # before LoRA wraps the policy
     model = for_training(lm, model, g.seed)  # LoRA: adapters on the policy; the reference stays whole
     optim = OptimConfig(lr=g.lr, weight_decay=g.weight_decay, max_grad_norm=g.max_grad_norm)
     # Ranks on several nodes: each commits checkpoints only where rank 0 runs (no shared file
@@ -172,25 +181,40 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
     def progress(phase: str, step: int, stats: dict[str, Any]) -> None:
         keys = ("loss", "grad_norm", "mean_reward", "mean_ratio", "clip_fraction")
         say(env, f"{phase} step {step}: " + " ".join(f"{k} {stats[k]:.4g}" for k in keys if k in stats))
+        if phase == "rl" and isinstance(source, GeneratedGroups) and g.eval_every and step % g.eval_every == 0:
+            heldout_line(env, run_dir, lm, task, tok, source, step)
 
     micro = max(1, -(-rank_share(g.sft.batch_size, 0, env.world_size)[1] // g.micro_batches))
     plan = RunPlan(SFTConfig(steps=sft_steps, batch_size=g.sft.batch_size, micro_batch_size=micro) if sft_steps else None,
                    g.sft.lr,
                    g.steps, g.lr, seed=g.seed, checkpoint_every=args.checkpoint_every, save=not spans,
                    rl_warmup=g.warmup_steps)
-    source = StoredGroups(DataBuffer(groups, g.seed + 1), g.groups_per_step, micro_batches=g.micro_batches,
-                          scale_by_std=g.scale_by_std, eps=g.eps)
+    rewards = None
+    if sampler is not None:
+        rewards = reward_pool(lm, task)
+        rl_micro = max(1, -(-rank_share(g.groups_per_step, 0, env.world_size)[1] * lm.rollout.n // g.micro_batches))
+        source: StoredGroups | GeneratedGroups = online_source(lm, task, tok, sampler, rewards, env, rl_micro)
+        what_rl = f"groups generated online by the trainer's weights (in-process engine, max_staleness " \
+                  f"{lm.rollout.max_staleness} steps)"
+    else:
+        source = StoredGroups(DataBuffer(groups, g.seed + 1), g.groups_per_step, micro_batches=g.micro_batches,
+                              scale_by_std=g.scale_by_std, eps=g.eps, zero_variance=lm.rollout.zero_variance)
+        what_rl = f"{len(groups)} groups of {args.dataset}"
     demonstrations = sft_rows(task, tok, train_prompts(task, lm.task)) if sft_steps else []
-    what = {"sft": f"{len(demonstrations)} demonstrations", "rl": f"{len(groups)} groups of {args.dataset}"}
+    what = {"sft": f"{len(demonstrations)} demonstrations", "rl": what_rl}
     label = {"sft": "SFT", "rl": "GRPO"}
     announce = lambda phase, first, last: say(  # noqa: E731
         env, f"{label[phase]} steps {first}..{last} on {what[phase]}, world {env.world_size}")
     dropped = log_dropped_groups(env, run_dir, args.dataset)
-    report = run_phases(backend, tok, run_dir, plan, demonstrations=demonstrations, source=source,
-                        reference=reference, reference_is_start=g.reference is None, on_step=progress,
-                        on_phase=announce,
-                        loss_fn=grpo_loss_fn(GRPOConfig(g.clip_low, g.clip_high, g.kl_coef), lm.rollout.temperature,
-                                             reference))
+    try:
+        report = run_phases(backend, tok, run_dir, plan, demonstrations=demonstrations, source=source,
+                            reference=reference, reference_is_start=g.reference is None, on_step=progress,
+                            on_phase=announce,
+                            loss_fn=grpo_loss_fn(GRPOConfig(g.clip_low, g.clip_high, g.kl_coef),
+                                                 lm.rollout.temperature, reference))
+    finally:
+        if rewards is not None:
+            rewards.close()
     final = report.get("final", {})
     staged = stage_candidate(backend, tok, run_dir, CANDIDATE_NAME)
     if staged is None:
@@ -198,7 +222,9 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
     result = {"generation": args.generation, "candidate": str(candidate), "candidate_sha256": staged[1],
               "parent_sha256": parent_sha, "dataset_sha256": dataset_sha, "sft_steps": sft_steps, "rl_steps": g.steps,
               "final": final or last_logged(run_dir, "rl"), "world_size": env.world_size, "groups": len(groups),
-              "mean_reward": drawn_mean_reward(groups, g.seed + 1, g.steps, g.groups_per_step),
+              "rollouts": g.rollouts,
+              "mean_reward": (drawn_mean_reward(groups, g.seed + 1, g.steps, g.groups_per_step) if sampler is None
+                              else (final or last_logged(run_dir, "rl")).get("mean_reward")),
               "dropped_groups": dropped,
               "wall_s": time.time() - started}
     result["final_loss"] = result["final"].get("loss")
@@ -206,6 +232,35 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
     publish_candidate(staged[0], candidate)
     say(env, f"done: candidate {candidate} ({staged[1][:12]}), final loss {result['final_loss']}")
     return result
+
+
+def heldout_line(env: DistContext, run_dir: Path, lm: LMConfig, task, tok, source: GeneratedGroups,
+                 step: int) -> None:
+    """Rank 0: the held-out prompts answered greedily by the trainer's engine, which holds the
+    weights of `step` (synced after it), as a "heldout" line of the run's metrics."""
+    if not env.is_main:
+        return
+    result = evaluate(source.engine, task, tok, heldout_prompts(task, lm.task), max_new_tokens=lm.eval.max_new_tokens)
+    line = {"phase": "heldout", "step": step, "weight_version": source.engine.weight_version,
+            "mean_reward": result.mean_reward, "exact_match": result.exact_match, "prompts": result.samples}
+    with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(line) + "\n")
+    say(env, f"held-out at step {step}: reward {result.mean_reward:.4g} exact {result.exact_match:.4g}")
+
+
+def online_source(lm: LMConfig, task, tok, sampler, rewards, env: DistContext, micro: int) -> GeneratedGroups:
+    """`lm.grpo.rollouts: online`: each rank's in-process engine holds the trainer's weights,
+    synced after every optimizer step with the step as their version; the rollout manager
+    over-samples, filters and drops groups more than `lm.rollout.max_staleness` steps old."""
+    from app.lm.rollout.engine import InProcessEngine
+
+    g, r = lm.grpo, lm.rollout
+    engine = InProcessEngine(sampler.to(env.device), tok, name="trainer")
+    return GeneratedGroups(engine, task, tok, train_prompts(task, lm.task), seed=g.seed,
+                           prompts_per_step=g.groups_per_step, rollout=rollout_settings(r),
+                           filters=LoopFilters(r.oversample, r.zero_variance, r.max_staleness), rewards=rewards,
+                           micro_batch_size=micro, scale_by_std=g.scale_by_std, rank=env.rank,
+                           world_size=env.world_size)
 
 
 def log_dropped_groups(env: DistContext, run_dir: Path, dataset: Path) -> dict[str, int]:

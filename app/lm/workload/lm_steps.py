@@ -62,6 +62,7 @@ from app.lm.workload.lm_engines import INIT_ID, NodeEngines
 from app.lm.workload.lm_mesh import LMMesh
 from app.lm.workload.lm_models import ModelDirs
 from app.lm.workload.rollout_replica import RolloutItems
+from app.lm.workload.run_metrics import run_progress
 from app.log import get_logger
 
 log = get_logger(__name__)
@@ -93,8 +94,11 @@ class LMSteps:
         self._rewards: RewardPool | None = None
         self._dropped: Counter[str] | None = None  # this node's dropped groups by reason (from the store)
         r = self.lm.rollout
+        # self-play stores every complete group, equal rewards included: the trainer applies
+        # `lm.rollout.zero_variance` (StoredGroups, or the online loop's own filter). Dropped here,
+        # a poor model's groups (nearly all equal) would starve the export for many minutes.
         self.filters = ManagerSettings(batch_groups=r.batch_groups, group_size=r.n, oversample=r.oversample,
-                                       max_staleness=r.max_staleness, zero_variance=r.zero_variance)
+                                       max_staleness=r.max_staleness, zero_variance="keep")
 
     # -- building blocks ------------------------------------------------------------------
     def _task_kit(self) -> tuple[PreTrainedTokenizerBase, Task, list[Prompt]]:
@@ -225,18 +229,23 @@ class LMSteps:
                 self._rewards = None
 
     def node_status(self, pipe: Pipe) -> Json:
-        """The inference engines (the weights they serve, whether they are in service) and the
-        rollout groups this node's filter dropped, by reason."""
+        """The inference engines (the weights they serve, whether they are in service), the
+        rollout groups this node's filter dropped, by reason, the reward's failures (their
+        first lines, and the stop when it failed on every group: app/lm/reward_failures.py) and
+        the running training's step, policy version, staleness and held-out curve (run_metrics.py)."""
         state = pipe.state
+        rewards = self._rewards
         return {"lm_engines": self.engines.status(state.best_generation, state.best_sha256),
-                "lm_rollouts_dropped": dict(self._dropped or {})}
+                "lm_rollouts_dropped": dict(self._dropped or {}),
+                "lm_reward_failures": rewards.failures.snapshot() if rewards is not None else None,
+                "lm_training": run_progress(state.run_dir)}
 
     def progress_extra(self, pipe: Pipe) -> Json:
         """/progress of a lone node: held-out reward by generation, with its interval."""
         path = self.paths.data_dir / HELDOUT_FILE
         known = json.loads(path.read_text()) if path.exists() else {}
         rows = sorted(({"sha256": sha, **v} for sha, v in known.items()), key=lambda r: r["generation"])
-        return {"heldout": rows}
+        return {"heldout": rows, "lm_training": run_progress(pipe.state.run_dir)}
 
     def heldout(self, evaluation: Json) -> dict[str, float] | None:
         c = evaluation.get("candidate")
