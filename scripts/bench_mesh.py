@@ -61,7 +61,7 @@ import app.coordination.p2p.client as client
 import app.coordination.p2p.server as server
 from app.coordination.p2p.auth import BOOT_HEADER, NODE_HEADER, TO_HEADER
 server.answer_headers = lambda *a, **k: {}
-def check(self, addr, request_headers, status, headers, body):
+def check(self, addr, request_headers, status, headers, body, **_):
     node, boot = headers.get(NODE_HEADER), headers.get(BOOT_HEADER)
     if node and boot and boot.isdigit():
         self.peers[addr] = (node, int(boot))

@@ -34,7 +34,7 @@ from app.coordination.p2p.membership import Membership
 from app.coordination.p2p.node_status import default_capabilities, node_status
 from app.coordination.p2p.persist import CommitStore, HistoryLog, TermStore
 from app.coordination.p2p.refusals import Refusals
-from app.coordination.p2p.schemas import NodeState
+from app.coordination.p2p.schemas import NodeState, QuorumCert
 from app.coordination.p2p.server import build_app
 from app.coordination.p2p.tls import (
     cert_node_id,
@@ -43,6 +43,7 @@ from app.coordination.p2p.tls import (
 )
 from app.coordination.p2p.view import ClusterView, WorkSource
 from app.coordination.p2p.work_queue import WorkQueue
+from app.coordination.p2p.work_rules import completion_writer_refusal
 from app.coordination.p2p.worker import WorkClient
 from app.log import get_logger
 
@@ -117,6 +118,7 @@ class MeshNode(Gossiping):
         self._public_routes: list[tuple[str, str]] = []
         self._tasks: list[asyncio.Task] = []
         self._gossip_in_flight: set[str] = set()
+        self._refused_states: dict[tuple[str, int, int], None] = {}  # states whose fields were refused, counted once
         self._bg: set[asyncio.Task] = set()
         self._rng = random.Random()
         self._runner: web.AppRunner | None = None
@@ -218,6 +220,31 @@ class MeshNode(Gossiping):
         """Leader only: True once `value` is the decided value of `key`."""
         return await self.decide(key, value) == value
 
+    def decided_for_gossip(self, prefixes: tuple[str, ...], limit: int) -> list[dict[str, Any]]:
+        """The newest decided values under `prefixes` with their decision certificates (signers'
+        certificates left out: every node learns the voters' own from their gossiped states)."""
+        return [{"key": k, "value": v, "cert": c.model_dump()} for k, v, c in self.commits.certified(prefixes, limit)]
+
+    def learn_decided(self, peer: str, entries: Any) -> list[str]:
+        """Take the decided values `peer` passed on (`decided_for_gossip`'s form) whose
+        certificates check; the keys learned. Anything else is refused and counted
+        (`decided_without_certificate`): no value is decided on one member's word."""
+        learned: list[str] = []
+        if not isinstance(entries, list):
+            return learned
+        for entry in entries[:1024]:
+            try:
+                key, value = str(entry["key"]), str(entry["value"])
+                if self.commits.decided_value(key) == value and key in self.commits.certs:
+                    continue
+                cert = QuorumCert.model_validate(entry.get("cert"))
+            except (KeyError, TypeError, AttributeError, ValueError) as exc:
+                self.refusals.refused_in(peer, "decided_without_certificate", f"malformed entry: {str(exc)[:200]}")
+                continue
+            if self.consensus.learn_decided(peer, key, value, cert) is None:
+                learned.append(key)
+        return learned
+
     def stored_value(self, key: str) -> str | None:
         """What this voter stored for `key`: tentative (never to be acted on) unless a quorum
         stored it too; the decided ones are in `commits.decided_values()`."""
@@ -257,6 +284,7 @@ class MeshNode(Gossiping):
             self.history, self.membership, self.client, self.addr_of, self._on_become_leader,
             max_term_step=self.limits.max_term_step,
             on_term_refused=lambda peer, term, why: self.refusals.refused_in(peer, "term_far_ahead", why),
+            on_refused=self.refusals.refused_in,
         )
         raise_descriptor_limit()
         rate_limit_loop_errors(asyncio.get_running_loop())
@@ -336,7 +364,7 @@ class MeshNode(Gossiping):
             return
         view = self.cluster_view()
         specs = list(self.work_source(view)) if self.work_source is not None else None
-        completed = {c for s in view.nodes.values() for c in s.completed}
+        completed = self._completed_by_leaders(view)
         now = time.monotonic()
         self.queue.reconcile(specs, now, completed=completed)
         self.queue.adopt(self.term, view.live_claims(), now)
@@ -349,7 +377,7 @@ class MeshNode(Gossiping):
         view = self.cluster_view()
         specs = list(self.work_source(view)) if self.work_source is not None else None
         in_flight = [c for s in view.nodes.values() for c in s.claims]
-        completed = {c for s in view.nodes.values() for c in s.completed}
+        completed = self._completed_by_leaders(view)
         try:
             self.queue.rebuild(term, specs, in_flight, completed, time.monotonic(), live=view.live_claims())
         except Exception:
@@ -358,6 +386,27 @@ class MeshNode(Gossiping):
         task = asyncio.ensure_future(self.consensus.heartbeat_round())
         self._bg.add(task)
         task.add_done_callback(self._bg.discard)
+
+    def _completed_by_leaders(self, view: ClusterView) -> set[str]:
+        """The work other nodes gossip as completed, from its one writer only: a proven leader
+        (work_rules.completion_writer_refusal). Anyone else's list is refused, counted once per
+        state (`field_not_owner`) and shown in /status."""
+        done: set[str] = set()
+        for state in view.nodes.values():
+            if not state.completed or state.node_id == self.node_id:
+                continue
+            why = completion_writer_refusal(state.node_id, state.role, state.term,
+                                            self.consensus.certified.get(state.term))
+            if why is None:
+                done.update(state.completed)
+                continue
+            seen = (state.node_id, state.incarnation, state.version)
+            if seen not in self._refused_states:
+                self._refused_states[seen] = None
+                while len(self._refused_states) > 1024:
+                    self._refused_states.pop(next(iter(self._refused_states)))
+                self.refusals.refused_in(state.node_id, "field_not_owner", f"completed: {why}")
+        return done
 
     async def _discovery_loop(self) -> None:
         assert self.tailscale is not None

@@ -190,7 +190,7 @@ def build_app(
             return
         body = response.body if isinstance(response, web.Response) and isinstance(response.body, bytes) else None
         response.headers.update(answer_headers(node.identity, node.node_id, node.boot, asker, nonce, response.status,
-                                               body, node.wall_clock()))
+                                               body, node.wall_clock(), method=request.method, path=request.path))
 
     app.on_response_prepare.append(who_answers)
     c = node.consensus
