@@ -37,6 +37,7 @@ class Consensus(Deciding, Transferring):
     def _become_leader(self, term: int, acked: set[str], sent_at: float) -> None:
         self._transition(Role.LEADER, self.node_id)
         self.ack_times = {v: sent_at for v in acked if v != self.node_id}
+        self.ack_mark = self.lag.stalled
         self.last_leader_contact = time.monotonic()
         self.on_become_leader(term)
 
@@ -58,7 +59,7 @@ class Consensus(Deciding, Transferring):
             # A voter that never heard a leader since it started counts its start as contact
             # (Raft's rule): it may have acked a leader's lease just before a restart, and a
             # vote granted at once could elect a second leader while that lease still runs.
-            contact_age = now - (self.started_at if self.last_leader_contact is None else self.last_leader_contact)
+            contact_age = self.contact_age(now)  # less our own stalls (loop_lag.py)
         decision = rules.should_grant_vote(
             candidate_id=req.candidate_id,
             candidate_term=req.term,
@@ -68,7 +69,7 @@ class Consensus(Deciding, Transferring):
             current_term=self.term,
             voted_for=self.store.voted_for,
             leader_contact_age=contact_age,
-            leaderless_for=now - (self.last_leader_contact or self.started_at),
+            leaderless_for=self.contact_age(now),
             election_timeout_min=self.timing.election_timeout_min,
             alive_eligible_ranks=self._alive_eligible_ranks(now),
             bully_patience=self.timing.bully_patience,
@@ -179,8 +180,8 @@ class Consensus(Deciding, Transferring):
         own = rules.should_grant_vote(
             candidate_id=self.node_id, candidate_term=start_term + 1, candidate_rank=self.rank_of(self.node_id),
             candidate_is_voter=True, pre_vote=True, current_term=start_term, voted_for=None,
-            leader_contact_age=None if self.last_leader_contact is None else now - self.last_leader_contact,
-            leaderless_for=now - (self.last_leader_contact or self.started_at),
+            leader_contact_age=None if self.last_leader_contact is None else self.contact_age(now),
+            leaderless_for=self.contact_age(now),
             election_timeout_min=self.timing.election_timeout_min,
             alive_eligible_ranks=self._alive_eligible_ranks(now), bully_patience=self.timing.bully_patience,
         )
@@ -192,7 +193,7 @@ class Consensus(Deciding, Transferring):
         if not rules.votes_won(self.voters, granted) or self.term != start_term or self.role is Role.LEADER:
             return False
         # a leader that showed up while we asked wins
-        return self.last_leader_contact is None or time.monotonic() - self.last_leader_contact >= self.timing.election_timeout_min
+        return self.last_leader_contact is None or self.contact_age(time.monotonic()) >= self.timing.election_timeout_min
 
     async def heartbeat_round(self) -> None:
         """One round of leader heartbeats to the voters and every credible peer (membership.py:
@@ -226,6 +227,7 @@ class Consensus(Deciding, Transferring):
                 self.observe_answer(peer, resp.term)
             elif resp.ok and self.role is Role.LEADER and self.term == term:
                 self.ack_times[peer] = max(self.ack_times.get(peer, 0.0), sent_at)
+                self.ack_mark = self.lag.stalled
         finally:
             self._hb_in_flight.discard(peer)
 

@@ -38,6 +38,7 @@ from app.config.mesh import TimingProfile
 from app.coordination.p2p import election as rules
 from app.coordination.p2p.client import MeshClient
 from app.coordination.p2p.election import QuorumLevel, Role
+from app.coordination.p2p.loop_lag import LoopLag, judged_age
 from app.coordination.p2p.membership import Membership
 from app.coordination.p2p.persist import CommitStore, HistoryLog, TermStore
 from app.coordination.p2p.quorum_cert import certificate_refusal, verifier_of
@@ -95,6 +96,10 @@ class ConsensusCore:
         self.last_term_refusal: dict[str, object] | None = None
         self.role = Role.FOLLOWER
         self.leader_id: str | None = None
+        self.lag = LoopLag(tick=max(0.005, timing.heartbeat_interval / 4))  # run by the node (node.start)
+        self.contact_mark = 0.0  # lag.stalled when we last heard a leader
+        self.deadline_mark = 0.0  # lag.stalled when the election deadline was set
+        self.ack_mark = 0.0  # lag.stalled when a voter's ack last extended the lease
         self.started_at = time.monotonic()
         self.last_leader_contact: float | None = None
         self.ack_times: dict[str, float] = {}
@@ -139,6 +144,24 @@ class ConsensusCore:
             return False
         return rules.can_mutate(self.quorum_level(now))
 
+    @property
+    def last_leader_contact(self) -> float | None:
+        return self._last_contact
+
+    @last_leader_contact.setter
+    def last_leader_contact(self, at: float | None) -> None:
+        self._last_contact = at
+        self.contact_mark = self.lag.stalled
+
+    def contact_age(self, now: float) -> float:
+        """Seconds since a leader was heard (or since start), less this node's own stalls."""
+        return judged_age(now - (self.started_at if self._last_contact is None else self._last_contact),
+                          self.lag.since(self.contact_mark))
+
+    def election_due(self, now: float) -> bool:
+        """The election timeout has run, counting only the time this node's loop ran."""
+        return now >= self.election_deadline + self.lag.since(self.deadline_mark)
+
     def reset_election_deadline(self, now: float) -> None:
         ranks = {v: self.rank_of(v) for v in self.voters}
         ranks.setdefault(self.node_id, self.rank_of(self.node_id))
@@ -150,6 +173,7 @@ class ConsensusCore:
             self.rng.random(),
         )
         self.election_deadline = now + timeout
+        self.deadline_mark = self.lag.stalled
 
     # -- the one transition ----------------------------------------------------------
     def _transition(self, role: Role, leader: str | None, term: int | None = None, vote: object = _KEEP,
@@ -214,8 +238,17 @@ class ConsensusCore:
         self.reset_election_deadline(time.monotonic())
 
     def check_step_down(self, now: float) -> None:
-        if rules.decide_step_down(self.role, self.lease_until(now), now, False):
-            self.step_down("lease expired without quorum acks (check-quorum)")
+        """Check-quorum, judged less our own stalls since the last ack: a leader starved past its
+        lease stops mutating at once (`can_mutate` reads the lease unstretched) and keeps
+        leading only while its voters answer the heartbeats it sends once it runs again; then
+        it steps down, and says why."""
+        until = self.lease_until(now)
+        if until is not None:  # acks we could not read while stalled are not the voters' silence
+            until += self.lag.since(self.ack_mark)
+        if rules.decide_step_down(self.role, until, now, False):
+            stalled = self.lag.last
+            self.step_down("lease expired without quorum acks (check-quorum)"
+                           + (f"; this node's loop was stalled {stalled:.2f} s" if stalled >= 0.1 else ""))
 
     # -- certificates ----------------------------------------------------------------
     def refuse(self, peer: str, code: str, why: str) -> None:

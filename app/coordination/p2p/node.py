@@ -310,7 +310,8 @@ class MeshNode(Gossiping):
                         "issue per-node keys (python -m app.coordination.p2p.tls init) and set mesh.node_keys or mesh.tls")
         self.started = True
         t = self.timing
-        for loop in (self._every(t.gossip_interval, self.gossip_round, "gossip round"), self._election_loop(),
+        for loop in (self.consensus.lag.run(), self._every(t.gossip_interval, self.gossip_round, "gossip round"),
+                     self._election_loop(),
                      self._every(t.heartbeat_interval, self.consensus.heartbeat_round, "heartbeat round"),
                      self._every(t.reconcile_interval, self.reconcile, "reconcile")):
             self._tasks.append(asyncio.create_task(loop))
@@ -341,7 +342,7 @@ class MeshNode(Gossiping):
             now = time.monotonic()
             if self.consensus.role is Role.LEADER:
                 self.consensus.check_step_down(now)
-            elif self.consensus.is_voter and now >= self.consensus.election_deadline:
+            elif self.consensus.is_voter and self.consensus.election_due(now):  # less our own stalls
                 try:
                     await self.consensus.run_election()
                 except Exception:

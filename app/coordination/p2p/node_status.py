@@ -71,6 +71,7 @@ def node_status(node: StatusSource) -> dict[str, Any]:
         "lease_valid": node.consensus.lease_valid(now), "incarnation": m.local.incarnation, "boot": node.boot,
         "auth": node.identity.mode,  # shared: every holder of the secret can sign as any node
         "trust": trust_status(node),
+        "loop_lag": node.consensus.lag.status(),  # timeouts are judged less these stalls (loop_lag.py)
         "terms": term_status(node),
         "peers": peers,
         "work": node.queue.summary() if node.is_leader else None,
