@@ -210,6 +210,10 @@ async def test_a_members_completed_gossip_for_others_items_changes_no_queue(tmp_
         new.reconcile()
         assert new.queue.summary() == {"pending": len(ITEMS), "claimed": 0, "done": 0, "failed": 0}
         assert new.status()["trust"]["refused"]["in"].get("field_not_owner", 0) >= 1
+        # a claim comes with the granting leader's election certificate, which the worker checks
+        claim = await rogue.work_client().claim()
+        assert claim is not None and claim.token.term == new.term
+        assert rogue.consensus.election_refusal(new.term + 1, new.node_id, None) == "no vote certificate"
     finally:
         for n in nodes:
             await n.stop()

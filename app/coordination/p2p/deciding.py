@@ -9,6 +9,8 @@ takes a decided value only with one that checks (quorum_cert.py)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from app.coordination.p2p import election as rules
 from app.coordination.p2p.consensus_core import ConsensusCore
 from app.coordination.p2p.decision import Stored, choose_value
@@ -147,3 +149,29 @@ class Deciding(ConsensusCore):
         brings it and whatever our term; without one nothing changes."""
         why = self.learn_decided(sender, req.key, req.value, req.decided)
         return CommitResponse(term=self.term, stored=why is None, reason=why or "")
+
+    # -- gossip ----------------------------------------------------------------------
+    def decided_for_gossip(self, prefixes: tuple[str, ...], limit: int) -> list[dict[str, Any]]:
+        """The newest decided values under `prefixes` with their decision certificates (signers'
+        certificates left out: every node learns the voters' own from their gossiped states)."""
+        return [{"key": k, "value": v, "cert": c.model_dump()} for k, v, c in self.commits.certified(prefixes, limit)]
+
+    def learn_entries(self, peer: str, entries: Any) -> list[str]:
+        """Take the decided values `peer` passed on (`decided_for_gossip`'s form) whose
+        certificates check; the keys learned. Anything else is refused and counted
+        (`decided_without_certificate`): no value is decided on one member's word."""
+        learned: list[str] = []
+        if not isinstance(entries, list):
+            return learned
+        for entry in entries[:1024]:
+            try:
+                key, value = str(entry["key"]), str(entry["value"])
+                if self.commits.decided_value(key) == value and key in self.commits.certs:
+                    continue
+                cert = QuorumCert.model_validate(entry.get("cert"))
+            except (KeyError, TypeError, AttributeError, ValueError) as exc:
+                self.refuse(peer, "decided_without_certificate", f"malformed entry: {str(exc)[:200]}")
+                continue
+            if self.learn_decided(peer, key, value, cert) is None:
+                learned.append(key)
+        return learned

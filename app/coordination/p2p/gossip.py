@@ -46,7 +46,10 @@ class Gossiping:
     def _sync_local(self) -> None:
         c, local = self.consensus, self.membership.local
         if (local.role, local.term, local.leader) != (c.role.value, c.term, c.leader_id):  # else: no re-signing
-            self.membership.local = local.model_copy(update={"role": c.role.value, "term": c.term, "leader": c.leader_id})
+            # `completed` is the leader's field: a node that no longer leads stops gossiping it
+            done = local.completed if c.role.value == "leader" else []
+            self.membership.local = local.model_copy(update={"role": c.role.value, "term": c.term, "leader": c.leader_id,
+                                                             "completed": done})
 
     def gossip_round(self) -> None:
         """Bump our heartbeat counter and push-pull with up to `fanout` peers (+ unknown seeds)."""

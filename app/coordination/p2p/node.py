@@ -34,7 +34,7 @@ from app.coordination.p2p.membership import Membership
 from app.coordination.p2p.node_status import default_capabilities, node_status
 from app.coordination.p2p.persist import CommitStore, HistoryLog, TermStore
 from app.coordination.p2p.refusals import Refusals
-from app.coordination.p2p.schemas import NodeState, QuorumCert
+from app.coordination.p2p.schemas import NodeState
 from app.coordination.p2p.server import build_app
 from app.coordination.p2p.tls import (
     cert_node_id,
@@ -118,7 +118,7 @@ class MeshNode(Gossiping):
         self._public_routes: list[tuple[str, str]] = []
         self._tasks: list[asyncio.Task] = []
         self._gossip_in_flight: set[str] = set()
-        self._refused_states: dict[tuple[str, int, int], None] = {}  # states whose fields were refused, counted once
+        self._refused_states: dict[tuple[str, int, int], None] = {}  # (node, incarnation, list) refused, counted once
         self._bg: set[asyncio.Task] = set()
         self._rng = random.Random()
         self._runner: web.AppRunner | None = None
@@ -209,6 +209,7 @@ class MeshNode(Gossiping):
             self.client, self.node_id, addrs=addrs,
             capabilities=lambda: dict(self.membership.local.capabilities),
             on_claims_changed=lambda claims: self.membership.update_local(claims=claims),
+            leader_proof=lambda who, term, cert: self.consensus.election_refusal(term, who, cert),
         )
 
     async def decide(self, key: str, proposal: str | None) -> str | None:
@@ -221,29 +222,12 @@ class MeshNode(Gossiping):
         return await self.decide(key, value) == value
 
     def decided_for_gossip(self, prefixes: tuple[str, ...], limit: int) -> list[dict[str, Any]]:
-        """The newest decided values under `prefixes` with their decision certificates (signers'
-        certificates left out: every node learns the voters' own from their gossiped states)."""
-        return [{"key": k, "value": v, "cert": c.model_dump()} for k, v, c in self.commits.certified(prefixes, limit)]
+        """The newest decided values under `prefixes`, each with its decision certificate."""
+        return self.consensus.decided_for_gossip(prefixes, limit)
 
     def learn_decided(self, peer: str, entries: Any) -> list[str]:
-        """Take the decided values `peer` passed on (`decided_for_gossip`'s form) whose
-        certificates check; the keys learned. Anything else is refused and counted
-        (`decided_without_certificate`): no value is decided on one member's word."""
-        learned: list[str] = []
-        if not isinstance(entries, list):
-            return learned
-        for entry in entries[:1024]:
-            try:
-                key, value = str(entry["key"]), str(entry["value"])
-                if self.commits.decided_value(key) == value and key in self.commits.certs:
-                    continue
-                cert = QuorumCert.model_validate(entry.get("cert"))
-            except (KeyError, TypeError, AttributeError, ValueError) as exc:
-                self.refusals.refused_in(peer, "decided_without_certificate", f"malformed entry: {str(exc)[:200]}")
-                continue
-            if self.consensus.learn_decided(peer, key, value, cert) is None:
-                learned.append(key)
-        return learned
+        """Take the decided values `peer` passed on whose certificates check; the keys learned."""
+        return self.consensus.learn_entries(peer, entries)
 
     def stored_value(self, key: str) -> str | None:
         """What this voter stored for `key`: tentative (never to be acted on) unless a quorum
@@ -401,7 +385,7 @@ class MeshNode(Gossiping):
             if why is None:
                 done.update(state.completed)
                 continue
-            seen = (state.node_id, state.incarnation, state.version)
+            seen = (state.node_id, state.incarnation, hash(tuple(state.completed)))
             if seen not in self._refused_states:
                 self._refused_states[seen] = None
                 while len(self._refused_states) > 1024:

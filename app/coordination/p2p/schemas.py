@@ -259,6 +259,7 @@ class ClaimResponse(Wire):
     item: WorkItemOut | None = None
     token: Token | None = None
     ttl: float | None = None
+    election: QuorumCert | None = None  # the granting leader's election certificate for the token's term
 
 
 class TokenRequest(Wire):

@@ -268,7 +268,8 @@ def build_app(
         grant = node.queue.claim(req.node_id, req.capabilities, kinds, node.term, time.monotonic())
         if grant is None:
             return ok(ClaimResponse(status="no_work"))
-        return ok(ClaimResponse(status="claimed", item=grant.item, token=grant.token, ttl=grant.ttl))
+        return ok(ClaimResponse(status="claimed", item=grant.item, token=grant.token, ttl=grant.ttl,
+                                election=c.election_cert))
 
     async def claim(request: web.Request) -> web.Response:
         return await claim_common(request, training_only=False)
