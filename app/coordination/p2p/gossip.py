@@ -47,7 +47,7 @@ class Gossiping:
         c, local = self.consensus, self.membership.local
         if (local.role, local.term, local.leader) != (c.role.value, c.term, c.leader_id):  # else: no re-signing
             # `completed` is the leader's field: a node that no longer leads stops gossiping it
-            done = local.completed if c.role.value == "leader" else []
+            done = [] if local.role == "leader" and c.role.value != "leader" else local.completed
             self.membership.local = local.model_copy(update={"role": c.role.value, "term": c.term, "leader": c.leader_id,
                                                              "completed": done})
 
