@@ -49,12 +49,15 @@ def signed_text(cert: QuorumCert) -> bytes:
     return vote_text(cert.term, cert.subject) if cert.kind == "vote" else ack_text(cert.term, cert.subject, cert.digest)
 
 
-def valid_signers(cert: QuorumCert, voters: Iterable[str], verify: VerifyOne) -> set[str]:
-    """The configured voters whose signature in `cert` checks (each counted once)."""
+def valid_signers(cert: QuorumCert, voters: Iterable[str], verify: VerifyOne, enough: int | None = None) -> set[str]:
+    """The configured voters whose signature in `cert` checks (each counted once); checking
+    stops once `enough` did (a signature costs a public-key operation)."""
     voter_set = set(voters)
     text = signed_text(cert)
     ok: set[str] = set()
     for entry in cert.sigs:
+        if enough is not None and len(ok) >= enough:
+            break
         if entry.voter in voter_set and entry.voter not in ok and verify(entry.voter, text, entry.sig, entry.cert):
             ok.add(entry.voter)
     return ok
@@ -75,8 +78,8 @@ def certificate_refusal(cert: QuorumCert | None, voters: Iterable[str], verify: 
         return f"certificate for {cert.subject[:64]}, not for {subject[:64]}" if cert.subject != subject \
             else "certificate for another value"
     voter_set = set(voters)
-    signers = valid_signers(cert, voter_set, verify)
     need = quorum_size(voter_set)
+    signers = valid_signers(cert, voter_set, verify, enough=need)
     if len(signers) < need:
         return f"{len(signers)} valid voter signatures of the {need} a quorum needs"
     return None
