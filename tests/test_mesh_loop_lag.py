@@ -8,7 +8,7 @@ import time
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.coordination.p2p.loop_lag import LoopLag, judged_age
+from app.coordination.p2p.loop_lag import LoopLag, check_quorum_deadline, judged_age
 
 seconds = st.floats(0, 1e6, allow_nan=False)
 
@@ -51,3 +51,14 @@ def test_an_overdue_tick_counts_before_it_wakes() -> None:
     lag._due = None
     lag.observe(0.1, 3.1)
     assert abs(lag.stalled - 3.0) < 1e-9  # the same stall, counted once
+
+
+@given(until=st.floats(0, 1e6, allow_nan=False), lease=st.floats(0.1, 10, allow_nan=False),
+       timeout=st.floats(0.1, 20, allow_nan=False), stall=st.floats(-5, 100, allow_nan=False))
+def test_a_leader_steps_down_no_sooner_than_its_lease_and_an_election_timeout_after_the_last_acks(
+        until: float, lease: float, timeout: float, stall: float) -> None:
+    deadline = check_quorum_deadline(until, lease, timeout, stall)
+    assert deadline >= until - 1e-6  # never before the lease ran out
+    assert deadline >= until - lease + timeout + max(0.0, stall) - 1e-6  # an election timeout after the acks
+    assert abs(check_quorum_deadline(until, lease, timeout, stall + 1) - deadline - (1 if stall >= 0 else
+                                                                                     max(0.0, stall + 1))) < 1e-6

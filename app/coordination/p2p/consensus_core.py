@@ -38,7 +38,7 @@ from app.config.mesh import TimingProfile
 from app.coordination.p2p import election as rules
 from app.coordination.p2p.client import MeshClient
 from app.coordination.p2p.election import QuorumLevel, Role
-from app.coordination.p2p.loop_lag import LoopLag, judged_age
+from app.coordination.p2p.loop_lag import LoopLag, check_quorum_deadline, judged_age
 from app.coordination.p2p.membership import Membership
 from app.coordination.p2p.persist import CommitStore, HistoryLog, TermStore
 from app.coordination.p2p.quorum_cert import certificate_refusal, verifier_of
@@ -238,13 +238,14 @@ class ConsensusCore:
         self.reset_election_deadline(time.monotonic())
 
     def check_step_down(self, now: float) -> None:
-        """Check-quorum, judged less our own stalls since the last ack: a leader starved past its
-        lease stops mutating at once (`can_mutate` reads the lease unstretched) and keeps
-        leading only while its voters answer the heartbeats it sends once it runs again; then
-        it steps down, and says why."""
+        """Check-quorum as raft does it, judged less our own stalls since the last ack
+        (loop_lag.check_quorum_deadline): a leader past its lease stops mutating at once
+        (`can_mutate` reads the lease unstretched) and keeps sending heartbeats; it steps down,
+        and says why, only after an election timeout without a quorum's acks."""
         until = self.lease_until(now)
         if until is not None:  # acks we could not read while stalled are not the voters' silence
-            until += self.lag.since(self.ack_mark)
+            until = check_quorum_deadline(until, self.timing.leader_lease, self.timing.election_timeout_min,
+                                          self.lag.since(self.ack_mark))
         if rules.decide_step_down(self.role, until, now, False):
             stalled = self.lag.last
             self.step_down("lease expired without quorum acks (check-quorum)"

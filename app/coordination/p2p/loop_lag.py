@@ -8,7 +8,8 @@ starts an election (or grants one) on the strength of its own stall makes leader
 So a `LoopLag` sleeps in short ticks and adds up how far each wake-up overshot: `stalled`
 is the total, and a timeout started at mark `m` is extended by `stalled - m` (`judged_age`),
 as raft's pre-vote and check-quorum are judged against the same clock. The leader's lease is
-not extended this way: a leader that was stalled past its lease gives it up (check-quorum).
+never extended this way: a leader stalled past its lease stops mutating at once, and steps
+down only when an election timeout (less its stalls) passed without a quorum's acks.
 """
 
 from __future__ import annotations
@@ -21,6 +22,14 @@ def judged_age(raw_age: float, own_stall: float) -> float:
     """How long a peer was silent as this node could have heard it: the wall time less the
     time this node itself was stalled meanwhile (never below zero)."""
     return max(0.0, raw_age - max(0.0, own_stall))
+
+
+def check_quorum_deadline(lease_until: float, lease: float, election_timeout: float, own_stall: float) -> float:
+    """When a leader without a quorum's acks steps down (raft's check-quorum): an election
+    timeout after the quorum's last ack, whose lease ran out earlier (`lease_until`: it stops
+    mutating then), plus its own stalls since: followers do not elect another before their
+    timeout, so a leader that was merely starved keeps its term instead of ending it."""
+    return lease_until - lease + max(lease, election_timeout) + max(0.0, own_stall)
 
 
 class LoopLag:
