@@ -43,7 +43,6 @@ from app.coordination.p2p.tls import (
 )
 from app.coordination.p2p.view import ClusterView, WorkSource
 from app.coordination.p2p.work_queue import WorkQueue
-from app.coordination.p2p.work_rules import completion_writer_refusal
 from app.coordination.p2p.worker import WorkClient
 from app.log import get_logger
 
@@ -371,27 +370,6 @@ class MeshNode(Gossiping):
         task = asyncio.ensure_future(self.consensus.heartbeat_round())
         self._bg.add(task)
         task.add_done_callback(self._bg.discard)
-
-    def _completed_by_leaders(self, view: ClusterView) -> set[str]:
-        """The work other nodes gossip as completed, from its one writer only: a proven leader
-        (work_rules.completion_writer_refusal). Anyone else's list is refused, counted once per
-        state (`field_not_owner`) and shown in /status."""
-        done: set[str] = set()
-        for state in view.nodes.values():
-            if not state.completed or state.node_id == self.node_id:
-                continue
-            why = completion_writer_refusal(state.node_id, state.role, state.term,
-                                            self.consensus.certified.get(state.term))
-            if why is None:
-                done.update(state.completed)
-                continue
-            seen = (state.node_id, state.incarnation, hash(tuple(state.completed)))
-            if seen not in self._refused_states:
-                self._refused_states[seen] = None
-                while len(self._refused_states) > 1024:
-                    self._refused_states.pop(next(iter(self._refused_states)))
-                self.refusals.refused_in(state.node_id, "field_not_owner", f"completed: {why}")
-        return done
 
     async def _discovery_loop(self) -> None:
         assert self.tailscale is not None
