@@ -21,8 +21,14 @@
   machine), the medians of `--signing-rounds` interleaved rounds; and the failover of 5 voters
   on the fast profile (`--signing-kills` leader kills each).
 
+* quorum certificates (issue 54; `scripts/bench_mesh_certs.py`): CPU per gossip round and per
+  decision with certificates beside the revision before them, in one run (`--cert-rounds`),
+  and leader changes of three full nodes on this machine per profile (`--churn`).
+
     python scripts/bench_mesh.py --profiles fast,lan,wan --kills 10
     python scripts/bench_mesh.py --profiles "" --gossip-profile "" --sim-nodes --signing-kills 5
+    python scripts/bench_mesh.py --profiles "" --gossip-profile "" --sim-nodes --signing-seconds 0 \
+        --signing-kills 5 --variants node_keys --cert-rounds 3 --churn fast --churn-seconds 300
 """
 
 from __future__ import annotations
@@ -61,7 +67,7 @@ import app.coordination.p2p.client as client
 import app.coordination.p2p.server as server
 from app.coordination.p2p.auth import BOOT_HEADER, NODE_HEADER, TO_HEADER
 server.answer_headers = lambda *a, **k: {}
-def check(self, addr, request_headers, status, headers, body):
+def check(self, addr, request_headers, status, headers, body, **_):
     node, boot = headers.get(NODE_HEADER), headers.get(BOOT_HEADER)
     if node and boot and boot.isdigit():
         self.peers[addr] = (node, int(boot))
@@ -382,11 +388,17 @@ async def amain(args: argparse.Namespace) -> dict:
             signing["requests"] = {v: {kind: {m: statistics.median(x[kind][m] for x in rs) for m in ("per_s", "cpu_ms")}
                                         for kind in ("gossip", "status")} for v, rs in rounds.items()}
             signing["requests_rounds"] = rounds
-        for variant in VARIANTS:
+        for variant in [v for v in args.variants.split(",") if v]:
             if args.signing_kills:
                 print(f"signing: {variant}, failover ...", file=sys.stderr, flush=True)
                 signing["failover_fast"][variant] = await bench_failover("fast", args.signing_kills, variant)
         out["signing"] = signing
+    if args.cert_rounds or args.churn:
+        from bench_mesh_certs import bench_certificates, bench_churn  # scripts/, beside this file
+
+        if args.cert_rounds:
+            out["certificates"] = bench_certificates(args.cert_rounds, 30, 6.0, "244f21b")
+        out["churn"] = [bench_churn(profile, args.churn_seconds) for profile in args.churn.split(",") if profile]
     lan = PROFILES["lan"]
     for n in args.sim_nodes:
         print(f"gossip: {n} simulated nodes ...", file=sys.stderr, flush=True)
@@ -406,6 +418,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--signing-seconds", type=float, default=5.0, help="per variant and request kind (0: skip)")
     p.add_argument("--signing-rounds", type=int, default=5, help="interleaved rounds the signing seconds are split into")
     p.add_argument("--signing-kills", type=int, default=5, help="leader kills per variant (0: skip)")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="the failover variants of --signing-kills")
+    p.add_argument("--cert-rounds", type=int, default=0, help="certificates' CPU beside 244f21b (0: skip)")
+    p.add_argument("--churn", default="", help="profiles for leader changes of 3 full nodes ('': skip)")
+    p.add_argument("--churn-seconds", type=float, default=300.0)
     args = p.parse_args(argv)
     print(json.dumps(asyncio.run(amain(args)), indent=None))
     return 0

@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 
 from app.coordination.p2p.decision import Stored, choose_value, may_store
 from app.coordination.p2p.election import votes_won
+from app.coordination.p2p.identity import SharedKey
 from app.coordination.p2p.persist import CommitStore
+from app.coordination.p2p.quorum_cert import ack_text, make_cert, signature_of, value_digest
 from tests.mesh_helpers import wait_for
 from tests.test_mesh_node import leader_of, trio  # noqa: F401 - the fixture
 
@@ -66,11 +68,16 @@ def test_commit_store_keeps_terms_and_reads_old_files(tmp_path: Path) -> None:
     assert store.store("generation/2", "v", 4) == (True, "stored")
     assert not store.store("generation/2", "w", 4)[0]
     assert store.store("generation/1", "new", 2)[0]  # a bare old value was never known decided
-    assert not store.mark_decided("generation/2", "w")  # a leader's word for a value we do not hold
-    assert store.mark_decided("generation/2", "v") and store.decided_values() == {"generation/2": "v"}
+    key = SharedKey(b"decision-test")
+    sigs = [signature_of(key, ack_text(4, "generation/2", value_digest("v")), v) for v in VOTERS[:3]]
+    cert = make_cert("ack", 4, "generation/2", sigs, digest=value_digest("v"))  # checked by the caller
+    assert store.learn("generation/2", "v", cert) and store.decided_values() == {"generation/2": "v"}
+    assert not store.learn("generation/2", "w", cert)  # another value is decided for the key
+    assert not store.store("generation/2", "w", 9)[0]  # a decided value is never replaced, not even later
     again = CommitStore(path)
     assert again.get_stored("generation/1") == Stored("new", 2) and again.get("generation/2") == "v"
     assert again.decided_values() == {"generation/2": "v"}  # what was learned survives a restart
+    assert again.certs["generation/2"] == cert  # with its certificate
 
 
 async def test_a_half_stored_value_is_finished_by_the_leader_and_never_replaced(trio) -> None:  # noqa: F811

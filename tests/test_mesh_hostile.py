@@ -112,14 +112,14 @@ async def test_heartbeats_and_commits_from_non_leaders_change_nothing_durable(tr
     term = leader.term
     attempts = [  # (path, body, sender, the refusal it must get)
         ("/heartbeat", {"term": term + 5, "leader_id": "mallory"}, "mallory", "not a configured voter"),
-        ("/heartbeat", {"term": term, "leader_id": other.node_id}, other.node_id, f"{leader.node_id} leads term"),
+        ("/heartbeat", {"term": term, "leader_id": other.node_id}, other.node_id, "election certificate"),
         ("/heartbeat", {"term": term + 1, "leader_id": leader.node_id}, other.node_id, "on behalf of"),
         ("/commit", {"term": term + 1, "leader_id": "mallory", "key": "generation/1", "value": "evil"}, "mallory",
          "not a configured voter"),
         ("/commit", {"term": term, "leader_id": other.node_id, "key": "generation/1", "value": "evil"},
-         other.node_id, f"{leader.node_id} leads term"),
+         other.node_id, "election certificate"),
         ("/commit/decided", {"term": term + 1, "leader_id": "mallory", "key": "generation/1", "value": "evil"},
-         "mallory", "not a configured voter"),
+         "mallory", "no ack certificate"),
         ("/commit/read", {"term": term + 9, "leader_id": "mallory", "key": "generation/1"}, "mallory", None),
         ("/transfer/timeout_now", {"term": term, "leader_id": leader.node_id}, other.node_id, "does not match"),
         ("/vote", {"term": term + 3, "candidate_id": "mallory", "priority": 99}, "mallory", "not an eligible voter"),

@@ -145,7 +145,8 @@ class FakeVoter:
 
             asker = request.headers.get("X-Mesh-From", "")
             nonce = request.headers.get("X-Mesh-Nonce", "")
-            resp.headers.update(answer_headers(SharedKey(self.wrong_secret), "n2", 1, asker, nonce, 200, resp.body, 0.0))
+            resp.headers.update(answer_headers(SharedKey(self.wrong_secret), "n2", 1, asker, nonce, 200, resp.body, 0.0,
+                                              method=request.method, path=request.path))
         return resp
 
     async def start(self) -> None:

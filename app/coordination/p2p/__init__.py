@@ -4,6 +4,8 @@ claims, quorum commits, and the HTTP API on port 8770.
 Modules (pure rules first, I/O at the edge):
     election.py    quorum_size, quorum_level, should_grant_vote, bully_rank, lease rules (pure)
     decision.py    one value per key: may_store, choose_value (pure)
+    quorum_cert.py quorum certificates: the texts voters sign, certificate_refusal (pure, given a verifier)
+    loop_lag.py    the event loop's own stalls, which timeouts are judged less of
     work_rules.py  WorkSpec, fits, token_refusal, adoption of a claim by a new leader (pure)
     schemas.py     wire models with bounded numbers (MAX_TERM) and typed capabilities
     membership.py  bounded node table, gossip merge, ALIVE -> SUSPECT -> DEAD, eviction (no I/O)
@@ -11,7 +13,7 @@ Modules (pure rules first, I/O at the edge):
     persist.py     term/vote file, quorum-commit store, append-only history (atomic writes)
     identity.py    who signs: the shared secret (quick start) or this node's own key (node keys / TLS)
     auth.py        request signatures naming sender, receiver and its boot, checked before the body; replay cache
-    answers.py     signed answers, bound to the request's nonce, checked by the caller
+    answers.py     signed answers, bound to the request's nonce, method and path, checked by the caller
     jsonwire.py    bounded JSON in (finite numbers only), valid JSON out
     tls.py         the cluster tool: CA and per-node keys (`python -m app.coordination.p2p.tls init`), optional mutual TLS
     conn_guard.py  connection caps and header deadlines against slow and many clients
@@ -40,6 +42,8 @@ Embedding (what the orchestrator uses):
                                         # else have floor(V/2)+1 voters store `proposal`
     await node.commit(key, value) -> bool    # decide(key, value) == value
     node.stored_value(key) -> str | None     # this voter's stored value: tentative, never acted on
+    node.commits.decided_values()       # what this node knows decided, each with its certificate
+    node.decided_for_gossip(prefixes, n) / node.learn_decided(peer, entries)  # decided values over gossip
     WorkClient(node.client, node_id, addrs=lambda: [...]).claim() / renew / complete / fail
 
 Rules (DESIGN.md, "The mesh"): quorum = floor(V/2)+1 of the configured voters; terms are
@@ -56,7 +60,11 @@ time; the signature covers the body's digest and is checked before the body is r
 answer is signed by the node that gives it and checked by the caller; gossip carries each
 node's state as its owner signed it. A message must come from the node it speaks for, and
 terms move only through Raft's messages from configured voters, never by gossip, and only by
-bounded steps. GET /status, /progress, /mesh/hello and /metrics are operator endpoints,
+bounded steps. One compromised member decides nothing (quorum_cert.py): a leader is followed
+only on its election certificate (a majority's signed votes for its term), a value is decided
+anywhere only on its decision certificate (a majority's signed acks), and every field has one
+writer (`completed` work: the proven leader's). Timeouts are judged less the node's own stalls
+(loop_lag.py), so a starved node does not start an election on the strength of its own stall. GET /status, /progress, /mesh/hello and /metrics are operator endpoints,
 readable unsigned.
 """
 

@@ -5,12 +5,16 @@ model) is only worth something if the node that was asked gave it: otherwise wha
 at a peer's address could hand out terms or game data. So a node signs every answer to a
 request that carried a nonce (every request our client makes, signed or public):
 
-    mesh-answer / STATUS / REQUEST NONCE / ANSWERING NODE / ASKING NODE / ANSWERING BOOT / TIMESTAMP / DIGEST
+    mesh-answer / METHOD / PATH / STATUS / REQUEST NONCE / ANSWERING NODE / ASKING NODE / ANSWERING BOOT /
+    TIMESTAMP / DIGEST
 
 one per line, in X-Mesh-Signature (with X-Mesh-Cert under per-node keys), the answering node in
 X-Mesh-Node, its boot in X-Mesh-Boot, the asker in X-Mesh-To, the time in X-Mesh-Timestamp and
 the body's sha256 in X-Mesh-Content-Sha256. The request's nonce binds the answer to one request,
-so an old answer cannot be replayed to a new one: that, not the answering node's clock, makes
+so an old answer cannot be replayed to a new one, and the request's method and path (without
+its query) bind it to what was asked: a public endpoint answers whoever names an asker and a
+nonce, so without them a signed answer to `GET /status` could be passed off as the answer to
+another request that carried the same nonce. That, not the answering node's clock, makes
 an answer fresh (a node whose clock is off still gets its peers' answers, and learns from
 them why its own requests are refused). A streamed body (a model file, a dataset) is
 not hashed before it is sent: its digest is STREAMED and the caller checks the content against
@@ -44,16 +48,18 @@ STREAMED = "STREAMED"
 UNSIGNED_REFUSALS = (400, 401, 408, 413)
 
 
-def answer_text(status: int, nonce: str, answerer: str, asker: str, boot: str, timestamp: str, digest: str) -> bytes:
-    return "\n".join(["mesh-answer", str(status), nonce, answerer, asker, boot, timestamp, digest]).encode()
+def answer_text(method: str, path: str, status: int, nonce: str, answerer: str, asker: str, boot: str,
+                timestamp: str, digest: str) -> bytes:
+    return "\n".join(["mesh-answer", method.upper(), path, str(status), nonce, answerer, asker, boot, timestamp,
+                      digest]).encode()
 
 
 def answer_headers(identity: Identity, answerer: str, boot: int, asker: str, nonce: str, status: int,
-                   body: bytes | None, now: float) -> dict[str, str]:
-    """Headers that sign one answer; `body` None for a streamed body."""
+                   body: bytes | None, now: float, *, method: str, path: str) -> dict[str, str]:
+    """Headers that sign one answer to `method` `path` (no query); `body` None for a streamed body."""
     ts = f"{now:.3f}"
     digest = STREAMED if body is None else hashlib.sha256(body).hexdigest()
-    signature, cert = identity.sign(answer_text(status, nonce, answerer, asker, str(boot), ts, digest))
+    signature, cert = identity.sign(answer_text(method, path, status, nonce, answerer, asker, str(boot), ts, digest))
     headers = {NODE_HEADER: answerer, BOOT_HEADER: str(boot), TO_HEADER: asker, TS_HEADER: ts,
                DIGEST_HEADER: digest, SIG_HEADER: signature}
     if cert is not None:
@@ -62,7 +68,7 @@ def answer_headers(identity: Identity, answerer: str, boot: int, asker: str, non
 
 
 def check_answer(identity: Identity, *, asker: str, expected: str | None, nonce: str, status: int,
-                 headers: Mapping[str, str], body: bytes | None) -> str:
+                 headers: Mapping[str, str], body: bytes | None, method: str, path: str) -> str:
     """The answering node's id, once the answer is proven to be its answer to this request;
     AuthError otherwise. `expected`: the node the request was signed for (None: whoever answers,
     e.g. the first question to an address). `body` None: not read yet. A STREAMED answer (a file
@@ -87,8 +93,8 @@ def check_answer(identity: Identity, *, asker: str, expected: str | None, nonce:
         if body is not None and hashlib.sha256(body).hexdigest() != digest:
             raise AuthError("the answer's body does not match its signed digest", "answer_digest")
     try:
-        identity.verify(answerer, answer_text(status, nonce, answerer, asker, str(get(BOOT_HEADER)), str(ts), digest),
-                        sig, get(CERT_HEADER))
+        identity.verify(answerer, answer_text(method, path, status, nonce, answerer, asker, str(get(BOOT_HEADER)),
+                                              str(ts), digest), sig, get(CERT_HEADER))
     except AuthError as exc:
         raise AuthError(f"answer: {exc}", f"answer_{exc.code}") from None
     return answerer

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import aiohttp
+import yarl
 from pydantic import BaseModel, ValidationError
 
 from app.coordination.p2p.answers import UNSIGNED_REFUSALS, check_answer
@@ -76,13 +77,14 @@ class MeshClient:
 
     # -- answers -------------------------------------------------------------------------
     def check(self, addr: str, request_headers: dict[str, str], status: int, headers: Any,
-              body: bytes | None) -> str:
+              body: bytes | None, *, method: str, path: str) -> str:
         """The node whose signed answer this is (to the request sent with `request_headers`);
         AnswerRefused, counted, otherwise. `body` None: a streamed body the caller verifies."""
         expected = request_headers.get(TO_HEADER) or None
         try:
             answerer = check_answer(self.identity, asker=request_headers[FROM_HEADER], expected=expected,
-                                    nonce=request_headers[NONCE_HEADER], status=status, headers=headers, body=body)
+                                    nonce=request_headers[NONCE_HEADER], status=status, headers=headers, body=body,
+                                    method=method, path=path)
         except AuthError as exc:
             if self.refusals is not None:
                 self.refusals.refused_in(expected or addr, exc.code, str(exc)[:300])
@@ -100,7 +102,8 @@ class MeshClient:
             sent = {k: v for k, v in request.headers.items()}
             if FROM_HEADER in sent and NONCE_HEADER in sent:
                 if not unsigned_refusal(response.status, response.headers):
-                    self.check(f"{request.url.host}:{request.url.port}", sent, response.status, response.headers, None)
+                    self.check(f"{request.url.host}:{request.url.port}", sent, response.status, response.headers, None,
+                               method=request.method, path=request.url.path)
             return response
         return middleware
 
@@ -118,7 +121,7 @@ class MeshClient:
             status, headers = resp.status, resp.headers
         if status != 200:
             return self.peers.get(addr)
-        answerer = self.check(addr, asked, status, headers, raw)
+        answerer = self.check(addr, asked, status, headers, raw, method="GET", path="/mesh/hello")
         try:
             data = parse_json(raw)
         except BadJson:
@@ -165,7 +168,8 @@ class MeshClient:
                 text = await resp.read()
                 status, answer_headers = resp.status, resp.headers
             if not unsigned_refusal(status, answer_headers):
-                self.check(addr, headers, status, answer_headers, text)
+                self.check(addr, headers, status, answer_headers, text, method=method,
+                           path=yarl.URL(self.url(addr, path)).path)
             try:
                 data = parse_json(text) if text else None
             except BadJson:

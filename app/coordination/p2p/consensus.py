@@ -14,10 +14,12 @@ import time
 from app.coordination.p2p import election as rules
 from app.coordination.p2p.deciding import Deciding
 from app.coordination.p2p.election import Role
+from app.coordination.p2p.quorum_cert import make_cert, signature_of, vote_text
 from app.coordination.p2p.schemas import (
     MAX_TERM,
     HeartbeatRequest,
     HeartbeatResponse,
+    VoterSignature,
     VoteRequest,
     VoteResponse,
 )
@@ -35,6 +37,7 @@ class Consensus(Deciding, Transferring):
     def _become_leader(self, term: int, acked: set[str], sent_at: float) -> None:
         self._transition(Role.LEADER, self.node_id)
         self.ack_times = {v: sent_at for v in acked if v != self.node_id}
+        self.ack_mark = self.lag.stalled
         self.last_leader_contact = time.monotonic()
         self.on_become_leader(term)
 
@@ -56,7 +59,7 @@ class Consensus(Deciding, Transferring):
             # A voter that never heard a leader since it started counts its start as contact
             # (Raft's rule): it may have acked a leader's lease just before a restart, and a
             # vote granted at once could elect a second leader while that lease still runs.
-            contact_age = now - (self.started_at if self.last_leader_contact is None else self.last_leader_contact)
+            contact_age = self.contact_age(now)  # less our own stalls (loop_lag.py)
         decision = rules.should_grant_vote(
             candidate_id=req.candidate_id,
             candidate_term=req.term,
@@ -66,7 +69,7 @@ class Consensus(Deciding, Transferring):
             current_term=self.term,
             voted_for=self.store.voted_for,
             leader_contact_age=contact_age,
-            leaderless_for=now - (self.last_leader_contact or self.started_at),
+            leaderless_for=self.contact_age(now),
             election_timeout_min=self.timing.election_timeout_min,
             alive_eligible_ranks=self._alive_eligible_ranks(now),
             bully_patience=self.timing.bully_patience,
@@ -79,10 +82,14 @@ class Consensus(Deciding, Transferring):
             self._transition(self.role, self.leader_id, term=req.term, vote=req.candidate_id)
             self.last_leader_contact = now
             self.reset_election_deadline(now)
+            # the signed vote: with a majority's, the candidate's election certificate
+            vote = signature_of(self.identity, vote_text(req.term, req.candidate_id), self.node_id)
+            return VoteResponse(term=self.term, granted=True, reason=decision.reason, voter_id=self.node_id,
+                                sig=vote.sig, cert=vote.cert)
         return VoteResponse(term=self.term, granted=decision.granted, reason=decision.reason, voter_id=self.node_id)
 
     def handle_heartbeat(self, sender: str, req: HeartbeatRequest) -> HeartbeatResponse:
-        refusal = self.admit(req.term, sender, req.leader_id)
+        refusal = self.admit(req.term, sender, req.leader_id, req.election)
         if refusal is not None:
             return HeartbeatResponse(term=self.term, ok=False, node_id=self.node_id, reason=refusal)
         now = time.monotonic()
@@ -96,15 +103,35 @@ class Consensus(Deciding, Transferring):
         return [self.rank_of(v) for v in self.voters if v in alive]
 
     # -- procedures (us -> peers) ----------------------------------------------------
-    async def _ask_votes(self, term: int, pre_vote: bool, transfer_from: str | None = None) -> tuple[set[str], bool]:
-        """(the voters that granted, us included; whether an answer moved us to a newer term)."""
+    def _counted(self, term: int, pre_vote: bool, voter: str, answer: VoteResponse) -> bool:
+        """A grant counts; a real vote only with the voter's valid signature for (term, us)."""
+        if not answer.granted or answer.voter_id != voter:
+            return False
+        if pre_vote:
+            return True
+        if self.verify_sig(voter, vote_text(term, self.node_id), answer.sig, answer.cert):
+            return True
+        self.refuse(voter, "vote_unsigned", f"a granted vote in term {term} without a valid signature")
+        return False
+
+    async def _ask_votes(self, term: int, pre_vote: bool,
+                         transfer_from: str | None = None) -> tuple[dict[str, VoterSignature | None], bool]:
+        """(the voters that granted, us included, with their signed votes (None for pre-votes);
+        whether an answer moved us to a newer term)."""
         req = VoteRequest(term=term, candidate_id=self.node_id, priority=self.priority, pre_vote=pre_vote,
                           transfer_from=transfer_from)
         calls = self.post_to_voters("/vote", req, VoteResponse)
-        granted = {self.node_id}
+        own = None if pre_vote else signature_of(self.identity, vote_text(term, self.node_id), self.node_id)
+        granted: dict[str, VoterSignature | None] = {self.node_id: own}
+        counted: dict[str, bool] = {}
+
+        def counts(voter: str, answer: VoteResponse) -> bool:
+            if voter not in counted:
+                counted[voter] = self._counted(term, pre_vote, voter, answer)
+            return counted[voter]
 
         def enough(answers: dict[str, VoteResponse]) -> bool:
-            yes = granted | {v for v, r in answers.items() if r.granted}
+            yes = set(granted) | {v for v, r in answers.items() if counts(v, r)}
             return rules.votes_won(self.voters, yes) or any(r.term > term for r in answers.values())
 
         answers = {v: r for v, r in (await self.gather_until(calls, enough)).items() if r.voter_id == v}
@@ -114,7 +141,9 @@ class Consensus(Deciding, Transferring):
             self.membership.touch(voter, now)
             if answer.term > self.term:
                 self.observe_answer(voter, answer.term)  # bounded step: a bomb in an answer is refused
-        granted |= {v for v, r in answers.items() if r.granted}
+        for voter, answer in answers.items():
+            if counts(voter, answer):
+                granted[voter] = None if pre_vote else VoterSignature(voter=voter, sig=answer.sig, cert=answer.cert)
         return granted, self.term > before
 
     async def run_election(self, transfer_from: str | None = None) -> bool:
@@ -138,7 +167,9 @@ class Consensus(Deciding, Transferring):
         if self.term != term or self.role is not Role.CANDIDATE:
             return False
         if rules.votes_won(self.voters, granted):
-            self._become_leader(term, granted, sent_at)
+            self.election_cert = make_cert("vote", term, self.node_id, [v for v in granted.values() if v is not None])
+            self.note_certified(term, self.node_id)
+            self._become_leader(term, set(granted), sent_at)
             return True
         self._transition(Role.FOLLOWER, None, reason="election lost")
         return False
@@ -149,8 +180,8 @@ class Consensus(Deciding, Transferring):
         own = rules.should_grant_vote(
             candidate_id=self.node_id, candidate_term=start_term + 1, candidate_rank=self.rank_of(self.node_id),
             candidate_is_voter=True, pre_vote=True, current_term=start_term, voted_for=None,
-            leader_contact_age=None if self.last_leader_contact is None else now - self.last_leader_contact,
-            leaderless_for=now - (self.last_leader_contact or self.started_at),
+            leader_contact_age=None if self.last_leader_contact is None else self.contact_age(now),
+            leaderless_for=self.contact_age(now),
             election_timeout_min=self.timing.election_timeout_min,
             alive_eligible_ranks=self._alive_eligible_ranks(now), bully_patience=self.timing.bully_patience,
         )
@@ -162,7 +193,7 @@ class Consensus(Deciding, Transferring):
         if not rules.votes_won(self.voters, granted) or self.term != start_term or self.role is Role.LEADER:
             return False
         # a leader that showed up while we asked wins
-        return self.last_leader_contact is None or time.monotonic() - self.last_leader_contact >= self.timing.election_timeout_min
+        return self.last_leader_contact is None or self.contact_age(time.monotonic()) >= self.timing.election_timeout_min
 
     async def heartbeat_round(self) -> None:
         """One round of leader heartbeats to the voters and every credible peer (membership.py:
@@ -184,7 +215,7 @@ class Consensus(Deciding, Transferring):
     async def _heartbeat_one(self, peer: str, addr: str, term: int) -> None:
         try:
             sent_at = time.monotonic()
-            req = HeartbeatRequest(term=term, leader_id=self.node_id, sent_at=time.time())
+            req = HeartbeatRequest(term=term, leader_id=self.node_id, sent_at=time.time(), election=self.election_cert)
             resp = await self.client.post(addr, "/heartbeat", req, HeartbeatResponse, self.timing.request_timeout,
                                           expect=peer)
             if resp is None:
@@ -196,6 +227,7 @@ class Consensus(Deciding, Transferring):
                 self.observe_answer(peer, resp.term)
             elif resp.ok and self.role is Role.LEADER and self.term == term:
                 self.ack_times[peer] = max(self.ack_times.get(peer, 0.0), sent_at)
+                self.ack_mark = self.lag.stalled
         finally:
             self._hb_in_flight.discard(peer)
 

@@ -7,9 +7,12 @@ timeout_now), checked in one order everywhere:
 
   1. a stale term is refused;
   2. the sender must be the node the message speaks for, and a configured voter;
-  3. in our own term it must be the leader we know of (a second leader of a term is refused);
-  4. a newer term must be a bounded step above every other voter's (election.term_refusal);
-  5. a newer term is adopted (persisted) and its leader followed.
+  3. a newer term must be a bounded step above every other voter's (election.term_refusal);
+  4. a leader not yet proven for that term must show its election certificate: the signed
+     votes of a majority of the voters for it in that term (quorum_cert.py); a self-declared
+     leader, a voter among them, is refused (`no_election_certificate`);
+  5. in our own term it must be the leader we know of (a second leader of a term is refused);
+  6. a newer term is adopted (persisted) and its leader followed.
 
 A term is only ever adopted from a configured voter, through the messages that carry terms in
 Raft (votes and their answers, the leader's heartbeats and commits), never from gossip, and
@@ -35,12 +38,16 @@ from app.config.mesh import TimingProfile
 from app.coordination.p2p import election as rules
 from app.coordination.p2p.client import MeshClient
 from app.coordination.p2p.election import QuorumLevel, Role
+from app.coordination.p2p.loop_lag import LoopLag, check_quorum_deadline, judged_age
 from app.coordination.p2p.membership import Membership
 from app.coordination.p2p.persist import CommitStore, HistoryLog, TermStore
-from app.coordination.p2p.schemas import MAX_TERM
+from app.coordination.p2p.quorum_cert import certificate_refusal, verifier_of
+from app.coordination.p2p.schemas import MAX_TERM, QuorumCert
 from app.log import bind_term, get_logger
 
 TermRefused = Callable[[str, int, str], None]  # (the voter that sent it, the term, why)
+Refused = Callable[[str, str, str], None]  # (the peer, the reason's code, why)
+CERTIFIED_TERMS = 64  # (term -> leader) proven by an election certificate, kept for the newest terms
 
 log = get_logger(__name__)
 T = TypeVar("T")
@@ -65,6 +72,7 @@ class ConsensusCore:
         *,
         max_term_step: int = 1000,
         on_term_refused: TermRefused | None = None,
+        on_refused: Refused | None = None,
     ) -> None:
         self.node_id = node_id
         self.voters = sorted(set(voters))
@@ -79,10 +87,19 @@ class ConsensusCore:
         self.on_become_leader = on_become_leader
         self.max_term_step = max_term_step
         self.on_term_refused = on_term_refused
+        self.on_refused = on_refused
+        self.identity = client.identity
+        self.verify_sig = verifier_of(client.identity)
+        self.election_cert: QuorumCert | None = None  # ours, while we lead its term
+        self.certified: dict[int, str] = {}  # term -> the leader whose election certificate we checked
         self.terms_refused = 0
         self.last_term_refusal: dict[str, object] | None = None
         self.role = Role.FOLLOWER
         self.leader_id: str | None = None
+        self.lag = LoopLag(tick=max(0.005, timing.heartbeat_interval / 4))  # run by the node (node.start)
+        self.contact_mark = 0.0  # lag.stalled when we last heard a leader
+        self.deadline_mark = 0.0  # lag.stalled when the election deadline was set
+        self.ack_mark = 0.0  # lag.stalled when a voter's ack last extended the lease
         self.started_at = time.monotonic()
         self.last_leader_contact: float | None = None
         self.ack_times: dict[str, float] = {}
@@ -127,6 +144,24 @@ class ConsensusCore:
             return False
         return rules.can_mutate(self.quorum_level(now))
 
+    @property
+    def last_leader_contact(self) -> float | None:
+        return self._last_contact
+
+    @last_leader_contact.setter
+    def last_leader_contact(self, at: float | None) -> None:
+        self._last_contact = at
+        self.contact_mark = self.lag.stalled
+
+    def contact_age(self, now: float) -> float:
+        """Seconds since a leader was heard (or since start), less this node's own stalls."""
+        return judged_age(now - (self.started_at if self._last_contact is None else self._last_contact),
+                          self.lag.since(self.contact_mark))
+
+    def election_due(self, now: float) -> bool:
+        """The election timeout has run, counting only the time this node's loop ran."""
+        return now >= self.election_deadline + self.lag.since(self.deadline_mark)
+
     def reset_election_deadline(self, now: float) -> None:
         ranks = {v: self.rank_of(v) for v in self.voters}
         ranks.setdefault(self.node_id, self.rank_of(self.node_id))
@@ -138,6 +173,7 @@ class ConsensusCore:
             self.rng.random(),
         )
         self.election_deadline = now + timeout
+        self.deadline_mark = self.lag.stalled
 
     # -- the one transition ----------------------------------------------------------
     def _transition(self, role: Role, leader: str | None, term: int | None = None, vote: object = _KEEP,
@@ -202,11 +238,37 @@ class ConsensusCore:
         self.reset_election_deadline(time.monotonic())
 
     def check_step_down(self, now: float) -> None:
-        if rules.decide_step_down(self.role, self.lease_until(now), now, False):
-            self.step_down("lease expired without quorum acks (check-quorum)")
+        """Check-quorum as raft does it, judged less our own stalls since the last ack
+        (loop_lag.check_quorum_deadline): a leader past its lease stops mutating at once
+        (`can_mutate` reads the lease unstretched) and keeps sending heartbeats; it steps down,
+        and says why, only after an election timeout without a quorum's acks."""
+        until = self.lease_until(now)
+        if until is not None:  # acks we could not read while stalled are not the voters' silence
+            until = check_quorum_deadline(until, self.timing.leader_lease, self.timing.election_timeout_min,
+                                          self.lag.since(self.ack_mark))
+        if rules.decide_step_down(self.role, until, now, False):
+            stalled = self.lag.last
+            self.step_down("lease expired without quorum acks (check-quorum)"
+                           + (f"; this node's loop was stalled {stalled:.2f} s" if stalled >= 0.1 else ""))
+
+    # -- certificates ----------------------------------------------------------------
+    def refuse(self, peer: str, code: str, why: str) -> None:
+        if self.on_refused is not None:
+            self.on_refused(peer, code, why)
+
+    def note_certified(self, term: int, leader: str) -> None:
+        self.certified[term] = leader
+        while len(self.certified) > CERTIFIED_TERMS:
+            del self.certified[min(self.certified)]
+
+    def election_refusal(self, term: int, leader_id: str, election: QuorumCert | None) -> str | None:
+        """Why `leader_id` is not proven leader of `term` (None: it is, now or before)."""
+        if leader_id == self.node_id or self.certified.get(term) == leader_id:
+            return None
+        return certificate_refusal(election, self.voters, self.verify_sig, kind="vote", term=term, subject=leader_id)
 
     # -- the gate of leader messages -------------------------------------------------
-    def admit(self, term: int, sender: str, leader_id: str) -> str | None:
+    def admit(self, term: int, sender: str, leader_id: str, election: QuorumCert | None = None) -> str | None:
         """None when a message of `leader_id`'s in `term`, sent by `sender`, may be handled
         (its term adopted and its leader followed); else why not. Order: module docstring."""
         if rules.term_relation(term, self.term) == "stale":
@@ -215,8 +277,12 @@ class ConsensusCore:
             return f"sent by {sender} on behalf of {leader_id}"
         if leader_id not in self.voters:
             return f"{leader_id} is not a configured voter"
-        if (why := self.term_check(term, sender)) is not None:
+        if (why := self.term_check(term, sender)) is not None:  # the cheap bound before any signature
             return why
+        if (why := self.election_refusal(term, leader_id, election)) is not None:
+            self.refuse(sender, "no_election_certificate", f"term {term}: {why}")
+            return f"election certificate: {why}"
+        self.note_certified(term, leader_id)
         if term == self.term:
             if self.role is Role.LEADER and leader_id != self.node_id:
                 log.error("a message from another leader in my term", other=leader_id, term=term)

@@ -52,6 +52,11 @@ class Identity(Protocol):
         """Raises AuthError unless `signature` over `data` was made for node id `claimed`."""
         ...
 
+    def cert_of(self, node_id: str) -> str | None:
+        """The certificate last proven to be `node_id`'s (None: unknown, or no certificates):
+        what checks a signature that travels without it (a quorum certificate in gossip)."""
+        ...
+
 
 class SharedKey:
     """HMAC-SHA256 with the cluster secret: proves a holder of the secret signed, not which."""
@@ -72,6 +77,9 @@ class SharedKey:
         expected = hmac.new(self.secret, data, hashlib.sha256).hexdigest()
         if not hmac.compare_digest(expected, signature):
             raise AuthError("bad signature", "signature")
+
+    def cert_of(self, node_id: str) -> str | None:
+        return None
 
 
 class NodeKey:
@@ -99,6 +107,7 @@ class NodeKey:
         self.cert_text = base64.b64encode(cert.public_bytes(serialization.Encoding.DER)).decode()
         self._cache: OrderedDict[str, tuple[str, Any]] = OrderedDict()
         self._cache_size = cache_size
+        self._known: OrderedDict[str, str] = OrderedDict()  # node id -> its certificate, as last proven
         self._check_cert(self.cert_text)  # our own certificate must chain to the CA we trust
 
     def sign(self, data: bytes) -> tuple[str, str | None]:
@@ -123,10 +132,15 @@ class NodeKey:
         except (InvalidSignature, binascii.Error, ValueError):
             raise AuthError("bad signature", "signature") from None
 
+    def cert_of(self, node_id: str) -> str | None:
+        return self._known.get(node_id)
+
     def _check_cert(self, text: str) -> tuple[str, Any]:
         hit = self._cache.get(text)
         if hit is not None:
             self._cache.move_to_end(text)
+            if self._known.get(hit[0]) != text:
+                self._remember(hit[0], text)
             return hit
         from cryptography import x509
 
@@ -152,7 +166,14 @@ class NodeKey:
         self._cache[text] = entry
         while len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
+        self._remember(named, text)
         return entry
+
+    def _remember(self, named: str, text: str) -> None:
+        self._known[named] = text
+        self._known.move_to_end(named)
+        while len(self._known) > self._cache_size:
+            self._known.popitem(last=False)
 
 
 def _common_name(cert: Any) -> str | None:

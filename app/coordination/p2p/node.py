@@ -117,6 +117,7 @@ class MeshNode(Gossiping):
         self._public_routes: list[tuple[str, str]] = []
         self._tasks: list[asyncio.Task] = []
         self._gossip_in_flight: set[str] = set()
+        self._refused_states: dict[tuple[str, int, int], None] = {}  # (node, incarnation, list) refused, counted once
         self._bg: set[asyncio.Task] = set()
         self._rng = random.Random()
         self._runner: web.AppRunner | None = None
@@ -207,6 +208,7 @@ class MeshNode(Gossiping):
             self.client, self.node_id, addrs=addrs,
             capabilities=lambda: dict(self.membership.local.capabilities),
             on_claims_changed=lambda claims: self.membership.update_local(claims=claims),
+            leader_proof=lambda who, term, cert: self.consensus.election_refusal(term, who, cert),
         )
 
     async def decide(self, key: str, proposal: str | None) -> str | None:
@@ -217,6 +219,14 @@ class MeshNode(Gossiping):
     async def commit(self, key: str, value: str) -> bool:
         """Leader only: True once `value` is the decided value of `key`."""
         return await self.decide(key, value) == value
+
+    def decided_for_gossip(self, prefixes: tuple[str, ...], limit: int) -> list[dict[str, Any]]:
+        """The newest decided values under `prefixes`, each with its decision certificate."""
+        return self.consensus.decided_for_gossip(prefixes, limit)
+
+    def learn_decided(self, peer: str, entries: Any) -> list[str]:
+        """Take the decided values `peer` passed on whose certificates check; the keys learned."""
+        return self.consensus.learn_entries(peer, entries)
 
     def stored_value(self, key: str) -> str | None:
         """What this voter stored for `key`: tentative (never to be acted on) unless a quorum
@@ -257,6 +267,7 @@ class MeshNode(Gossiping):
             self.history, self.membership, self.client, self.addr_of, self._on_become_leader,
             max_term_step=self.limits.max_term_step,
             on_term_refused=lambda peer, term, why: self.refusals.refused_in(peer, "term_far_ahead", why),
+            on_refused=self.refusals.refused_in,
         )
         raise_descriptor_limit()
         rate_limit_loop_errors(asyncio.get_running_loop())
@@ -282,7 +293,8 @@ class MeshNode(Gossiping):
                         "issue per-node keys (python -m app.coordination.p2p.tls init) and set mesh.node_keys or mesh.tls")
         self.started = True
         t = self.timing
-        for loop in (self._every(t.gossip_interval, self.gossip_round, "gossip round"), self._election_loop(),
+        for loop in (self.consensus.lag.run(), self._every(t.gossip_interval, self.gossip_round, "gossip round"),
+                     self._election_loop(),
                      self._every(t.heartbeat_interval, self.consensus.heartbeat_round, "heartbeat round"),
                      self._every(t.reconcile_interval, self.reconcile, "reconcile")):
             self._tasks.append(asyncio.create_task(loop))
@@ -313,7 +325,7 @@ class MeshNode(Gossiping):
             now = time.monotonic()
             if self.consensus.role is Role.LEADER:
                 self.consensus.check_step_down(now)
-            elif self.consensus.is_voter and now >= self.consensus.election_deadline:
+            elif self.consensus.is_voter and self.consensus.election_due(now):  # less our own stalls
                 try:
                     await self.consensus.run_election()
                 except Exception:
@@ -336,7 +348,7 @@ class MeshNode(Gossiping):
             return
         view = self.cluster_view()
         specs = list(self.work_source(view)) if self.work_source is not None else None
-        completed = {c for s in view.nodes.values() for c in s.completed}
+        completed = self._completed_by_leaders(view)
         now = time.monotonic()
         self.queue.reconcile(specs, now, completed=completed)
         self.queue.adopt(self.term, view.live_claims(), now)
@@ -349,7 +361,7 @@ class MeshNode(Gossiping):
         view = self.cluster_view()
         specs = list(self.work_source(view)) if self.work_source is not None else None
         in_flight = [c for s in view.nodes.values() for c in s.claims]
-        completed = {c for s in view.nodes.values() for c in s.completed}
+        completed = self._completed_by_leaders(view)
         try:
             self.queue.rebuild(term, specs, in_flight, completed, time.monotonic(), live=view.live_claims())
         except Exception:

@@ -11,6 +11,7 @@ from app.coordination.p2p.consensus import Consensus
 from app.coordination.p2p.election import TERM_ALERT, TERM_CEILING, QuorumLevel, Role
 from app.coordination.p2p.identity import Identity
 from app.coordination.p2p.membership import Membership
+from app.coordination.p2p.persist import CommitStore
 from app.coordination.p2p.refusals import Refusals
 from app.coordination.p2p.work_queue import WorkQueue
 
@@ -24,6 +25,7 @@ class StatusSource(Protocol):
     queue: WorkQueue
     refusals: Refusals
     identity: Identity
+    commits: CommitStore
 
     @property
     def addr(self) -> str: ...
@@ -68,12 +70,31 @@ def node_status(node: StatusSource) -> dict[str, Any]:
         "quorum_size": len(node.voters) // 2 + 1, "quorum_level": node.quorum_level.value,
         "lease_valid": node.consensus.lease_valid(now), "incarnation": m.local.incarnation, "boot": node.boot,
         "auth": node.identity.mode,  # shared: every holder of the secret can sign as any node
+        "trust": trust_status(node),
+        "loop_lag": node.consensus.lag.status(),  # timeouts are judged less these stalls (loop_lag.py)
         "terms": term_status(node),
         "peers": peers,
         "work": node.queue.summary() if node.is_leader else None,
         "claims_held": [c.model_dump() for c in m.local.claims],
         # what upper layers gossip about this node (games, models, best generation), minus long lists
         "inventory": {k: v for k, v in m.local.inventory.items() if not isinstance(v, list)},
+    }
+
+
+def trust_status(node: StatusSource) -> dict[str, Any]:
+    """What a compromised member could do here, and every refusal by reason (each field has one
+    writer; a decided value or a leader needs a majority's signatures: quorum_cert.py)."""
+    shared = node.identity.mode == "shared"
+    c = node.consensus
+    return {
+        "certificates": True,
+        "protects_against_compromised_member": not shared,
+        **({"warning": "a shared secret does not protect against a compromised member: every holder can sign "
+                       "as any node, votes and acks included; issue per-node keys (python -m "
+                       "app.coordination.p2p.tls init) and set mesh.node_keys or mesh.tls"} if shared else {}),
+        "leader_certified": c.leader_id is not None and c.certified.get(c.term) == c.leader_id,
+        "decided_with_certificate": len(node.commits.certs),
+        "refused": {d: dict(sorted(v.items())) for d, v in node.refusals.counts.items()},
     }
 
 

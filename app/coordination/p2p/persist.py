@@ -18,7 +18,7 @@ from app.atomic_files import atomic_write_json
 from app.config.base import ConfigError
 from app.coordination.p2p.decision import Stored, may_store
 from app.coordination.p2p.election import TERM_CEILING
-from app.coordination.p2p.schemas import MAX_TERM
+from app.coordination.p2p.schemas import MAX_TERM, QuorumCert
 
 
 def read_json(path: Path, default: Any) -> Any:
@@ -93,20 +93,30 @@ class TermStore:
 
 
 class CommitStore:
-    """What this voter stored for each key, with the term it was stored in, and which keys a
-    leader told it are decided (a quorum stored them: app/coordination/p2p/decision.py). Only
-    decided values may be acted on; a stored value alone may be one no quorum ever took."""
+    """What this voter stored for each key, with the term it was stored in, and the values it
+    knows are decided, each with its decision certificate (quorum_cert.py: a majority of voters'
+    signed acks). Only decided values may be acted on; a stored value alone may be one no quorum
+    ever took. Every node keeps one (a non-voter learns decided values from gossip). One JSON
+    file: key -> {"value", "term", "decided"?, "cert"?}; files of earlier versions load (their
+    decided values without a certificate are this node's own record, and are not gossiped)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.values: dict[str, Stored] = {}
-        self.decided: set[str] = set()
+        self.decided: dict[str, None] = {}  # insertion-ordered set: the order values were learned
+        self.certs: dict[str, QuorumCert] = {}
         for key, raw in dict(read_json(path, {})).items():
             # files of earlier versions hold bare values: stored in term 0, the oldest
             self.values[key] = (Stored(raw["value"], int(raw["term"])) if isinstance(raw, dict)
                                 else Stored(str(raw), 0))
             if isinstance(raw, dict) and raw.get("decided"):
-                self.decided.add(key)
+                self.decided[key] = None
+                if raw.get("cert") is not None:
+                    try:
+                        self.certs[key] = QuorumCert.model_validate(raw["cert"])
+                    except ValueError as exc:
+                        raise ConfigError(f"{path}: key {key!r}: a malformed decision certificate ({exc}); "
+                                          "restore the file from a backup, or remove it") from None
 
     def get(self, key: str) -> str | None:
         stored = self.values.get(key)
@@ -115,11 +125,25 @@ class CommitStore:
     def get_stored(self, key: str) -> Stored | None:
         return self.values.get(key)
 
+    def decided_value(self, key: str) -> str | None:
+        return self.values[key].value if key in self.decided else None
+
     def decided_values(self) -> dict[str, str]:
         return {k: self.values[k].value for k in sorted(self.decided)}
 
+    def certified(self, prefixes: tuple[str, ...], limit: int) -> list[tuple[str, str, QuorumCert]]:
+        """The last `limit` decided (key, value, certificate) per prefix, in the order learned."""
+        out: list[tuple[str, str, QuorumCert]] = []
+        for prefix in prefixes:
+            keys = [k for k in self.decided if k.startswith(prefix) and k in self.certs]
+            out += [(k, self.values[k].value, self.certs[k]) for k in keys[-limit:]]
+        return out
+
     def store(self, key: str, value: str, term: int) -> tuple[bool, str]:
-        """(stored, why): see decision.may_store. Persisted before it returns True."""
+        """(stored, why): see decision.may_store; a decided value is never replaced, not even by
+        a leader of a later term (a compromised one). Persisted before it returns True."""
+        if key in self.decided and self.values[key].value != value:
+            return False, "a different value is decided for this key"
         existing = self.values.get(key)
         ok, why = may_store(existing, value, term)
         if not ok:
@@ -131,19 +155,31 @@ class CommitStore:
             self._save()
         return True, why
 
-    def mark_decided(self, key: str, value: str) -> bool:
-        """A leader says `value` is decided for `key`; kept only when it is what we hold (a
-        decided value is in every quorum, so a voter holding another never gets this)."""
-        if self.get(key) != value:
+    def learn(self, key: str, value: str, cert: QuorumCert) -> bool:
+        """`value` is decided for `key`, as `cert` (already checked by the caller) proves; False
+        when another value is decided here (two certificates for one key: never, unless a
+        majority of voters lied). Persisted before it returns True."""
+        held = self.decided_value(key)
+        if held is not None and held != value:
             return False
-        if key not in self.decided:
-            self.decided.add(key)
-            self._save()
+        if held == value and key in self.certs:
+            return True
+        existing = self.values.get(key)
+        self.values[key] = Stored(value, max(cert.term, existing.term if existing else 0))
+        self.decided[key] = None
+        self.certs[key] = cert.without_certs()
+        self._save()
         return True
 
     def _save(self) -> None:
-        atomic_write_json(self.path, {k: {"value": s.value, "term": s.term, **({"decided": True} if k in self.decided else {})}
-                                      for k, s in self.values.items()})
+        def entry(k: str, s: Stored) -> dict[str, Any]:
+            out: dict[str, Any] = {"value": s.value, "term": s.term}
+            if k in self.decided:
+                out["decided"] = True
+                if k in self.certs:
+                    out["cert"] = self.certs[k].model_dump()
+            return out
+        atomic_write_json(self.path, {k: entry(k, s) for k, s in self.values.items()})
 
 
 class HistoryLog:

@@ -60,9 +60,13 @@ class Refusals:
         self.max_peers = max_peers
         self.log = RateLimitedLog(log_interval)
         self.last: dict[str, OrderedDict[str, Refusal]] = {"in": OrderedDict(), "out": OrderedDict()}
+        self.counts: dict[str, dict[str, int]] = {"in": {}, "out": {}}  # direction -> reason -> count (/status)
 
     def _record(self, direction: str, peer: str, code: str, reason: str) -> None:
         self.counter.labels(direction, code).inc()
+        counts = self.counts[direction]
+        if code in counts or len(counts) < 256:  # codes are the code's own words: few
+            counts[code] = counts.get(code, 0) + 1
         table = self.last[direction]
         table[peer] = Refusal(code, reason, time.time())
         table.move_to_end(peer)

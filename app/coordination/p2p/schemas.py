@@ -22,6 +22,8 @@ NodeId = str
 _ID = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")
 MAX_TERM = 2**53  # far below 2**63 - 1: decades of elections and claims fit, and JSON doubles hold it exactly
 MAX_STATE_TEXT = 1_048_576  # one node's signed state, as JSON text
+MAX_CERT_TEXT = 4096  # a base64 DER certificate
+MAX_SIGNATURES = 64  # voter signatures in one quorum certificate
 TermInt = Annotated[int, Field(ge=0, le=MAX_TERM)]
 SmallInt = Annotated[int, Field(ge=-(2**31), le=2**31)]
 Caps = Annotated[dict[str, Any], Field(default_factory=dict)]
@@ -130,6 +132,30 @@ class GossipMessage(Wire):
         return v
 
 
+Kind = Literal["vote", "ack"]
+
+
+class VoterSignature(Wire):
+    voter: NodeId = _ID
+    sig: str = Field(min_length=1, max_length=256)
+    cert: str | None = Field(default=None, max_length=MAX_CERT_TEXT)  # per-node keys; gossip leaves it out
+
+
+class QuorumCert(Wire):
+    """`kind` vote: `subject` is the candidate elected in `term`; `kind` ack: `subject` is the
+    key and `digest` the sha256 of the value a quorum stored in `term`."""
+
+    kind: Kind
+    term: TermInt
+    subject: str = Field(min_length=1, max_length=256)
+    digest: str = Field(default="", max_length=64)
+    sigs: list[VoterSignature] = Field(default_factory=list, max_length=MAX_SIGNATURES)
+
+    def without_certs(self) -> QuorumCert:
+        """The same proof, its signers' certificates left out (the receiver knows them already)."""
+        return self.model_copy(update={"sigs": [s.model_copy(update={"cert": None}) for s in self.sigs]})
+
+
 class VoteRequest(Wire):
     term: TermInt
     candidate_id: NodeId = _ID
@@ -143,6 +169,7 @@ class TimeoutNowRequest(Wire):
 
     term: TermInt
     leader_id: NodeId = _ID
+    election: QuorumCert | None = None  # the majority's signed votes that made leader_id leader of term
 
 
 class TransferRequest(Wire):
@@ -156,12 +183,15 @@ class VoteResponse(Wire):
     granted: bool
     reason: str = ""
     voter_id: NodeId = ""
+    sig: str = Field(default="", max_length=256)  # granted: the voter's signature (quorum_cert.py)
+    cert: str | None = Field(default=None, max_length=MAX_CERT_TEXT)
 
 
 class HeartbeatRequest(Wire):
     term: TermInt
     leader_id: NodeId = _ID
     sent_at: float = 0.0
+    election: QuorumCert | None = None  # the majority's signed votes that made leader_id leader of term
 
 
 class HeartbeatResponse(Wire):
@@ -176,12 +206,16 @@ class CommitRequest(Wire):
     leader_id: NodeId = _ID
     key: str = Field(min_length=1, max_length=256)
     value: str = Field(max_length=4096)
+    election: QuorumCert | None = None  # the majority's signed votes that made leader_id leader of term
+    decided: QuorumCert | None = None  # /commit/decided: the quorum's signed acks of (key, value)
 
 
 class CommitResponse(Wire):
     term: TermInt
     stored: bool
     reason: str = ""
+    sig: str = Field(default="", max_length=256)  # granted: the voter's signature (quorum_cert.py)
+    cert: str | None = Field(default=None, max_length=MAX_CERT_TEXT)
 
 
 class CommitReadRequest(Wire):
@@ -190,6 +224,7 @@ class CommitReadRequest(Wire):
     term: TermInt
     leader_id: NodeId = _ID
     key: str = Field(min_length=1, max_length=256)
+    election: QuorumCert | None = None  # the majority's signed votes that made leader_id leader of term
 
 
 class CommitReadResponse(Wire):
@@ -224,6 +259,7 @@ class ClaimResponse(Wire):
     item: WorkItemOut | None = None
     token: Token | None = None
     ttl: float | None = None
+    election: QuorumCert | None = None  # the granting leader's election certificate for the token's term
 
 
 class TokenRequest(Wire):

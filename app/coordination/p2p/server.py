@@ -190,7 +190,7 @@ def build_app(
             return
         body = response.body if isinstance(response, web.Response) and isinstance(response.body, bytes) else None
         response.headers.update(answer_headers(node.identity, node.node_id, node.boot, asker, nonce, response.status,
-                                               body, node.wall_clock()))
+                                               body, node.wall_clock(), method=request.method, path=request.path))
 
     app.on_response_prepare.append(who_answers)
     c = node.consensus
@@ -268,7 +268,8 @@ def build_app(
         grant = node.queue.claim(req.node_id, req.capabilities, kinds, node.term, time.monotonic())
         if grant is None:
             return ok(ClaimResponse(status="no_work"))
-        return ok(ClaimResponse(status="claimed", item=grant.item, token=grant.token, ttl=grant.ttl))
+        return ok(ClaimResponse(status="claimed", item=grant.item, token=grant.token, ttl=grant.ttl,
+                                election=c.election_cert))
 
     async def claim(request: web.Request) -> web.Response:
         return await claim_common(request, training_only=False)

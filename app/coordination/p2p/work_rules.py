@@ -105,3 +105,16 @@ def may_adopt(
     before (it lapsed since: the holder did not renew in time)."""
     return (holder_alive and token_term < current_term and item_state == "pending"
             and (adopted_term, adopted_seq) != (token_term, token_seq))
+
+
+def completion_writer_refusal(sender: str, role: str, term: int, certified_leader: str | None) -> str | None:
+    """`completed` in a gossiped state is the leader's field (work completes only when the
+    leader admits the claimant's signed completion: /work/complete with its fencing token). A
+    node's list is taken only while it gossips itself leader of a term whose election
+    certificate this node checked for it; else why not (the list changes no queue)."""
+    if role != "leader":
+        return f"{sender} gossips completed work as {role}; only the leader writes it"
+    if certified_leader != sender:
+        return (f"{sender} is not the proven leader of term {term}"
+                + (f" ({certified_leader} is)" if certified_leader else " (no election certificate seen)"))
+    return None

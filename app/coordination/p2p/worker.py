@@ -18,10 +18,14 @@ from app.coordination.p2p.client import MeshClient
 from app.coordination.p2p.schemas import (
     ClaimInfo,
     ClaimResponse,
+    QuorumCert,
     Token,
     TokenRequest,
     WorkItemOut,
 )
+from app.log import get_logger
+
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -44,8 +48,12 @@ class WorkClient:
         self, client: MeshClient, node_id: str, addrs: Callable[[], Iterable[str]],
         capabilities: Callable[[], dict[str, Any]] = dict,
         on_claims_changed: Callable[[list[ClaimInfo]], None] | None = None,
+        leader_proof: Callable[[str, int, QuorumCert | None], str | None] | None = None,
     ) -> None:
+        """`leader_proof(answering node, the token's term, its election certificate)`: why a
+        claim from that node is not to be trusted (None: it is the proven leader of that term)."""
         self.client = client
+        self.leader_proof = leader_proof
         self.node_id = node_id
         self.addrs = addrs  # where to ask for the leader (peers, or the local node)
         self.capabilities = capabilities
@@ -88,6 +96,12 @@ class WorkClient:
         resp = ClaimResponse.model_validate(data)
         if resp.status != "claimed" or resp.item is None or resp.token is None:
             return None
+        if self.leader_proof is not None:  # a claim only from a leader proven for the token's term
+            answerer = self.client.peers.get(leader, ("", 0))[0]
+            why = self.leader_proof(answerer, resp.token.term, resp.election)
+            if why is not None:
+                log.warning("claim_refused", leader=answerer or leader, reason=why)
+                return None
         claim = Claim(resp.item, resp.token, float(resp.ttl or 0), leader)
         self._track(claim, True)
         return claim

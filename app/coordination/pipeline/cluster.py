@@ -9,6 +9,10 @@ One generation, clustered:
   leader   checks the token, commits `generation/<g>` through a quorum of voters, answers
   worker   completes the claim, records the decision; every node sees the record in gossip and
            its distribution daemon fetches a promoted model by sha256 from a peer that has it
+A decided record (generation or rollback) is applied only with its decision certificate, the
+signed acks of a majority of the voters (app/coordination/p2p/quorum_cert.py): the leader's
+answer and every node's gossip (`decided`) carry it, and a record gossiped without one, or with
+one that does not check, is refused and counted (`decided_without_certificate`).
 A stale token (the leader changed, the claim lapsed) gets 409 and the worker drops the
 generation; the new leader schedules it again from the same gossiped state.
 """
@@ -42,6 +46,7 @@ from app.log import get_logger
 
 log = get_logger(__name__)
 RECORDS_GOSSIPED = 100
+DECIDED_PREFIXES = (COMMIT_PREFIX, ROLLBACK_PREFIX)
 
 
 class DecisionRequest(BaseModel):
@@ -80,8 +85,9 @@ class ClusterPipeline:
             **({"work": self.node.queue.summary()} if self.node.is_leader else {}),
             "models": steps.models.installed(),
             "best_sha256": state.best_sha256, "best_generation": state.best_generation,
-            "generations": self.generations.to_json()[-RECORDS_GOSSIPED:],
+            "generations": self.generations.to_json()[-RECORDS_GOSSIPED:],  # to read; applied only as `decided`
             "rollbacks": self.rollbacks.to_json()[-RECORDS_GOSSIPED:],
+            "decided": self.node.decided_for_gossip(DECIDED_PREFIXES, RECORDS_GOSSIPED),
             **self.gauntlet.inventory(),
             **({"train_rendezvous": self.rendezvous} if self.rendezvous is not None else {}),
             **({"replication": self.replication} if self.replication is not None else {}),
@@ -94,20 +100,20 @@ class ClusterPipeline:
         return {"ready": ready, "ready_reason": reason[:200]}
 
     def absorb(self, view: ClusterView) -> None:
-        """Merge the decided generation records: those peers gossip, and those a leader told
-        this voter are decided (never values it merely stored: a quorum may not have)."""
-        incoming = [GenerationRecord.from_value(r) for s in view.nodes.values()
-                    for r in s.inventory.get("generations", [])]
+        """Learn the decided values peers pass on with their certificates (a record without a
+        valid one is refused, counted and never applied), then merge every decided generation
+        and rollback record this node holds the proof of."""
         commits = getattr(self.node, "commits", None)
-        if commits is not None:
-            incoming += [GenerationRecord.from_value(v) for k, v in commits.decided_values().items()
-                         if k.startswith(COMMIT_PREFIX)]
+        if commits is None:
+            return
+        for state in view.nodes.values():
+            if state.node_id != self.node.node_id and state.inventory.get("decided"):
+                self.node.learn_decided(state.node_id, state.inventory["decided"])
+        decided = commits.decided_values()
+        incoming = [GenerationRecord.from_value(v) for k, v in decided.items() if k.startswith(COMMIT_PREFIX)]
         for conflict in self.generations.merge(incoming):
             log.error("generation_record_refused", detail=conflict)
-        rollbacks = [RollbackRecord.from_value(r) for s in view.nodes.values() for r in s.inventory.get("rollbacks", [])]
-        if commits is not None:
-            rollbacks += [RollbackRecord.from_value(v) for k, v in commits.decided_values().items()
-                          if k.startswith(ROLLBACK_PREFIX)]
+        rollbacks = [RollbackRecord.from_value(v) for k, v in decided.items() if k.startswith(ROLLBACK_PREFIX)]
         for conflict in self.rollbacks.merge(rollbacks):
             log.error("rollback_record_refused", detail=conflict)
 
@@ -186,7 +192,7 @@ class ClusterPipeline:
                                       "record": GenerationRecord.from_value(decided).__dict__}, status=409)
         log.info("generation_committed", generation=record.generation, sha256=record.sha256[:12],
                  promoted=record.promoted)
-        return web.json_response({"committed": True})
+        return web.json_response({"committed": True, "decided": node.decided_for_gossip((record.commit_key(),), 1)})
 
     # -- worker side -------------------------------------------------------------------
     async def claim_generation(self) -> GenerationClaim | None:
@@ -226,7 +232,10 @@ class ClusterPipeline:
                 except Exception as exc:  # noqa: BLE001
                     status, data = 0, {"error": repr(exc)}
                 if status == 200:
-                    self.generations.merge([record])
+                    # applied here on the certificate the leader sent back (else when gossip brings it)
+                    if record.commit_key() in self.node.learn_decided(
+                            leader, data.get("decided") if isinstance(data, dict) else None):
+                        self.generations.merge([record])
                     await self.work.complete(current.claim, {"sha256": record.sha256})
                     self._release()
                     return True, ""
