@@ -21,7 +21,7 @@ import pytest
 from tests.ops_cluster import IDS, make_nodes, seed_generations, start
 from tests.orchestrator_helpers import ROOT, stop_nodes, tail, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+pytestmark = pytest.mark.slow
 
 
 def statuses(nodes) -> list[dict]:
@@ -48,6 +48,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
                           timeout=90, env=os.environ.copy())
 
 
+@pytest.mark.timeout(400)
 def test_a_voter_restored_from_a_snapshot_rejoins_without_losing_a_decision(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("MESH_SECRET", secrets.token_hex(16))
     nodes = make_nodes(tmp_path)

@@ -26,7 +26,7 @@ from tests.orchestrator_helpers import (
     TINY_CONFIG, get_json, start_node, stop_nodes, tail, tiny_selfplay, wait_until, write_node_files,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 DAEMONS = {**LIGHT_DAEMONS, "daemons": {**LIGHT_DAEMONS["daemons"], "selfplay": tiny_selfplay(8)}}
 OLD_ROOT = Path("/old/machine/data")  # where the seeded data dir "lived" before it was moved
@@ -68,6 +68,7 @@ def seed_old_data_dir(data_dir: Path, work: Path) -> str:
     return meta.sha256
 
 
+@pytest.mark.timeout(300)
 def test_snapshot_of_a_running_node_restores_onto_a_fresh_dir(tmp_path: Path) -> None:
     source = write_node_files(tmp_path / "a", "solo", TINY_CONFIG, DAEMONS)
     source.data_dir.mkdir(parents=True)
@@ -121,6 +122,7 @@ def test_snapshot_of_a_running_node_restores_onto_a_fresh_dir(tmp_path: Path) ->
         stop_nodes(procs)
 
 
+@pytest.mark.timeout(300)
 def test_a_truncated_or_corrupt_archive_is_refused_naming_it(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     data_dir.mkdir()
