@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import secrets
-import signal
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,9 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scripts.bench_cluster import stop_cluster  # noqa: E402 - needs ROOT on the path
 
 PROBE = r'''
 import asyncio, json, sys, tempfile, time
@@ -190,14 +192,7 @@ def bench_churn(profile: str, seconds: float) -> dict:
             load1 = os.getloadavg()[0]
             events = sorted((e for d in dirs for e in _history(d)), key=lambda e: e["ts"])
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGTERM)
-            for p in procs:
-                try:
-                    p.wait(timeout=40)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
+            stop_cluster(procs)
     elected = [e for e in events if e["event"] == "became_leader"]
     first = elected[0] if elected else None
     changes = [e for e in elected[1:] if e["ts"] <= t0 + seconds]
