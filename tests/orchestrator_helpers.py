@@ -40,10 +40,18 @@ TINY_CONFIG = {**SMALL_CONFIG, "model": {"channels": 8, "blocks": 1}, "search": 
                             "max_games_vs_best": 2, "net_simulations": 2}}
 
 
+# Self-play rests this long after each batch. These runs test the mesh and the pipeline; games
+# are only a means, and two test files' nodes share two cores, so self-play must not starve the
+# torchrun, gauntlet and mesh processes the tests wait on. Measured on the one-node e2e test:
+# 49.0 CPU s with a 1 s rest, 39.4 with 3 s (docs/benchmarks/suite.md); a batch of 16-32
+# tiny games still comes every few seconds, far more than a generation's 24-60 needs.
+SELFPLAY_REST_S = 3.0
+
+
 def tiny_selfplay(batch_games: int) -> dict:
     """The self-play daemon of a TINY_CONFIG node: 4 simulations, a rest after each batch."""
     return {"critical": True, "stop_timeout_s": 15,
-            "settings": {"batch_games": batch_games, "simulations": 4, "rest_s": 1.0}}
+            "settings": {"batch_games": batch_games, "simulations": 4, "rest_s": SELFPLAY_REST_S}}
 
 
 # Mesh timing for several voters on a machine whose cores are busy with other work: the `fast`
@@ -54,15 +62,12 @@ BUSY_CPU_TIMING = {**PROFILES["fast"].model_dump(), "heartbeat_interval": 0.3, "
                    "leader_lease": 2.0, "request_timeout": 2.0, "bully_patience": 6.0, "claim_ttl": 20.0}
 TimingProfile(**BUSY_CPU_TIMING)  # valid (lease < election timeout, ...) or the import fails here
 
-# rest_s: self-play rests a second after each batch. These runs test the mesh and the
-# pipeline; games are only a means, and two suites' nodes share two cores, so self-play must
-# not starve the torchrun, gauntlet and mesh processes the tests wait on.
 SMALL_DAEMONS = {
     "restart": {"base_s": 0.5, "cap_s": 5},
     "daemons": {
         "dlq_retry": {},
         "selfplay": {"critical": True, "stop_timeout_s": 15,
-                     "settings": {"batch_games": 32, "simulations": 16, "rest_s": 1.0}},
+                     "settings": {"batch_games": 32, "simulations": 16, "rest_s": SELFPLAY_REST_S}},
         "export": {"critical": True, "settings": {"min_new_games": 60, "poll_s": 0.5}},
         "train": {"depends_on": ["export"], "critical": True, "stop_timeout_s": 15, "settings": {"poll_s": 0.5}},
         "gauntlet": {"depends_on": ["train"], "critical": True, "settings": {"poll_s": 0.5}},

@@ -14,6 +14,7 @@ import pytest
 from app.db.replay_db import ReplayDB
 from tests.orchestrator_helpers import (
     BUSY_CPU_TIMING,
+    SELFPLAY_REST_S,
     SMALL_CONFIG,
     SMALL_DAEMONS,
     NodeFiles,
@@ -33,7 +34,7 @@ CONFIG = {**SMALL_CONFIG, "search": {"simulations": 8}, "gauntlet": {**SMALL_CON
           "mesh": {"timing": BUSY_CPU_TIMING}}
 DAEMONS = {**SMALL_DAEMONS, "daemons": {
     **SMALL_DAEMONS["daemons"],
-    "selfplay": {"critical": True, "stop_timeout_s": 15, "settings": {"batch_games": 16, "simulations": 8, "rest_s": 1.0}},
+    "selfplay": {"critical": True, "stop_timeout_s": 15, "settings": {"batch_games": 16, "simulations": 8, "rest_s": SELFPLAY_REST_S}},
     "export": {"critical": True, "settings": {"min_new_games": 90, "poll_s": 0.5, "sync_budget_s": 20}},
 }}
 

@@ -24,7 +24,7 @@ from tests.cdp import Browser
 from tests.mesh_helpers import free_ports
 from tests.ops_cluster import IDS, make_nodes, seed_generations, start
 from tests.ops_tools import require_tool
-from tests.orchestrator_helpers import ROOT, stop_nodes, tail, wait_until
+from tests.orchestrator_helpers import ROOT, get_json, stop_nodes, tail, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -81,10 +81,17 @@ async def test_dashboard_draws_every_node_and_a_generation_chart(chromium, clust
         assert sorted(drawn) == IDS
         # the Elo chart has a point per decided generation (an SVG circle each) and its interval,
         # learned by gossip from n0, the node that rated them; the loss chart likewise
-        points = await browser.wait_for(
-            f"""(() => {{ const n = document.querySelectorAll('#chart-elo svg circle.point').length;
-                          const i = document.querySelectorAll('#chart-elo svg line.interval').length;
-                          return n >= {GENERATIONS} && i >= {GENERATIONS} ? n : 0; }})()""", 60, "the Elo chart")
+        try:
+            points = await browser.wait_for(
+                f"""(() => {{ const n = document.querySelectorAll('#chart-elo svg circle.point').length;
+                              const i = document.querySelectorAll('#chart-elo svg line.interval').length;
+                              return n >= {GENERATIONS} && i >= {GENERATIONS} ? n : 0; }})()""", 90, "the Elo chart")
+        except AssertionError:  # what the page was fed, and what n0 (the rater) gossips
+            view = get_json(files.health_port, "/dashboard.json") or {}
+            print("generations served:", json.dumps(view.get("generations"))[:3000])
+            status = get_json(cluster[0].mesh_port, "/status") or {}
+            print("n0 gen_stats:", json.dumps((status.get("inventory") or {}).get("gen_stats"))[:2000])
+            raise
         assert points == GENERATIONS
         assert await browser.wait_for("document.querySelectorAll('#chart-loss svg circle.point').length", 30,
                                       "the loss chart") == GENERATIONS

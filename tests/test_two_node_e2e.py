@@ -27,6 +27,7 @@ from app.config.mesh import PROFILES
 from app.db.registry import ModelRegistry, ModelStatus
 from app.db.replay_db import ReplayDB
 from tests.orchestrator_helpers import (
+    SELFPLAY_REST_S,
     SMALL_CONFIG,
     SMALL_DAEMONS,
     NodeFiles,
@@ -58,7 +59,7 @@ CONFIG = {
 }
 DAEMONS = {**SMALL_DAEMONS, "daemons": {
     **SMALL_DAEMONS["daemons"],
-    "selfplay": {"critical": True, "stop_timeout_s": 15, "settings": {"batch_games": 16, "simulations": 4, "rest_s": 1.0}},
+    "selfplay": {"critical": True, "stop_timeout_s": 15, "settings": {"batch_games": 16, "simulations": 4, "rest_s": SELFPLAY_REST_S}},
     "export": {"critical": True, "settings": {"min_new_games": 32, "poll_s": 0.5, "sync_budget_s": 10}},
     "train_join": {"settings": {"poll_s": 0.5}, "stop_timeout_s": 15},
     "gauntlet_shards": {"settings": {"poll_s": 0.3}},
