@@ -124,6 +124,9 @@ def grpo_step(backend: TrainingBackend, source: RolloutSource, pad_id: int, loss
            "mean_ratio": stats.get("ratio_sum", 0.0) / seen, "clip_fraction": stats.get("clipped_tokens", 0.0) / seen}
     if "kl_sum" in stats:
         out["kl"] = stats["kl_sum"] / seen
+    if "tis_weight_sum" in stats:  # the behaviour correction (grpo.py): its mean weight and how often it was capped
+        out["tis_mean_weight"] = stats["tis_weight_sum"] / seen
+        out["tis_truncated_fraction"] = stats["tis_truncated_tokens"] / seen
     if source.timed:
         reward_s = float(batch.stats.get("reward_s", 0.0))
         out.update(rollout_s=t1 - t0 - reward_s, reward_s=reward_s, train_s=t2 - t1, sync_s=t3 - t2)
