@@ -233,10 +233,12 @@ class LMGRPOSettings(StrictModel):
     scale_by_std: bool = True
     eps: float = Field(1e-6, gt=0)
     backend: Literal["local", "fsdp2"] = "local"
-    # where a generation's GRPO groups come from: "stored", the exported window of self-play's
-    # (made by the best model); "online", generated in the trainer by its own newest weights,
-    # synced every step (app/lm/train/generation.py)
-    rollouts: Literal["stored", "online"] = "stored"
+    # where a generation's GRPO groups come from: "online" (the default, as TRL, verl and slime
+    # run GRPO), generated in the trainer by its own newest weights, synced every step, at most
+    # `lm.rollout.max_staleness` steps old (app/lm/train/generation.py); self-play then only
+    # paces the generations. "stored": the exported window of self-play's groups (made by the
+    # best model), trained against their stored log-probs
+    rollouts: Literal["stored", "online"] = "online"
     # online: every this many GRPO steps the trainer's weights answer the held-out prompts
     # greedily, a "heldout" line in the run's metrics (0: never)
     eval_every: int = Field(0, ge=0)

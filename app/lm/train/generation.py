@@ -163,7 +163,7 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
     tok = build_tokenizer(lm.tokenizer)
     task = build_task(lm.task, tok, need_demonstrations=sft_steps > 0)
     model = build_model(lm, tok, args.parent)
-    bad = dataset_problem(groups, model.config.vocab_size)
+    bad = dataset_problem(groups, model.config.vocab_size) if g.rollouts == "stored" else None
     if bad:
         raise LMTrainInputError(f"{args.dataset}: {bad}")
     reference = reference_model(model, g.reference) if g.kl_coef else None
