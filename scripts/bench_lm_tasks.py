@@ -134,7 +134,7 @@ def run_one(config: Path, seed: int, rl_steps: int, eval_every: int, run_dir: Pa
                              filters=LoopFilters(r.oversample, r.zero_variance, r.max_staleness))
     started = time.perf_counter()
     run(backend, tok, run_dir, plan, demonstrations=sft_rows(task, tok, prompts), source=source,
-        loss_fn=grpo_loss_fn(GRPOConfig(g.clip_low, g.clip_high, g.kl_coef), rollout.temperature, reference),
+        loss_fn=grpo_loss_fn(GRPOConfig(g.clip_low, g.clip_high, g.kl_coef, g.tis_cap), rollout.temperature, reference),
         reference=reference, on_step=on_step)
     sft, final = curve[0][1], curve[-1][1]
     return {"sft": sft, "final": final, "best": max(r for _, r in curve), "min": min(r for _, r in curve),

@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--oversample", type=float, default=D.rollout.oversample)
     p.add_argument("--zero-variance", choices=("keep", "drop"), default=D.rollout.zero_variance)
     p.add_argument("--max-staleness", type=int, default=D.rollout.max_staleness)
+    p.add_argument("--tis-cap", type=float, default=D.grpo.tis_cap,
+                   help="behaviour correction: token weight min(pi_trainer / pi_engine, cap); 0 = off")
     p.add_argument("--overlong-group", choices=("keep", "mask_loss", "drop_group"), default=D.rollout.overlong_group)
     p.add_argument("--max-seq-len", type=int, default=D.rollout.max_seq_len)
     p.add_argument("--engine", choices=("in_process", "sglang", "vllm"), default="in_process")
@@ -97,6 +99,7 @@ def worker(args: argparse.Namespace) -> int:
     from app.lm.train.grpo import GRPOConfig, grpo_loss_fn, sft_loss
     from app.lm.train.hf_io import save_hf
     from app.lm.train.reference import reference_model
+    from app.lm.train.consumed import ConsumedGroups
     from app.lm.train.rollout_sources import GeneratedGroups, LoopFilters
     from app.lm.train.sft_grpo import RunPlan, SFTConfig, run, sft_rows
     from app.lm.train.weight_publish import WeightPublisher
@@ -129,11 +132,13 @@ def worker(args: argparse.Namespace) -> int:
     source = GeneratedGroups(engine, task, tok, prompts, seed=args.seed, prompts_per_step=args.prompts_per_step,
                              rollout=rollout, publish=publish, rewards=rewards, rank=env.rank,
                              world_size=env.world_size,
-                             filters=LoopFilters(args.oversample, args.zero_variance, args.max_staleness))
+                             filters=LoopFilters(args.oversample, args.zero_variance, args.max_staleness),
+                             consumed=ConsumedGroups(args.run_dir, env.rank))
     try:
         report = run(backend, tok, args.run_dir, plan, demonstrations=sft_rows(task, tok, prompts), source=source,
                      loss_fn=grpo_loss_fn(GRPOConfig(clip_low=D.grpo.clip_low, clip_high=D.grpo.clip_high,
-                                                     kl_coef=args.kl_coef), rollout.temperature, reference),
+                                                     kl_coef=args.kl_coef, tis_cap=args.tis_cap),
+                                          rollout.temperature, reference),
                      reference=reference, reference_is_start=args.reference is None)
     finally:
         rewards.close()

@@ -149,3 +149,34 @@ def test_data_buffer_epochs_are_permutations_from_seed_plus_epoch():
         DataBuffer(list(range(10)), seed=8).load_state_dict(buf.state_dict())
     with pytest.raises(ValueError, match="items"):
         DataBuffer(list(range(9)), seed=7).load_state_dict(buf.state_dict())
+
+
+def test_tis_weights_each_token_by_the_capped_trainer_over_behaviour_ratio():
+    """The behaviour correction: the gradient is the on-policy one times min(pi / pi_behaviour,
+    cap) per token; on-policy (behaviour = trainer) it is exactly the uncorrected loss's."""
+    torch.manual_seed(0)
+    ids, mask, adv = [[1, 2, 3, 4]], [[0, 1, 1, 1]], [1.5]
+    logits = torch.randn(1, 4, 5)
+    own = token_logprobs(logits, torch.tensor(ids))
+    cfg = GRPOConfig(tis_cap=2.0)
+
+    def grad_of(cfg: GRPOConfig, old: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        x = logits.clone().requires_grad_(True)
+        loss, metrics = grpo_loss(x, batch_of(ids, mask, adv, old.tolist()), cfg)
+        loss.backward()
+        return x.grad, metrics
+
+    on_policy, metrics = grad_of(cfg, own)
+    plain, _ = grad_of(GRPOConfig(), own)
+    torch.testing.assert_close(on_policy, plain)
+    assert metrics["tis_truncated_tokens"] == 0 and metrics["tis_weight_sum"] == pytest.approx(3.0)
+    # the engine gave token 1 a tenth of the trainer's probability (weight 10, capped at 2),
+    # token 2 two thirds of it (weight 1.5) and token 3 ten times it (weight 0.1)
+    shift = torch.tensor([[0.0, -math.log(10.0), -math.log(1.5), math.log(10.0)]])
+    stale, metrics = grad_of(cfg, own + shift)
+    weights = [0.0, 2.0, 1.5, 0.1]
+    for t in (1, 2, 3):  # the logits at t - 1 predict token t
+        torch.testing.assert_close(stale[0, t - 1], weights[t] * plain[0, t - 1])
+    assert metrics["tis_truncated_tokens"] == 1.0  # token 1's
+    assert metrics["ratio_sum"] == pytest.approx(10.0 + 1.5 + 0.1, rel=1e-5)  # trainer over behaviour, uncapped
+

@@ -108,7 +108,9 @@ BAD_LM = [
     ({"lora": {"r": 4}}, "lm.lora on a randomly initialised model (no lm.model.path) cannot learn: LoRA freezes "
                          "the embeddings and norms"),
     ({"grpo": {"mode": "dpo"}}, "lm.grpo.mode: Input should be 'rl' or 'sft+rl'"),
-    ({"grpo": {"eval_every": 5}}, "eval_every is read with rollouts: online only"),
+    ({"grpo": {"rollouts": "stored", "eval_every": 5}}, "eval_every is read with rollouts: online only"),
+    ({"grpo": {"rollouts": "stored", "tis_cap": 3.0}}, "tis_cap is read with rollouts: online only"),
+    ({"grpo": {"tis_cap": -1}}, "lm.grpo.tis_cap: Input should be greater than or equal to 0"),
     ({"engines": [{"name": "s", "kind": "sglang"}]}, "a sglang engine needs a url"),
     ({"engines": [{"name": "l", "url": "http://127.0.0.1:1"}]}, "an in_process engine takes no url"),
     ({"engines": [{"name": "a"}, {"name": "a", "kind": "vllm", "url": "http://x"}]}, "engine names must be distinct"),

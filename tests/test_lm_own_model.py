@@ -48,7 +48,7 @@ def write_config(tmp: Path, model: Path, prompts: Path, **lm_extra: Any) -> Path
     lm["task"] = {"name": "jsonl", "path": str(prompts), "reward": "tests.test_lm_own_model:digit_share",
                   "train_prompts": 64, "heldout_prompts": 8}
     lm["rollout"].update(n=4, length_is_parse_failure=False)  # a random model rarely stops
-    lm["grpo"].update(steps=4, groups_per_step=4)
+    lm["grpo"].update(steps=4, groups_per_step=4, rollouts="stored")  # one dataset for 1 and 2 ranks: equal losses
     lm["grpo"]["sft"].update(steps=6, batch_size=8, lr=0.01)
     lm.update(lm_extra)
     path = tmp / "lm.yaml"

@@ -18,6 +18,7 @@ from app.lm.rollout.groups import engine_producer
 from app.lm.data_buffer import DataBuffer
 from app.lm.rollout.rollout_manager import FilterStarvationError, ManagerSettings, RolloutManager
 from app.lm.samples import Sample
+from app.lm.train.consumed import ConsumedGroups, ConsumedRecordError
 from app.lm.tasks import DigitTask, Prompt
 from app.lm.tokenizer import build_digit_tokenizer
 from app.lm.truncation import RolloutSettings
@@ -205,3 +206,50 @@ def test_collect_plays_exactly_its_prompts_and_reports_every_drop():
     assert sorted((d.prompt_id, d.reason) for d in got.dropped) == [("p1", "zero_variance"), ("p3", "reward_error")]
     assert len(producer.requests) == 2 and producer.requests[1] == [("p2", (1, 2))]
     assert manager.dropped() == {"zero_variance": 1, "reward_error": 1} and not manager.ready
+
+
+def test_a_resumed_manager_never_hands_out_a_group_its_consumed_record_holds(tmp_path):
+    """The trainer's durable record: a run killed after its checkpoint replays its rounds with
+    the same seeds; the groups it trained after that checkpoint are dropped as "consumed",
+    replaced by new ones, and nothing repeats, not even across a third incarnation."""
+    def fresh(record):
+        return RolloutManager(ScriptedProducer(flat={"p3"}), DataBuffer(PROMPTS, 4), settings(), seed=7,
+                              consumed=record)
+
+    record = ConsumedGroups(tmp_path)
+    a = fresh(record)
+    first = a.next_batch(weight_version=0)
+    record.record(1, [g.uid for g in first])
+    checkpoint = a.state_dict()  # a group carried into step 2 is in it
+    carried = [g.uid for g in a.ready]
+    assert carried
+    trained = []
+    for step in (2, 3):  # trained after the checkpoint, then killed
+        batch = a.next_batch(weight_version=0)
+        record.record(step, [g.uid for g in batch])
+        trained += [g.uid for g in batch]
+    assert set(carried) <= set(trained) and len(set(trained)) == 8 and all(len(u) == 32 for u in trained)
+    reloaded = ConsumedGroups(tmp_path)
+    assert reloaded.uids == {g.uid for g in first} | set(trained) and reloaded.steps == 3
+    b = fresh(reloaded)
+    b.load_state_dict(checkpoint)
+    again = [g.uid for step in (2, 3) for g in b.next_batch(weight_version=0)]
+    assert not set(again) & reloaded.uids and len(set(again)) == 8
+    assert b.dropped()["consumed"] >= 2  # the carried group and the first replayed round's
+    with pytest.raises(ConsumedRecordError, match="trained already"):
+        reloaded.record(4, trained[:1])
+
+
+def test_the_consumed_record_ignores_a_torn_last_line_and_refuses_a_corrupt_one(tmp_path):
+    record = ConsumedGroups(tmp_path, rank=1)
+    record.record(1, ["a", "b"])
+    with open(record.path, "a", encoding="utf-8") as fh:
+        fh.write('{"step": 2, "uids": ["c", ')  # killed while appending: step 2 never trained
+    torn = ConsumedGroups(tmp_path, rank=1)
+    assert torn.uids == {"a", "b"} and torn.steps == 1
+    torn.record(2, ["d"])  # starts a line of its own
+    assert ConsumedGroups(tmp_path, rank=1).uids == {"a", "b", "d"}
+    lines = record.path.read_text().splitlines()
+    record.path.write_text("\n".join([lines[0], "not json", lines[1]]) + "\n")
+    with pytest.raises(ConsumedRecordError, match=r"rank_00001\.jsonl line 2"):
+        ConsumedGroups(tmp_path, rank=1)

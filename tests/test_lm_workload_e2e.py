@@ -1,5 +1,6 @@
 """The language-model workload on the same orchestrator and mesh as Connect Four (issue 14):
-real nodes, real torchrun training, real rollout stores.
+real nodes, real torchrun training, real rollout stores. GRPO runs online (the default, issue
+53): each generation's trainer generates its groups from its own newest weights.
 
 - One node: kill -9 while it writes rollouts (nothing half-written, nothing twice), then it
   learns: generation 1 (SFT on the task's demonstrations) lifts held-out exact match from the
@@ -76,6 +77,26 @@ def _check_rollouts(files: NodeFiles, node_id: str) -> int:
         return len(uids)
 
 
+def _check_online_runs(files: NodeFiles) -> list[dict]:
+    """`lm.grpo.rollouts: online`, the default: every GRPO step of every generation trained the
+    config's groups, none older than `lm.rollout.max_staleness` trainer steps (the last bucket
+    of the step's staleness histogram), and no group uid twice in a run (its consumed record).
+    Returns the runs' results."""
+    results = []
+    for run in sorted((files.data_dir / "runs").glob("gen_*")):
+        if not (run / "result.json").exists():
+            continue
+        results.append(json.loads((run / "result.json").read_text()))
+        assert results[-1]["rollouts"] == "online", results[-1]
+        steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        steps = [m for m in steps if m.get("phase") == "rl"]
+        assert steps and all(m["staleness_groups"][-1] == 0 and sum(m["staleness_groups"]) == 8 for m in steps), run
+        uids = [u for f in (run / "consumed").glob("rank_*.jsonl") for line in f.read_text().splitlines()
+                for u in json.loads(line)["uids"]]
+        assert len(uids) == len(set(uids)) >= 8 * len({m["step"] for m in steps}), run
+    return results
+
+
 def _decided(files: NodeFiles) -> int:
     path = files.data_dir / "registry.db"
     if not path.exists():
@@ -126,8 +147,7 @@ def test_lm_node_survives_kill9_while_writing_rollouts_then_learns(tmp_path) -> 
         kill_group(proc)
     assert _check_rollouts(files, "lm") > before
     # generation 2 and later train GRPO from the best: its run names the parent
-    runs = sorted((files.data_dir / "runs").glob("gen_*/result.json"))
-    results = [json.loads(p.read_text()) for p in runs]
+    results = _check_online_runs(files)
     assert any(r["generation"] >= 2 and r["parent_sha256"] and r["rl_steps"] > 0 for r in results), results
 
 

@@ -189,7 +189,8 @@ class LMRolloutSettings(StrictModel):
     overlong_reward: Literal["zero", "score"] = "score"  # a completion cut at max_seq_len: scored, or 0
     overlong_group: Literal["keep", "mask_loss", "drop_group"] = "keep"
     truncated_reward: float | None = None
-    max_staleness: int = Field(1, ge=0)  # weight versions a group may lag the trained model
+    # weight versions a group may lag the trained model: trainer steps online, generations stored
+    max_staleness: int = Field(1, ge=0)
     # DAPO's dynamic sampling, the default of the mesh and of scripts/sft_rl.py alike (issue 53):
     # groups of equal rewards carry no GRPO signal and only shrink the others' share of the
     # normaliser, so they are dropped and the batch refilled by playing 2x the prompts it needs
@@ -232,13 +233,19 @@ class LMGRPOSettings(StrictModel):
     scale_by_std: bool = True
     eps: float = Field(1e-6, gt=0)
     backend: Literal["local", "fsdp2"] = "local"
-    # where a generation's GRPO groups come from: "stored", the exported window of self-play's
-    # (made by the best model); "online", generated in the trainer by its own newest weights,
-    # synced every step (app/lm/train/generation.py)
-    rollouts: Literal["stored", "online"] = "stored"
+    # where a generation's GRPO groups come from: "online" (the default, as TRL, verl and slime
+    # run GRPO), generated in the trainer by its own newest weights, synced every step, at most
+    # `lm.rollout.max_staleness` steps old (app/lm/train/generation.py); self-play then only
+    # paces the generations. "stored": the exported window of self-play's groups (made by the
+    # best model), trained against their stored log-probs
+    rollouts: Literal["stored", "online"] = "online"
     # online: every this many GRPO steps the trainer's weights answer the held-out prompts
     # greedily, a "heldout" line in the run's metrics (0: never)
     eval_every: int = Field(0, ge=0)
+    # online: the behaviour correction (app/lm/train/grpo.py): each token weighted by
+    # min(pi_trainer / pi_engine, tis_cap), verl's and slime's truncated importance sampling,
+    # for groups up to `lm.rollout.max_staleness` versions old; 0 = off (ratio against the engine's)
+    tis_cap: float = Field(2.0, ge=0)
     seed: int = 0
     reference: Path | None = None  # KL reference: a model directory; None: the policy GRPO starts from
     sft: LMSFTSettings = LMSFTSettings()
@@ -248,6 +255,9 @@ class LMGRPOSettings(StrictModel):
         if self.eval_every and self.rollouts != "online":
             raise ValueError("eval_every is read with rollouts: online only (the trainer's own engine answers the "
                              "held-out prompts); the stored mode's candidate is evaluated by the gate")
+        if "tis_cap" in self.model_fields_set and self.rollouts != "online":
+            raise ValueError("tis_cap is read with rollouts: online only (stored groups are trained against their "
+                             "stored log-probs with the ratio clip)")
         return self
 
 

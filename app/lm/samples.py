@@ -71,6 +71,7 @@ class Group:
     prompt_id: str
     samples: list[Sample]
     weight_version: int
+    uid: str = ""  # who made it, when: what the trainer's consumed record keys (app/lm/train/consumed.py)
 
     def __post_init__(self) -> None:
         for s in self.samples:
@@ -87,10 +88,10 @@ class Group:
         return min((s.weight_version for s in self.samples), default=self.weight_version)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"prompt_id": self.prompt_id, "weight_version": self.weight_version,
+        return {"prompt_id": self.prompt_id, "weight_version": self.weight_version, "uid": self.uid,
                 "samples": [s.to_dict() for s in self.samples]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Group:
-        return cls(prompt_id=data["prompt_id"], weight_version=data["weight_version"],
+        return cls(prompt_id=data["prompt_id"], weight_version=data["weight_version"], uid=data.get("uid", ""),
                    samples=[Sample.from_dict(s) for s in data["samples"]])

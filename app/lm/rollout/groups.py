@@ -26,7 +26,8 @@ class GroupRequest:
 
 
 Producer = Callable[[Sequence[GroupRequest], int], list[Sample]]
-DROP_REASONS = (*REWARD_FAILURES, "overlong", "zero_variance", "stale")  # why a group is not trained on
+# why a group is not trained on ("consumed": its uid was trained already, app/lm/train/consumed.py)
+DROP_REASONS = (*REWARD_FAILURES, "overlong", "zero_variance", "stale", "consumed")
 
 
 def group_samples(samples: Iterable[Sample]) -> dict[str, list[Sample]]:
@@ -40,9 +41,9 @@ def group_samples(samples: Iterable[Sample]) -> dict[str, list[Sample]]:
     return {pid: [slot[i] for i in sorted(slot)] for pid, slot in by_prompt.items()}
 
 
-def make_group(prompt_id: str, samples: list[Sample]) -> Group:
+def make_group(prompt_id: str, samples: list[Sample], uid: str = "") -> Group:
     """The group's version is its oldest sample's: staleness is judged by the worst case."""
-    return Group(prompt_id=prompt_id, samples=samples, weight_version=min(s.weight_version for s in samples))
+    return Group(prompt_id=prompt_id, samples=samples, weight_version=min(s.weight_version for s in samples), uid=uid)
 
 
 def generate_groups(engine: Engine, task: Task, tokenizer, prompts: Sequence[Prompt],

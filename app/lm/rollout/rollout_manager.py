@@ -21,15 +21,22 @@ learnable, at this weight version): then the batch is those groups as they are (
 advantages are zero, as under `zero_variance: keep`), counted (`zero_variance_fallback`) and
 logged, so dynamic sampling never stops a run that merely has no signal for a while.
 
+Each complete group gets a uid from the manager's seed, the round that completed it and its
+prompt. Given `consumed` (the trainer's record of uids trained, app/lm/train/consumed.py), a
+group already trained is dropped ("consumed"): a run resumed from a checkpoint replays its
+rounds with the same seeds, and what it trained after that checkpoint is not trained again.
+Rounds that lost groups only to that do not count towards `max_empty_rounds`.
+
 All of it is plain state (`state_dict` / `load_state_dict`, JSON-able), so a resumed run
 draws the same prompts with the same seeds.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol
 
@@ -82,8 +89,9 @@ class Collected:
 
 class RolloutManager:
     def __init__(self, producer: Producer, source: PromptSource | None, settings: ManagerSettings,
-                 seed: int = 0) -> None:
+                 seed: int = 0, consumed: Container[str] | None = None) -> None:
         self.producer, self.source, self.settings, self.seed = producer, source, settings, seed
+        self.consumed = consumed
         self.round = 0
         self.pending: dict[str, tuple[Prompt, dict[int, Sample]]] = {}   # partial groups
         self.ready: list[Group] = []                                     # filtered, carried
@@ -109,6 +117,7 @@ class RolloutManager:
         self.equal = []
         while True:
             self._drop_stale(weight_version)
+            self._drop_consumed()
             if len(self.ready) >= self.settings.batch_groups:
                 batch, self.ready = self.ready[: self.settings.batch_groups], self.ready[self.settings.batch_groups:]
                 return batch
@@ -116,7 +125,8 @@ class RolloutManager:
             wanted = max(0, math.ceil(need * self.settings.oversample) - len(self.pending))
             kept, reasons = self._round(self.source.next_batch(wanted))
             round_reasons += reasons
-            empty_rounds = 0 if kept else empty_rounds + 1
+            replayed = bool(reasons) and set(reasons) == {"consumed"}  # a resumed run's replay: not starvation
+            empty_rounds = 0 if kept or replayed else empty_rounds + 1
             if empty_rounds >= self.settings.max_empty_rounds:
                 if set(round_reasons) == {"zero_variance"} and len(self.ready) + len(self.equal) >= \
                         self.settings.batch_groups:
@@ -186,8 +196,9 @@ class RolloutManager:
             if len(have) < self.settings.group_size:
                 continue
             del self.pending[prompt_id]
-            group = make_group(prompt_id, [have[i] for i in sorted(have)])
-            reason = filter_reason(group, self.settings.zero_variance, self.settings.min_reward_std)
+            group = make_group(prompt_id, [have[i] for i in sorted(have)], self._uid(prompt_id))
+            reason = "consumed" if self.consumed is not None and group.uid in self.consumed else \
+                filter_reason(group, self.settings.zero_variance, self.settings.min_reward_std)
             if reason is None:
                 self.ready.append(group)
                 kept += 1
@@ -199,6 +210,21 @@ class RolloutManager:
         self.stats["kept_groups"] += kept
         self.stats["partial_groups_carried"] += len(self.pending)
         return kept, reasons
+
+    def _drop_consumed(self) -> None:
+        """Carried groups restored from a checkpoint that the run trained after it."""
+        if self.consumed is None:
+            return
+        gone = [g for g in self.ready if g.uid in self.consumed]
+        if gone:
+            self.ready = [g for g in self.ready if g.uid not in self.consumed]
+            for g in gone:
+                self._drop(g.prompt_id, "consumed", g.oldest_version)
+
+    def _uid(self, prompt_id: str) -> str:
+        """32 hex digits of (seed, the round that completed the group, prompt): one prompt is
+        never in flight twice, so no two groups of a manager share one."""
+        return hashlib.sha256(f"{self.seed}\0{self.round - 1}\0{prompt_id}".encode()).hexdigest()[:32]
 
     def _drop(self, prompt_id: str, reason: str, version: int) -> None:
         self.stats[f"dropped_{reason}"] += 1

@@ -8,10 +8,12 @@ Every rank runs it; rank 0 alone writes. Generation 1 of `lm.grpo.mode: sft+rl` 
 first takes `lm.grpo.sft.steps` supervised steps on the task's demonstrations; then
 `lm.grpo.steps` GRPO steps on the groups of the exported rollout dataset (off-policy: against
 the log-probs stored with them): the one run of app/lm/train/sft_grpo.py, its rollouts drawn
-from the dataset (rollout_sources.StoredGroups). With `lm.grpo.rollouts: online` the GRPO
-steps train instead on groups each rank's in-process engine generates from the trainer's own
-weights, synced after every step (rollout_sources.GeneratedGroups, as scripts/sft_rl.py runs):
-the dataset then only starts the generation (its task is still checked). Checkpoints go to `RUN/sft` and `RUN/rl`, one
+from the dataset (rollout_sources.StoredGroups) with `lm.grpo.rollouts: stored`. With
+`online` (the default) the GRPO steps train instead on groups each rank's in-process engine
+generates from the trainer's own weights, synced after every step (rollout_sources.
+GeneratedGroups, as scripts/sft_rl.py runs), with the behaviour correction (`lm.grpo.tis_cap`)
+and the run's consumed record (consumed.py: a resumed run never trains a group twice); the
+dataset then only starts the generation (its task is still checked). Checkpoints go to `RUN/sft` and `RUN/rl`, one
 line per step to `RUN/metrics.jsonl`; the same
 command after a kill continues from the newest complete checkpoint. At the end: the candidate
 `RUN/candidate/` (a Hugging Face directory with its manifest, renamed into place whole) and
@@ -38,6 +40,7 @@ from app.config.lm import LMConfig
 from app.lm.causal_lm import ModelLoadError, load_model
 from app.lm.train.backend import LocalBackend, OptimConfig
 from app.lm.train.checkpoint_dirs import CheckpointDirError
+from app.lm.train.consumed import ConsumedGroups, ConsumedRecordError
 from app.lm.data_buffer import DataBuffer
 from app.lm.train.dist_env import GROUP_TIMEOUT_S
 from app.lm.train.fsdp_backend import FSDPBackend
@@ -160,7 +163,7 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
     tok = build_tokenizer(lm.tokenizer)
     task = build_task(lm.task, tok, need_demonstrations=sft_steps > 0)
     model = build_model(lm, tok, args.parent)
-    bad = dataset_problem(groups, model.config.vocab_size)
+    bad = dataset_problem(groups, model.config.vocab_size) if g.rollouts == "stored" else None
     if bad:
         raise LMTrainInputError(f"{args.dataset}: {bad}")
     reference = reference_model(model, g.reference) if g.kl_coef else None
@@ -193,7 +196,9 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
     if sampler is not None:
         rewards = reward_pool(lm, task)
         rl_micro = max(1, -(-rank_share(g.groups_per_step, 0, env.world_size)[1] * lm.rollout.n // g.micro_batches))
-        source: StoredGroups | GeneratedGroups = online_source(lm, task, tok, sampler, rewards, env, rl_micro)
+        consumed = ConsumedGroups(run_dir, env.rank) if plan.save else None  # a spanned run restarts whole
+        source: StoredGroups | GeneratedGroups = online_source(lm, task, tok, sampler, rewards, env, rl_micro,
+                                                               consumed)
         what_rl = f"groups generated online by the trainer's weights (in-process engine, max_staleness " \
                   f"{lm.rollout.max_staleness} steps)"
     else:
@@ -210,7 +215,8 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
         report = run_phases(backend, tok, run_dir, plan, demonstrations=demonstrations, source=source,
                             reference=reference, reference_is_start=g.reference is None, on_step=progress,
                             on_phase=announce,
-                            loss_fn=grpo_loss_fn(GRPOConfig(g.clip_low, g.clip_high, g.kl_coef),
+                            loss_fn=grpo_loss_fn(GRPOConfig(g.clip_low, g.clip_high, g.kl_coef,
+                                                            g.tis_cap if sampler is not None else 0.0),
                                                  lm.rollout.temperature, reference))
     finally:
         if rewards is not None:
@@ -248,10 +254,12 @@ def heldout_line(env: DistContext, run_dir: Path, lm: LMConfig, task, tok, sourc
     say(env, f"held-out at step {step}: reward {result.mean_reward:.4g} exact {result.exact_match:.4g}")
 
 
-def online_source(lm: LMConfig, task, tok, sampler, rewards, env: DistContext, micro: int) -> GeneratedGroups:
+def online_source(lm: LMConfig, task, tok, sampler, rewards, env: DistContext, micro: int,
+                  consumed: ConsumedGroups | None = None) -> GeneratedGroups:
     """`lm.grpo.rollouts: online`: each rank's in-process engine holds the trainer's weights,
     synced after every optimizer step with the step as their version; the rollout manager
-    over-samples, filters and drops groups more than `lm.rollout.max_staleness` steps old."""
+    over-samples, filters and drops groups more than `lm.rollout.max_staleness` steps old, and
+    groups already in the run's consumed record (a resumed run's replay)."""
     from app.lm.rollout.engine import InProcessEngine
 
     g, r = lm.grpo, lm.rollout
@@ -260,7 +268,7 @@ def online_source(lm: LMConfig, task, tok, sampler, rewards, env: DistContext, m
                            prompts_per_step=g.groups_per_step, rollout=rollout_settings(r),
                            filters=LoopFilters(r.oversample, r.zero_variance, r.max_staleness), rewards=rewards,
                            micro_batch_size=micro, scale_by_std=g.scale_by_std, rank=env.rank,
-                           world_size=env.world_size)
+                           world_size=env.world_size, consumed=consumed)
 
 
 def log_dropped_groups(env: DistContext, run_dir: Path, dataset: Path) -> dict[str, int]:
@@ -277,7 +285,8 @@ def log_dropped_groups(env: DistContext, run_dir: Path, dataset: Path) -> dict[s
 @record
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return run_rank(lambda env: run(args, env), args.device, (LMTrainInputError, CheckpointDirError, *LMInputError),
+    return run_rank(lambda env: run(args, env), args.device,
+                    (LMTrainInputError, CheckpointDirError, ConsumedRecordError, *LMInputError),
                     "lm training", timeout_s=GROUP_TIMEOUT_S)
 
 if __name__ == "__main__":

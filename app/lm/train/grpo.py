@@ -16,6 +16,13 @@ Conventions that keep the losses honest (they are the usual mistakes):
   and `grpo_loss_fn` (what the online and the offline run both train with) the one caller
   that passes it. At any other temperature than the sampler's the ratio would be biased from
   the first step.
+- Behaviour correction (`tis_cap` > 0, the online loop's default): the groups were sampled by
+  an engine that may hold older weights than the trainer's (up to `max_staleness` versions) and
+  computes log-probs its own way. As verl's and slime's truncated importance sampling (TIS) and
+  AReaL's decoupled objective, the clipped ratio is then taken against the trainer's own
+  log-probs before this update (the proximal policy: one optimizer step per batch, so these
+  are the forward's own values, detached) and every token is weighted by
+  min(pi_trainer / pi_behaviour, tis_cap), the behaviour log-probs being the engine's.
 """
 
 from __future__ import annotations
@@ -68,6 +75,7 @@ class GRPOConfig:
     clip_low: float = 0.2  # ratio floor 1 - clip_low
     clip_high: float = 0.2  # ratio ceiling 1 + clip_high (DAPO's "clip higher" when larger)
     kl_coef: float = 0.0  # weight of the k3 KL estimate to the reference policy; 0 = no reference needed
+    tis_cap: float = 0.0  # > 0: truncated importance weight pi_trainer / pi_behaviour, capped here; 0: off
 
 
 def group_advantages(rewards: Sequence[float], scale_by_std: bool = True, eps: float = 1e-6) -> list[float]:
@@ -114,20 +122,31 @@ def grpo_loss(logits: torch.Tensor, batch: Batch, cfg: GRPOConfig,
 
     per token: -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A), ratio =
     exp(logp - logp_rollout), A the sequence's group-normalised advantage, logp at the
-    sampling `temperature`. Metrics are sums over the micro-batch so the caller can add them
-    across micro-batches and ranks.
+    sampling `temperature`. With `cfg.tis_cap` > 0 the ratio is against the trainer's own
+    detached log-probs and the term is weighted by min(exp(logp - logp_rollout), tis_cap),
+    detached (the module docstring). Metrics are sums over the micro-batch so the caller can
+    add them across micro-batches and ranks; `ratio_sum` is always of pi_trainer / pi_behaviour.
     """
     if batch.advantages is None or batch.old_logprobs is None:
         raise ValueError("a GRPO batch needs advantages and old_logprobs")
     mask = batch.loss_mask.float()
     logp = policy_logprobs(logits, batch.input_ids, temperature)
-    log_ratio = (logp - batch.old_logprobs.float()) * mask
-    ratio = torch.exp(log_ratio)
+    behaviour_ratio = torch.exp((logp.detach() - batch.old_logprobs.float()) * mask)
+    if cfg.tis_cap > 0:
+        ratio = torch.exp((logp - logp.detach()) * mask)  # 1 in value; its gradient is the policy gradient's
+        weight = torch.clamp(behaviour_ratio, max=cfg.tis_cap)
+    else:
+        ratio = torch.exp((logp - batch.old_logprobs.float()) * mask)
+        weight = None
     adv = batch.advantages.float().unsqueeze(-1)
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high) * adv
     per_token = -torch.minimum(unclipped, clipped)
     metrics: dict[str, float] = {}
+    if weight is not None:
+        per_token = per_token * weight
+        metrics["tis_truncated_tokens"] = float(((behaviour_ratio > cfg.tis_cap).float() * mask).sum())
+        metrics["tis_weight_sum"] = float((weight * mask).sum())
     if cfg.kl_coef:
         if batch.ref_logprobs is None:
             raise ValueError("kl_coef > 0 needs ref_logprobs in the batch")
@@ -139,7 +158,7 @@ def grpo_loss(logits: torch.Tensor, batch: Batch, cfg: GRPOConfig,
     with torch.no_grad():
         was_clipped = (clipped < unclipped).float() * mask  # where the clip bound wins the min
         metrics["clipped_tokens"] = float(was_clipped.sum())
-        metrics["ratio_sum"] = float((ratio * mask).sum())
+        metrics["ratio_sum"] = float((behaviour_ratio * mask).sum())
     return loss, metrics
 
 

@@ -14,7 +14,10 @@
                      step as their version (an HTTP server beside several ranks: rank 0 loads
                      the gathered weights, the others generate once it confirmed them); an engine whose sync failed is synced again before
                      it generates, and the run stops if that fails too: nothing it would
-                     generate is labelled with weights it did not load.
+                     generate is labelled with weights it did not load. Given a consumed
+                     record (consumed.py), each step's group uids are appended to it, durably,
+                     before the step trains, and the manager drops a group already in it: a
+                     run resumed after a kill -9 never trains a group twice.
 
 Both hand the run (sft_grpo.py) a `StepBatch`: this rank's rows, the global batch's trained-
 token count (every loss is divided by it, so the step is the same at any world size), the row
@@ -44,6 +47,7 @@ from app.lm.samples import Group
 from app.lm.tasks import Prompt, Task
 from app.lm.train.backend import TrainingBackend
 from app.lm.train.batching import TrainSequence, sequences_from_samples
+from app.lm.train.consumed import ConsumedGroups
 from app.lm.train.grpo import group_advantages
 from app.lm.train.weight_publish import WeightPublisher
 from app.lm.truncation import RolloutSettings
@@ -153,7 +157,7 @@ class GeneratedGroups:
                  prompts_per_step: int, rollout: RolloutSettings, filters: LoopFilters = LoopFilters(),
                  publish: WeightPublisher | None = None, rewards: RewardScorer | None = None,
                  micro_batch_size: int = 64, scale_by_std: bool = True, shuffle_advantages: bool = False,
-                 rank: int = 0, world_size: int = 1) -> None:
+                 rank: int = 0, world_size: int = 1, consumed: ConsumedGroups | None = None) -> None:
         if rollout.n < 2:
             raise ValueError(f"GRPO groups need n >= 2 completions per prompt, got {rollout.n}")
         self.engine, self.task, self.tokenizer, self.seed = engine, task, tokenizer, seed
@@ -161,13 +165,15 @@ class GeneratedGroups:
         self.publish, self.rewards = publish, rewards or InlineRewards(task)
         self.micro_batch_size, self.scale_by_std = micro_batch_size, scale_by_std
         self.shuffle_advantages = shuffle_advantages  # control run: advantages permuted across the batch (no credit)
+        self.consumed, self.max_staleness = consumed, filters.max_staleness
         mine = list(prompts)[rank::world_size]
         self.share = rank_share(prompts_per_step, rank, world_size)[1]
         settings = ManagerSettings(batch_groups=max(1, self.share), group_size=rollout.n,
                                    oversample=filters.oversample, zero_variance=filters.zero_variance,
                                    max_staleness=filters.max_staleness, max_empty_rounds=filters.max_empty_rounds)
         producer = engine_producer(engine, task, tokenizer, rollout, rewards=self.rewards)
-        self.manager = RolloutManager(producer, DataBuffer(mine, seed + 1), settings, seed=seed * 1_000_003 + rank)
+        self.manager = RolloutManager(producer, DataBuffer(mine, seed + 1), settings, seed=seed * 1_000_003 + rank,
+                                      consumed=consumed)
 
     @property
     def buffer(self) -> RolloutManager:
@@ -223,18 +229,23 @@ class GeneratedGroups:
                                          f"{self.engine.last_error}")
         reward_before = self.rewards.seconds
         groups = self.manager.next_batch(weight_version=step - 1)
+        if self.consumed is not None:
+            self.consumed.record(step, [g.uid for g in groups])
         reward_s = self.rewards.seconds - reward_before
         dropped = Counter(d.reason for d in self.manager.take_drops())
         samples = [s for g in groups for s in g.samples]
         rows = sequences_from_samples(samples, self._advantages(groups, step))
         totals = all_reduce_sum(backend, [
             float(sum(r.trained_tokens for r in rows)), float(sum(s.reward for s in samples)),
-            float(sum(len(s.response_tokens) for s in samples)), *(float(dropped[r]) for r in DROP_REASONS)])
+            float(sum(len(s.response_tokens) for s in samples)), *(float(dropped[r]) for r in DROP_REASONS),
+            *staleness_histogram(groups, step, self.max_staleness)])
         tokens, reward_sum, generated = totals[:3]
+        reasons = len(DROP_REASONS)
         most = rank_share(self.prompts_per_step, 0, backend.world_size)[1] * self.rollout.n
         stats = {"mean_reward": reward_sum / (self.prompts_per_step * self.rollout.n), "generated_tokens": generated,
                  "reward_s": reward_s, "weight_version": self.engine.weight_version,
-                 **{f"dropped_{r}": int(n) for r, n in zip(DROP_REASONS, totals[3:])}}
+                 "staleness_groups": [int(n) for n in totals[3 + reasons:]],
+                 **{f"dropped_{r}": int(n) for r, n in zip(DROP_REASONS, totals[3:3 + reasons])}}
         return StepBatch(rows, tokens, most, self.micro_batch_size, stats)
 
     def _advantages(self, groups: Sequence[Group], step: int) -> list[float]:
@@ -245,6 +256,16 @@ class GeneratedGroups:
 
     def trained(self, backend: TrainingBackend, step: int) -> None:
         self._sync(backend, step)
+
+
+def staleness_histogram(groups: Sequence[Group], step: int, max_staleness: int) -> list[float]:
+    """Groups trained at step `step` (the trainer holding version step - 1) by how many versions
+    their oldest sample lags: counts for 0 .. max_staleness, then one for anything older (the
+    bound broken: always 0). A list of counts, so ranks add theirs."""
+    counts = [0.0] * (max_staleness + 2)
+    for g in groups:
+        counts[min(max(0, step - 1 - g.oldest_version), max_staleness + 1)] += 1
+    return counts
 
 
 def dataset_problem(groups: Sequence[Group], vocab_size: int) -> str | None:

@@ -124,6 +124,9 @@ def grpo_step(backend: TrainingBackend, source: RolloutSource, pad_id: int, loss
            "mean_ratio": stats.get("ratio_sum", 0.0) / seen, "clip_fraction": stats.get("clipped_tokens", 0.0) / seen}
     if "kl_sum" in stats:
         out["kl"] = stats["kl_sum"] / seen
+    if "tis_weight_sum" in stats:  # the behaviour correction (grpo.py): its mean weight and how often it was capped
+        out["tis_mean_weight"] = stats["tis_weight_sum"] / seen
+        out["tis_truncated_fraction"] = stats["tis_truncated_tokens"] / seen
     if source.timed:
         reward_s = float(batch.stats.get("reward_s", 0.0))
         out.update(rollout_s=t1 - t0 - reward_s, reward_s=reward_s, train_s=t2 - t1, sync_s=t3 - t2)
@@ -212,7 +215,9 @@ def checkpoint_hook(backend: TrainingBackend, root: Path, run_dir: Path, phase: 
             with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as fh:
                 fh.write(json.dumps({"phase": phase, **stats}) + "\n")
         if save and (step % every == 0 or step == last):
-            save_training_checkpoint(backend, root, step, {"phase": phase, "buffer": buffer.state_dict()})
+            state = buffer.state_dict()
+            save_training_checkpoint(backend, root, step, {"phase": phase, "buffer": state,
+                                                          "rank_buffers": rank_states(backend, state)})
         if extra:
             extra(step, stats)
     return on_step
@@ -224,5 +229,17 @@ def resume_phase(backend: TrainingBackend, root: Path, buffer: Resumable) -> int
     if found is None:
         return 0
     state = load_training_checkpoint(backend, found[1])
-    buffer.load_state_dict(state["buffer"])
+    mine = state.get("rank_buffers")
+    buffer.load_state_dict(mine[backend.rank] if mine and len(mine) == backend.world_size else state["buffer"])
     return int(state["step"])
+
+
+def rank_states(backend: TrainingBackend, state: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """Every rank's buffer state at rank 0 (a collective), when there are several ranks: an
+    online run's ranks each play their own prompts and carry their own groups, so each resumes
+    from its own (rank 0's alone would hand rank 1 rank 0's carried groups, trained twice). A
+    run resumed at another world size starts every rank from rank 0's."""
+    env = getattr(backend, "env", None)
+    if env is None or backend.world_size == 1:
+        return None
+    return env.gather_objects(state)

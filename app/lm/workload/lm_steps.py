@@ -5,8 +5,11 @@ daemons as Connect Four.
                   over-sampling and filters -> the rollout store (rollouts.db); dropped groups
                   are counted by reason (metrics, /status, the dataset's manifest)
     export        the newest groups -> a dataset dir with a manifest (app/lm/rollout/rollout_dataset.py)
-    train         GRPO on those groups under torchrun (app.lm.train.generation), generation 1 an
-                  SFT on the task's demonstrations when `lm.grpo.mode: sft+rl`
+    train         GRPO under torchrun (app.lm.train.generation), generation 1 an SFT on the
+                  task's demonstrations first when `lm.grpo.mode: sft+rl`; with
+                  `lm.grpo.rollouts: online` (the default) on groups the trainer generates
+                  from its own newest weights each step (self-play's groups then only pace
+                  the generations: it idles outside collecting), with `stored` on those groups
     evaluation    candidate and best greedy on the same held-out prompts, the paired gate
     model store   Hugging Face directories `<lm_models>/<manifest sha256>/`, fetched by manifest,
                   and on a switch every configured HTTP engine weight-synced (lm_models.py)
@@ -154,10 +157,13 @@ class LMSteps:
     def _enough_for_now(self, pipe: Pipe, store: RolloutStore) -> bool:
         """Outside collecting, once a whole export window of the best's groups is stored, more
         would only be thrown away (a promotion makes them stale): self-play idles until the
-        generation is decided."""
+        generation is decided. With `lm.grpo.rollouts: online` it idles outside collecting
+        whatever is stored."""
         state = pipe.state
         if state.stage is ps.Stage.COLLECTING:
             return False
+        if self.lm.grpo.rollouts == "online":
+            return True  # the trainer makes its own groups: these would only pace the next generation
         window = self.lm.export.window_groups
         return len(store.uids_since_version(state.best_generation, window)) >= window
 
@@ -167,15 +173,16 @@ class LMSteps:
 
     # -- export and training ----------------------------------------------------------------
     def export(self, pipe: Pipe, generation: int, out: Path) -> tuple[str, int]:
-        """The newest window of groups no staler than `lm.rollout.max_staleness` generations.
-        Right after a promotion most stored groups are the old model's: the export waits (a
+        """The newest window of groups no staler than `lm.rollout.max_staleness` generations
+        (online: the newest window, at once; the trainer generates its own). Right after a promotion most stored groups are the old model's: the export waits (a
         bounded time) for self-play to bring `min_new_groups` of the new one's. Peers' groups
         arrive by the replication daemon (rollout_replica.py), so there is no pull before it."""
         lm = self.lm
         if out.exists():  # an export interrupted before its stage was recorded: made again
             shutil.rmtree(out)
-        min_version = max(0, pipe.state.best_generation - lm.rollout.max_staleness)
-        need = min(lm.export.min_new_groups, lm.export.window_groups)
+        online = lm.grpo.rollouts == "online"  # the groups only start the generation: no wait for fresh ones
+        min_version = 0 if online else max(0, pipe.state.best_generation - lm.rollout.max_staleness)
+        need = 0 if online else min(lm.export.min_new_groups, lm.export.window_groups)
         deadline = time.monotonic() + FRESH_WAIT_S
         with RolloutStore(self.paths.rollouts_db) as store:
             while len(store.uids_since_version(min_version, need)) < need and time.monotonic() < deadline:
