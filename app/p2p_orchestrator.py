@@ -251,26 +251,14 @@ def wire_gate(lineages: list[Lineage], settings: Settings, metrics: Metrics) -> 
 
 
 def _generations_of(lineage: Lineage) -> Callable[[], list[dict]]:
-    base = lineage.node.progress_provider
-    return lambda: list((base() if base else {}).get("generations", []))
+    return lambda: lineage.feed.config_progress()["generations"]
 
 
 def configs_view(lineages: list[Lineage], gate: LineageGate | None) -> dict:
     """/progress and the dashboard with several configs: each config's progress and the allocation."""
-    out = {}
-    for lineage in lineages:
-        provider = lineage.node.progress_provider if lineage is not lineages[0] else None
-        report = provider() if provider else None
-        if report is None:  # the primary's own report is the page itself; its generations again here
-            report = lineage.feed.progress(_base_progress(lineage))
-        out[lineage.entry.name] = {"game": lineage.entry.game, "weight": lineage.entry.weight,
-                                   **{k: report.get(k) for k in ("best_generation", "current_best", "anchor",
-                                                                 "generations", "rolled_back")}}
-    return {"configs": out, "allocation": gate.status() if gate is not None else None}
-
-
-def _base_progress(lineage: Lineage) -> dict:
-    return lineage.cluster.progress() if lineage.cluster is not None else _local_progress(lineage.pipe)
+    return {"configs": {x.entry.name: {"game": x.entry.game, "weight": x.entry.weight, **x.feed.config_progress()}
+                        for x in lineages},
+            "allocation": gate.status() if gate is not None else None}
 
 
 async def _drain_with(primary: DaemonManager, others: list[DaemonManager]) -> None:

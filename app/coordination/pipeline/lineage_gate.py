@@ -40,6 +40,7 @@ log = get_logger(__name__)
 STATE_FILE = "config_scheduler.json"
 NOTHING_TO_CLAIM_S = 15.0  # a config the leader had no generation for steps aside this long
 HOUR = 3600.0
+TURN_HOLD_S = 3.0  # a lineage between two self-play batches keeps its place this long
 HISTORY_KEPT = 256  # decided generations remembered per config
 
 
@@ -79,6 +80,7 @@ class LineageGate:
         self.changes: dict[str, int] = {}
         self._turn_holder: str | None = None
         self._turn_wanting: set[str] = set()
+        self._released: dict[str, float] = {}
         self._turn_changed = asyncio.Condition()
         self._nothing_until: dict[str, float] = {}
         self._wake = asyncio.Event()
@@ -186,8 +188,11 @@ class LineageGate:
         async with self._turn_changed:
             self._turn_wanting.add(name)
             try:
-                await self._turn_changed.wait_for(lambda: self._turn_holder is None and pick_next(
-                    self.allocation.shares, self.cpu_s, sorted(self._turn_wanting)) == name)
+                while not self._my_turn(name):
+                    try:  # woken by a release or a new allocation; a lapsed hold is seen within TURN_HOLD_S
+                        await asyncio.wait_for(self._turn_changed.wait(), TURN_HOLD_S)
+                    except TimeoutError:
+                        pass
             finally:
                 self._turn_wanting.discard(name)
             self._turn_holder = name
@@ -198,7 +203,18 @@ class LineageGate:
             self.cpu_s[name] += (time.monotonic() - started) * workers[0]
             async with self._turn_changed:
                 self._turn_holder = None
+                self._released[name] = time.monotonic()
                 self._turn_changed.notify_all()
+
+    def _my_turn(self, name: str) -> bool:
+        """Free, and `name` is the furthest below its share of those wanting a turn or just done
+        with one (a lineage between two batches keeps its place for TURN_HOLD_S: else the other
+        one, always waiting when a batch ends, would take every other turn whatever the shares)."""
+        if self._turn_holder is not None:
+            return False
+        now = time.monotonic()
+        between = {n for n, t in self._released.items() if now - t < TURN_HOLD_S}
+        return pick_next(self.allocation.shares, self.cpu_s, sorted(self._turn_wanting | between)) == name
 
     # -- training claims ------------------------------------------------------------------
     def busy(self, name: str) -> bool:
