@@ -133,10 +133,10 @@ class Lineage:
 
 
 async def build_lineage(args: argparse.Namespace, entry: ConfigEntry, settings: Settings, daemons: dict,
-                        metrics: Metrics, several: bool) -> Lineage:
+                        metrics: Metrics, own_file: bool) -> Lineage:
     export = daemon_settings(daemons, "export", ExportSettings, str(args.daemons))
     config_path = args.config.resolve() if args.config else None
-    if several:  # its torchrun reads this config's sections, not the node file's
+    if own_file:  # `configs:` given: its torchrun reads this config's sections, not the node file's
         config_path = Path(settings.node.data_dir).resolve() / LINEAGE_SETTINGS_FILE
         await asyncio.to_thread(atomic_write_text, config_path, lineage_yaml(settings))
     pipe = pipeline_context(settings, config_path=config_path, export=export)
@@ -180,7 +180,8 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
     several = len(configured) > 1
     metrics = Metrics(node=settings.node.node_id)
     lineages = [await build_lineage(args, entry, lsettings, daemons,
-                                    metrics if index == 0 else Metrics(node=settings.node.node_id), several)
+                                    metrics if index == 0 else Metrics(node=settings.node.node_id),
+                                    own_file=bool(settings.configs))
                 for index, (entry, lsettings) in enumerate(configured)]
     primary = lineages[0]
     pipe, manager, node, cluster, feed = primary.pipe, primary.manager, primary.node, primary.cluster, primary.feed

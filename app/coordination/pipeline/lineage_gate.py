@@ -216,6 +216,10 @@ class LineageGate:
         between = {n for n, t in self._released.items() if now - t < TURN_HOLD_S}
         return pick_next(self.allocation.shares, self.cpu_s, sorted(self._turn_wanting | between)) == name
 
+    def evaluating(self) -> bool:
+        """Some config's gauntlet runs on this node (every lineage's self-play leaves it the cores)."""
+        return any(ln.pipe.state.stage is Stage.TRAINED for ln in self.lineages.values())
+
     # -- training claims ------------------------------------------------------------------
     def busy(self, name: str) -> bool:
         pipe = self.lineages[name].pipe

@@ -45,7 +45,8 @@ async def selfplay_daemon(pipe: PipelineContext, ctx: DaemonContext[SelfplaySett
     try:
         while not ctx.stopping.is_set():
             state = pipe.state
-            if cfg.pause_while_evaluating and state.stage is Stage.TRAINED:
+            evaluating = state.stage is Stage.TRAINED or (pipe.gate is not None and pipe.gate.evaluating())
+            if cfg.pause_while_evaluating and evaluating:  # any config's gauntlet on this node
                 await pipe.wait_for_change(1.0)  # two cores: leave them to the gauntlet
                 ctx.mark_healthy()
                 continue
