@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
+from app.cli.mesh_commands import config_progress, format_progress
 from app.config import Settings
 from app.config.configs import SchedulerConfig, lineage_settings
 from app.coordination.daemons.event_journal import EventJournal
@@ -185,3 +186,32 @@ def test_gate_turns_follow_the_shares(tmp_path) -> None:
         assert gate.may_claim("a") != gate.may_claim("b")
 
     asyncio.run(scenario())
+
+
+def test_each_config_lives_apart_and_the_first_where_one_config_always_did() -> None:
+    settings = Settings.model_validate({
+        "node": {"data_dir": "/d", "mesh_port": 9000}, "mesh": {"peers": ["n2@10.0.0.2:9000", "10.0.0.3:9000"]},
+        "configs": [{"name": "c4", "game": "connect4"},
+                    {"name": "small", "game": "connect4_5x4", "port_offset": 7, "search": {"simulations": 8}},
+                    {"name": "oth", "game": "othello", "weight": 2.0}]})
+    [(c4, first), (small, second), (oth, third)] = lineage_settings(settings)
+    assert (str(first.node.data_dir), first.node.mesh_port, first.mesh.peers) == ("/d", 9000, settings.mesh.peers)
+    assert (str(second.node.data_dir), second.node.mesh_port) == ("/d/configs/small", 9007)
+    assert second.mesh.peers == ["n2@10.0.0.2:9007", "10.0.0.3:9007"]
+    assert second.search.simulations == 8 and first.search.simulations == settings.search.simulations
+    assert (third.node.game, third.node.mesh_port, oth.weight) == ("othello", 9200, 2.0)
+    with pytest.raises(ValueError, match="keeps the node's mesh port"):
+        Settings.model_validate({"configs": [{"name": "a", "game": "connect4", "port_offset": 5}]})
+    with pytest.raises(ValueError, match="an lm node runs one lineage"):
+        Settings.model_validate({"workload": "lm", "configs": [{"name": "a", "game": "connect4"}]})
+
+
+def test_progress_of_one_config_for_the_cli() -> None:
+    answer = {"generations": [], "configs": {"c4": {"game": "connect4", "generations": [{"generation": 1}]}},
+              "allocation": {"shares": {"c4": 1.0}, "reasons": {"c4": "share 1.000: progress off"}}}
+    assert config_progress(answer, None) == (200, answer)
+    status, one = config_progress(answer, "c4")
+    assert status == 200 and one["share"] == 1.0 and one["reason"].startswith("share") and one["generations"]
+    assert config_progress(answer, "go")[1]["error"] == "no config 'go' on this node; it runs ['c4']"
+    assert config_progress({"generations": []}, "c4")[0] == 404
+    assert "config c4 (connect4): best generation 0, share 1.000" in format_progress(answer)
