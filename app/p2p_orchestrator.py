@@ -22,7 +22,7 @@ from app.atomic_files import atomic_write_text
 from app.config import ConfigError, Settings, load_settings
 from app.config.configs import LINEAGE_SETTINGS_FILE, ConfigEntry, lineage_settings
 from app.config.node import default_node_id
-from app.coordination.daemons.manager import DaemonManager
+from app.coordination.daemons.manager import DaemonManager, Readiness
 from app.coordination.daemons.daemon_registry import build_registry, daemon_settings, read_daemons
 from app.coordination.pipeline.cluster import ClusterPipeline
 from app.coordination.pipeline.runner_settings import ExportSettings
@@ -186,7 +186,8 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
     primary = lineages[0]
     pipe, manager, node, cluster, feed = primary.pipe, primary.manager, primary.node, primary.cluster, primary.feed
     gate = wire_gate(lineages, settings, metrics) if several else None
-    health = HealthServer(manager, metrics, host=settings.node.host, port=settings.node.health_port,
+    health = HealthServer(NodeHealth(lineages) if several else manager, metrics, host=settings.node.host,
+                          port=settings.node.health_port,
                           dashboard=lambda: {**feed.snapshot(), **configs_view(lineages, gate)} if gate else feed.snapshot())
     node.add_routes(admin_routes(manager))
     await health.start()
@@ -227,6 +228,25 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
     log.info("node_stopped", generation=pipe.state.generation, promoted=pipe.state.promoted,
              rejected=pipe.state.rejected)
     return 0
+
+
+class NodeHealth:
+    """/readyz and /daemons of a node with several configs: ready only when every config's
+    daemons are (a critical daemon that gave up in any config says so, naming the config)."""
+
+    def __init__(self, lineages: list[Lineage]) -> None:
+        self.lineages = lineages
+
+    def readiness(self) -> Readiness:
+        for lineage in self.lineages:
+            result = lineage.manager.readiness()
+            if not result.ready:
+                return Readiness(False, f"config {lineage.entry.name}: {result.reason}")
+        return self.lineages[0].manager.readiness()
+
+    def daemon_states(self) -> list[dict]:
+        return [{**state, "name": state["name"] if index == 0 else f"{x.entry.name}.{state['name']}"}
+                for index, x in enumerate(self.lineages) for state in x.manager.daemon_states()]
 
 
 def wire_gate(lineages: list[Lineage], settings: Settings, metrics: Metrics) -> LineageGate:

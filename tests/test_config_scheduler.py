@@ -215,3 +215,35 @@ def test_progress_of_one_config_for_the_cli() -> None:
     assert config_progress(answer, "go")[1]["error"] == "no config 'go' on this node; it runs ['c4']"
     assert config_progress({"generations": []}, "c4")[0] == 404
     assert "config c4 (connect4): best generation 0, share 1.000" in format_progress(answer)
+
+
+def test_a_node_with_several_configs_is_ready_only_when_every_config_is(tmp_path) -> None:
+    from app.coordination.daemons.daemon_registry import build_registry
+    from app.coordination.daemons.manager import DaemonManager
+    from app.p2p_orchestrator import NodeHealth
+
+    async def worker(ctx) -> None:
+        ctx.mark_healthy()
+        await ctx.stopping.wait()
+
+    class Lineage:  # what NodeHealth reads of a lineage: its config and its real daemon manager
+        def __init__(self, name: str) -> None:
+            self.entry = type("Entry", (), {"name": name})()
+            self.manager = DaemonManager(build_registry({"daemons": {"worker": {"critical": True}}},
+                                                        {"worker": (worker, {})}).select("all"),
+                                         router=EventRouter(), settings=Settings())
+
+    async def scenario() -> None:
+        first, second = Lineage("c4"), Lineage("small")
+        health = NodeHealth([first, second])
+        await first.manager.start()
+        try:
+            assert health.readiness().reason == "config small: starting"
+            await second.manager.start()
+            assert health.readiness().ready
+            assert [d["name"] for d in health.daemon_states()] == ["worker", "small.worker"]
+        finally:
+            await first.manager.drain_and_stop(5)
+            await second.manager.drain_and_stop(5)
+
+    asyncio.run(scenario())
