@@ -11,21 +11,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from dataclasses import dataclass
 from collections.abc import Callable
 from pathlib import Path
 
+import yaml
 from aiohttp import web
 
+from app.atomic_files import atomic_write_text
 from app.config import ConfigError, Settings, load_settings
+from app.config.configs import LINEAGE_SETTINGS_FILE, ConfigEntry, lineage_settings
 from app.config.node import default_node_id
-from app.coordination.daemons.manager import DaemonManager
+from app.coordination.daemons.manager import DaemonManager, Readiness
 from app.coordination.daemons.daemon_registry import build_registry, daemon_settings, read_daemons
 from app.coordination.pipeline.cluster import ClusterPipeline
 from app.coordination.pipeline.runner_settings import ExportSettings
 from app.coordination.pipeline.runners import pipeline_runners
 from app.coordination.daemons.dlq_retry import INFRA_RUNNERS
 from app.coordination.daemons.event_journal import EventJournal
-from app.coordination.daemons.event_router import EventRouter
+from app.coordination.daemons.event_router import Event, EventRouter
+from app.coordination.daemons.events import EventType
 from app.coordination.daemons.health_server import HealthServer
 from app.coordination.daemons.metrics import Metrics
 from app.coordination.p2p.node import MeshNode
@@ -34,6 +39,7 @@ from app.coordination.pipeline.steps import ReportsStatus
 from app.workloads import pipeline_context
 from app.coordination.pipeline.mesh_events import watch_mesh
 from app.coordination.pipeline.dashboard_feed import DashboardFeed
+from app.coordination.pipeline.lineage_gate import GatedLineage, LineageGate
 from app.coordination.pipeline.progress_display import show_progress
 from app.coordination.pipeline.strength_watch import watch_strength
 from app.db.dead_letters import DeadLetterStore
@@ -111,14 +117,31 @@ def _local_progress(pipe: PipelineContext) -> dict:
     return {**report, **(pipe.steps.progress_extra(pipe) if isinstance(pipe.steps, ReportsStatus) else {})}
 
 
-async def run_node(args: argparse.Namespace, settings: Settings) -> int:
-    if settings.node.db_url:
-        await asyncio.to_thread(check_reachable, settings.node.db_url)  # one line, not a traceback
-    daemons = read_daemons(args.daemons)
+@dataclass
+class Lineage:
+    """One config's whole one-lineage stack on this node (app/config/configs.py)."""
+
+    entry: ConfigEntry
+    pipe: PipelineContext
+    router: EventRouter
+    manager: DaemonManager
+    node: MeshNode
+    cluster: ClusterPipeline | None
+    feed: DashboardFeed
+    metrics: Metrics
+    dead_letters: DeadLetterStore
+
+
+async def build_lineage(args: argparse.Namespace, entry: ConfigEntry, settings: Settings, daemons: dict,
+                        metrics: Metrics, own_file: bool) -> Lineage:
     export = daemon_settings(daemons, "export", ExportSettings, str(args.daemons))
-    pipe = pipeline_context(settings, config_path=args.config.resolve() if args.config else None, export=export)
+    config_path = args.config.resolve() if args.config else None
+    if own_file:  # `configs:` given: its torchrun reads this config's sections, not the node file's
+        config_path = Path(settings.node.data_dir).resolve() / LINEAGE_SETTINGS_FILE
+        await asyncio.to_thread(atomic_write_text, config_path, lineage_yaml(settings))
+    pipe = pipeline_context(settings, config_path=config_path, export=export)
+    pipe.config_name = entry.name
     await asyncio.to_thread(migrate_data_dir, pipe)
-    metrics = Metrics(node=settings.node.node_id)
     dead_letters = DeadLetterStore(pipe.paths.dead_letters_db)
     router = EventRouter(metrics=metrics, dead_letters=dead_letters)
     EventJournal(pipe.paths.events_file).subscribe(router)
@@ -138,40 +161,131 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
         cluster.readiness = ready  # gossiped: every node's dashboard shows every node's readiness
     metrics.watch_daemons(manager.daemon_states)
     metrics.watch_mesh(feed.mesh_gauges)
-    health = HealthServer(manager, metrics, host=settings.node.host, port=settings.node.health_port,
-                          dashboard=feed.snapshot)
+    return Lineage(entry, pipe, router, manager, node, cluster, feed, metrics, dead_letters)
+
+
+def lineage_yaml(settings: Settings) -> str:
+    """The sections a lineage's training run reads (no mesh secrets on disk)."""
+    data = settings.model_dump(mode="json", include={"workload", "model", "search", "selfplay", "export", "train",
+                                                     "gauntlet", "promotion"})
+    data["node"] = {"game": settings.node.game}
+    return yaml.safe_dump(data, sort_keys=True)
+
+
+async def run_node(args: argparse.Namespace, settings: Settings) -> int:
+    if settings.node.db_url:
+        await asyncio.to_thread(check_reachable, settings.node.db_url)  # one line, not a traceback
+    daemons = read_daemons(args.daemons)
+    configured = lineage_settings(settings)
+    several = len(configured) > 1
+    metrics = Metrics(node=settings.node.node_id)
+    lineages = [await build_lineage(args, entry, lsettings, daemons,
+                                    metrics if index == 0 else Metrics(node=settings.node.node_id),
+                                    own_file=bool(settings.configs))
+                for index, (entry, lsettings) in enumerate(configured)]
+    primary = lineages[0]
+    pipe, manager, node, cluster, feed = primary.pipe, primary.manager, primary.node, primary.cluster, primary.feed
+    gate = wire_gate(lineages, settings, metrics) if several else None
+    health = HealthServer(NodeHealth(lineages) if several else manager, metrics, host=settings.node.host,
+                          port=settings.node.health_port,
+                          dashboard=lambda: {**feed.snapshot(), **configs_view(lineages, gate)} if gate else feed.snapshot())
     node.add_routes(admin_routes(manager))
     await health.start()
-    await node.start()
+    for lineage in lineages:
+        await lineage.node.start()
     manager.install_signal_handlers(deadline_s=DRAIN_DEADLINE_S)
     metrics.generation.set(pipe.state.best_generation)
     log.info("node_starting", data_dir=str(pipe.paths.data_dir), health=health.url,
-             generation=pipe.state.generation, stage=pipe.state.stage.value)
-    background = [asyncio.create_task(show_progress(pipe, metrics)), asyncio.create_task(feed.run()),
-                  asyncio.create_task(watch_strength(pipe))]
-    if cluster is not None:
-        background.append(asyncio.create_task(cluster.publish_loop(router)))
-        background.append(asyncio.create_task(watch_mesh(node, router)))
-    else:
-        background.append(asyncio.create_task(_show_local_status(pipe, node, ready)))
+             generation=pipe.state.generation, stage=pipe.state.stage.value, configs=[x.entry.name for x in lineages])
+    background = [asyncio.create_task(show_progress(pipe, metrics))]
+    for lineage in lineages:
+        background += [asyncio.create_task(lineage.feed.run()), asyncio.create_task(watch_strength(lineage.pipe))]
+        if lineage.cluster is not None:
+            background.append(asyncio.create_task(lineage.cluster.publish_loop(lineage.router)))
+            background.append(asyncio.create_task(watch_mesh(lineage.node, lineage.router)))
+        else:
+            background.append(asyncio.create_task(_show_local_status(lineage.pipe, lineage.node, lineage.feed.readiness,
+                                                                     gate)))
+    if gate is not None:
+        background += [asyncio.create_task(gate.run()), asyncio.create_task(gate.account_training()),
+                       asyncio.create_task(_drain_with(manager, [x.manager for x in lineages[1:]]))]
     if args.max_generations:
         background.append(asyncio.create_task(_stop_after(pipe, manager, args.max_generations)))
     try:
-        await manager.start()
-        await manager.wait_stopped()
+        await asyncio.gather(*(x.manager.start() for x in lineages))
+        await asyncio.gather(*(x.manager.wait_stopped() for x in lineages))
     finally:
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
         try:
-            await asyncio.wait_for(_teardown(cluster, node, health), TEARDOWN_DEADLINE_S)
+            await asyncio.wait_for(_teardown(lineages, health), TEARDOWN_DEADLINE_S)
         except TimeoutError:
             log.warning("teardown_timed_out", deadline_s=TEARDOWN_DEADLINE_S)
-        pipe.steps.close()
-        dead_letters.close()
+        for lineage in lineages:
+            lineage.pipe.steps.close()
+            lineage.dead_letters.close()
     log.info("node_stopped", generation=pipe.state.generation, promoted=pipe.state.promoted,
              rejected=pipe.state.rejected)
     return 0
+
+
+class NodeHealth:
+    """/readyz and /daemons of a node with several configs: ready only when every config's
+    daemons are (a critical daemon that gave up in any config says so, naming the config)."""
+
+    def __init__(self, lineages: list[Lineage]) -> None:
+        self.lineages = lineages
+
+    def readiness(self) -> Readiness:
+        for lineage in self.lineages:
+            result = lineage.manager.readiness()
+            if not result.ready:
+                return Readiness(False, f"config {lineage.entry.name}: {result.reason}")
+        return self.lineages[0].manager.readiness()
+
+    def daemon_states(self) -> list[dict]:
+        return [{**state, "name": state["name"] if index == 0 else f"{x.entry.name}.{state['name']}"}
+                for index, x in enumerate(self.lineages) for state in x.manager.daemon_states()]
+
+
+def wire_gate(lineages: list[Lineage], settings: Settings, metrics: Metrics) -> LineageGate:
+    """Several configs: the gate they share, told of every lineage's promotions, and the
+    allocation in every lineage's gossiped inventory (so in /status)."""
+    gated = [GatedLineage(x.entry.name, x.entry.weight, x.pipe, _generations_of(x)) for x in lineages]
+    primary = lineages[0]
+    gate = LineageGate(gated, settings.scheduler, primary.pipe.paths.data_dir, settings.node.node_id,
+                       router=primary.router, registry=metrics.registry)
+    for lineage in lineages:
+        lineage.pipe.gate = gate
+        name = lineage.entry.name
+
+        async def promoted(_event: Event, name: str = name) -> None:
+            gate.on_promoted(name)
+
+        lineage.router.subscribe(EventType.MODEL_PROMOTED, promoted, name=f"config_gate.{name}")
+        if lineage.cluster is not None:
+            lineage.cluster.extra_inventory = lambda name=name: {"config": name, "config_allocation": gate.status()}
+    base = primary.node.progress_provider
+    primary.node.set_progress_provider(lambda: {**(base() if base else {}), **configs_view(lineages, gate)})
+    return gate
+
+
+def _generations_of(lineage: Lineage) -> Callable[[], list[dict]]:
+    return lambda: lineage.feed.config_progress()["generations"]
+
+
+def configs_view(lineages: list[Lineage], gate: LineageGate | None) -> dict:
+    """/progress and the dashboard with several configs: each config's progress and the allocation."""
+    return {"configs": {x.entry.name: {"game": x.entry.game, "weight": x.entry.weight, **x.feed.config_progress()}
+                        for x in lineages},
+            "allocation": gate.status() if gate is not None else None}
+
+
+async def _drain_with(primary: DaemonManager, others: list[DaemonManager]) -> None:
+    """The node drains as one: the other configs' daemons with the first's (signal, /admin/drain)."""
+    await primary.wait_draining()
+    await asyncio.gather(*(m.drain_and_stop(DRAIN_DEADLINE_S) for m in others))
 
 
 def migrate_data_dir(pipe: PipelineContext) -> None:
@@ -202,8 +316,8 @@ def admin_routes(manager: DaemonManager) -> list[web.RouteDef]:
     return [web.post("/admin/drain", drain)]
 
 
-async def _show_local_status(pipe: PipelineContext, node: MeshNode, ready: Callable[[], tuple[bool, str]],
-                             interval_s: float = 2.0) -> None:
+async def _show_local_status(pipe: PipelineContext, node: MeshNode, ready: Callable[[], tuple[bool, str]] | None,
+                             gate: LineageGate | None = None, interval_s: float = 2.0) -> None:
     """A lone node has no gossip loop: its best generation, the items it created and what the
     workload reports about it (an LM node's engines and their weight versions) still reach
     /status, in the keys a cluster node's inventory has them."""
@@ -216,19 +330,23 @@ async def _show_local_status(pipe: PipelineContext, node: MeshNode, ready: Calla
             if str(exc) != last_error:
                 log.warning("local_status_counts_failed", error=str(exc))
             last_error, counts = str(exc), {}
-        state, (is_ready, why) = pipe.state, ready()
+        state, (is_ready, why) = pipe.state, (ready() if ready is not None else (None, ""))
         reported = pipe.steps.node_status(pipe) if isinstance(pipe.steps, ReportsStatus) else {}
         node.update_local_state(inventory={**counts, **reported,
                                            "best_generation": state.best_generation, "best_sha256": state.best_sha256,
-                                           "ready": is_ready, "ready_reason": why[:200]})
+                                           "ready": is_ready, "ready_reason": why[:200],
+                                           **({"config": pipe.config_name, "config_allocation": gate.status()}
+                                              if gate is not None else {})})
         await asyncio.sleep(interval_s)
 
 
-async def _teardown(cluster: ClusterPipeline | None, node: MeshNode, health: HealthServer) -> None:
-    """Hand back a held claim (so the leader reschedules at once), then close the servers."""
-    if cluster is not None:
-        await cluster.release_for_shutdown()
-    await node.stop()
+async def _teardown(lineages: list[Lineage], health: HealthServer) -> None:
+    """Hand back held claims (so the leader reschedules at once), then close the servers."""
+    for lineage in lineages:
+        if lineage.cluster is not None:
+            await lineage.cluster.release_for_shutdown()
+    for lineage in lineages:
+        await lineage.node.stop()
     await health.stop()
 
 

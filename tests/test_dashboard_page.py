@@ -43,6 +43,15 @@ def snapshot(not_ready: set[str]) -> dict:
                          "accuracy": {"exact": 0.4 + 0.01 * g, "outcome": 0.7},
                          "reason": "pass: no gate configured (every candidate is promoted; the gauntlet only measures)"}
                         for g in range(1, 15)],
+        # two configs on the cluster (app/config/configs.py): the scheduler's shares and why
+        "configs": {"c4": {"game": "connect4", "weight": 1.0, "best_generation": 14,
+                           "generations": [{"generation": 14, "promoted": True, "elo": 140.0}]},
+                    "small": {"game": "connect4_5x4", "weight": 1.0, "best_generation": 3, "generations": []}},
+        "allocation": {"shares": {"c4": 0.7, "small": 0.3}, "progress": {"c4": 120.5, "small": None},
+                       "regressing": ["small"],
+                       "reasons": {"c4": "share 0.700: progress 120.5 Elo/CPU-h, stale 0.10 h, weight 1",
+                                   "small": "share 0.300: progress not measured yet (optimistic), stale 0.20 h, "
+                                            "weight 1, regressing (Elo 10 < peak 80 - 30): boost x2"}},
         "series": [{"t": time.time() - 60 + i, "games": 100 + i, "positions": 1000 + 10 * i} for i in range(60)],
     }
 
@@ -83,6 +92,8 @@ async def test_the_header_degrades_while_a_voter_is_alive_but_not_ready(served) 
         cells = await browser.eval("[...document.querySelectorAll('#nodes .readiness')].map(e => e.textContent)")
         assert cells == ["ready", "not ready", "ready"]
         assert await browser.eval("document.querySelectorAll('#accuracy tbody tr').length") == 14
+        assert await browser.eval("[...document.querySelectorAll('#configs .config-name')].map(e => e.textContent)") \
+            == ["c4", "small"]
 
 
 async def test_no_table_is_cut_off_on_a_phone(served) -> None:
@@ -98,7 +109,7 @@ async def test_no_table_is_cut_off_on_a_phone(served) -> None:
                       .map(c => c.getBoundingClientRect().right))])""")
         for table_id, width, box, right in widths:
             assert width <= box + 1 and right <= 390, (table_id, width, box, right)
-        assert {w[0] for w in widths} == {"nodes", "accuracy", "daemons", "claims", "generations"}
+        assert {w[0] for w in widths} == {"nodes", "accuracy", "daemons", "claims", "generations", "configs"}
         assert await browser.eval("document.documentElement.scrollWidth <= window.innerWidth + 1")
         # each cell says what it is, the header row being hidden
         assert await browser.eval("document.querySelector('#generations td').dataset.label") == "gen"

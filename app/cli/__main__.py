@@ -2,6 +2,7 @@
 
     python -m app.cli status   [--node HOST:8770] [--json]     every node: role, term, quorum, model, games
     python -m app.cli progress [--node HOST:8770] [--json]     decided generations, best, rolled back
+    python -m app.cli progress --config NAME                   the same for one config of several (`configs:`)
     python -m app.cli rollback [--generation G] [--reason R]   withdraw the cluster's best (voter quorum)
     python -m app.cli promote  SHA [--reason R]                promote a model in this node's registry
     python -m app.cli drain    --node HOST:8770                hand leadership away, then drain that node
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.cli.mesh_commands import (
-    MeshAdmin, NodeAddress, SECRET_HINT, describe_error, format_progress, format_status, refusal_line,
+    MeshAdmin, NodeAddress, SECRET_HINT, config_progress, describe_error, format_progress, format_status, refusal_line,
 )
 from app.config import ConfigError, Settings, load_settings
 
@@ -65,9 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     connection.add_argument("--node", type=node_address, default=argparse.SUPPRESS, help=node_help)
     connection.add_argument("--timeout", type=float, default=argparse.SUPPRESS, help="seconds to wait for an answer")
     sub = p.add_subparsers(dest="command", required=True)
-    for name, text in (("status", "every node's role, term, quorum, readiness, model and games"),
-                       ("progress", "the cluster's decided generations: Elo, solved-position accuracy")):
-        sub.add_parser(name, help=text, parents=[connection])
+    sub.add_parser("status", help="every node's role, term, quorum, readiness, model and games", parents=[connection])
+    pg = sub.add_parser("progress", help="the cluster's decided generations: Elo, solved-position accuracy",
+                        parents=[connection])
+    pg.add_argument("--config", dest="config_name", metavar="NAME", default=None,
+                    help="one config of a node that runs several (its `configs:`): that config's generations")
     r = sub.add_parser("rollback", help="withdraw the cluster's best model (a quorum decision)", parents=[connection])
     r.add_argument("--generation", type=int, default=None, help="the promoted generation to withdraw (default: the best)")
     r.add_argument("--reason", default="operator rollback")
@@ -122,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.json:
         print(json.dumps(answer, indent=1 if args.command == "progress" else None))
+    elif status == 404 and args.command == "progress":  # --config NAME the node does not run
+        print(f"error: {answer['error']}", file=sys.stderr)
     elif status != 200:
         print(f"error: {refusal_line(args.node, status, answer)}", file=sys.stderr)
     else:
@@ -191,7 +196,7 @@ async def _run(args: argparse.Namespace, admin: MeshAdmin) -> tuple[int, Any]:
         if args.command == "status":
             return 200, await admin.cluster_status()
         if args.command == "progress":
-            return 200, await admin.progress()
+            return config_progress(await admin.progress(), args.config_name)
         if args.command == "rollback":
             return await admin.rollback(args.generation, args.reason)
         if args.command == "transfer":

@@ -227,7 +227,28 @@ def format_progress(answer: dict[str, Any]) -> str:
     if answer.get("anchor"):
         lines.append(f"Elo relative to: {answer['anchor']} (0)")
     lines.append(f"best: generation {answer.get('best_generation', 0)} ({best[:12] if best else 'untrained'})")
+    allocation = answer.get("allocation") or {}
+    for name, config in (answer.get("configs") or {}).items():  # several configs: one line each
+        share = (allocation.get("shares") or {}).get(name)
+        lines.append(f"config {name} ({config.get('game')}): best generation {config.get('best_generation') or 0}, "
+                     f"share {_number(share, '{:.3f}')}: {(allocation.get('reasons') or {}).get(name, '')}")
     return "\n".join(lines)
+
+
+def config_progress(answer: Any, name: str | None) -> tuple[int, Any]:
+    """(200, /progress) or, with `name`, (200, that config's part with its share and reason), or
+    (404, why) naming the configs the node runs."""
+    if name is None:
+        return 200, answer
+    configs = answer.get("configs") if isinstance(answer, dict) else None
+    if not isinstance(configs, dict):
+        return 404, {"error": f"this node runs one config: `progress` without --config shows it, not {name!r}"}
+    if name not in configs:
+        return 404, {"error": f"no config {name!r} on this node; it runs {sorted(configs)}"}
+    allocation = answer.get("allocation") or {}
+    return 200, {**configs[name], "config": name,
+                 "share": (allocation.get("shares") or {}).get(name),
+                 "reason": (allocation.get("reasons") or {}).get(name)}
 
 
 def _under_replicated(inventory: dict[str, Any]) -> str:

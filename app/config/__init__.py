@@ -10,9 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
+
+from pydantic import model_validator
 
 from app.config.base import ConfigError, StrictModel
+from app.config.configs import ConfigEntry, SchedulerConfig, check_configs, lineage_settings
 from app.config.lm import LMConfig, Workload, workload_problems
 from app.config.mesh import MeshConfig
 from app.config.pipeline import (
@@ -41,6 +44,23 @@ class Settings(StrictModel):
     promotion: PromotionConfig = PromotionConfig()
     replication: ReplicationConfig = ReplicationConfig()
     lm: LMConfig = LMConfig()
+    # several game configs on one cluster, each its own lineage (app/config/configs.py); empty:
+    # one lineage of node.game, as before
+    configs: list[ConfigEntry] = Field(default=[], max_length=16)
+    scheduler: SchedulerConfig = SchedulerConfig()
+
+    @model_validator(mode="after")
+    def _configs_fit(self) -> Settings:
+        if not self.configs:
+            return self
+        check_configs(self.configs)
+        if self.workload == "lm":
+            raise ValueError("configs: lists game configs; an lm node runs one lineage")
+        if self.node.db_url and len(self.configs) > 1:
+            raise ValueError("configs: several configs keep their lineages in files under the data dir; "
+                             "node.db_url would put them in one database")
+        lineage_settings(self)  # every config's overrides valid now, not when its lineage starts
+        return self
 
 
 def read_yaml_mapping(path: Path, what: str) -> dict:
@@ -88,6 +108,7 @@ def format_validation_error(exc: ValidationError) -> str:
 
 
 __all__ = [
+    "ConfigEntry",
     "ConfigError",
     "ExportConfig",
     "GauntletConfig",
@@ -98,6 +119,7 @@ __all__ = [
     "PromotionConfig",
     "ReplicationConfig",
     "SearchConfig",
+    "SchedulerConfig",
     "SelfplayConfig",
     "Settings",
     "StrictModel",

@@ -35,6 +35,7 @@ class EventType(str, enum.Enum):
     LEADER_ELECTED = "leader_elected"
     QUORUM_CHANGED = "quorum_changed"
     DAEMON_CRASH_LOOP = "daemon_crash_loop"
+    ALLOCATION_CHANGED = "allocation_changed"  # the scheduler across configs moved the shares
     # Deprecated alias, kept for one release: the same member as NEW_ITEMS_AVAILABLE.
     NEW_GAMES_AVAILABLE = "new_items_available"
 
@@ -137,6 +138,13 @@ class DaemonCrashLoop(Payload):
     last_error: str
 
 
+class AllocationChanged(Payload):
+    trigger: str  # progress (Elo -> self-play), regression (-> curriculum), promotion (-> rebalance), start
+    shares: dict[str, Annotated[float, Field(ge=0.0, le=1.0)]]  # config -> share of the node's compute
+    reasons: dict[str, str]  # config -> why, one line
+    regressing: list[str]
+
+
 PAYLOAD_SCHEMAS: dict[EventType, type[Payload]] = {
     EventType.NEW_ITEMS_AVAILABLE: NewItemsAvailable,
     EventType.TRAINING_THRESHOLD_REACHED: TrainingThresholdReached,
@@ -150,6 +158,7 @@ PAYLOAD_SCHEMAS: dict[EventType, type[Payload]] = {
     EventType.LEADER_ELECTED: LeaderElected,
     EventType.QUORUM_CHANGED: QuorumChanged,
     EventType.DAEMON_CRASH_LOOP: DaemonCrashLoop,
+    EventType.ALLOCATION_CHANGED: AllocationChanged,
 }
 
 

@@ -71,6 +71,8 @@ class ClusterPipeline:
         self.rendezvous: dict[str, Any] | None = None  # gossiped while this node hosts a spanned run
         self.replication: dict[str, Any] | None = None  # the replication daemon's latest counts
         self.readiness: Callable[[], tuple[bool, str]] | None = None  # this node's /readyz (the orchestrator's)
+        # several configs on the node: which config this lineage is and the allocation (/status)
+        self.extra_inventory: Callable[[], dict[str, Any]] | None = None
 
     # -- what this node gossips, and what it learns -----------------------------------
     def inventory(self) -> dict[str, Any]:
@@ -91,6 +93,7 @@ class ClusterPipeline:
             **self.gauntlet.inventory(),
             **({"train_rendezvous": self.rendezvous} if self.rendezvous is not None else {}),
             **({"replication": self.replication} if self.replication is not None else {}),
+            **(self.extra_inventory() if self.extra_inventory is not None else {}),
         }
 
     def _readiness(self) -> dict[str, Any]:

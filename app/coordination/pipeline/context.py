@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 from app.config import Settings
 from app.config.paths import NodePaths
 from app.coordination.daemons.daemon_registry import DaemonContext
@@ -49,6 +50,11 @@ class PipelineContext:
         # the node's drain has begun (the orchestrator hands in DaemonManager.wait_draining); only
         # the test fault point `_test_hold` waits on it
         self.wait_draining: Callable[[], Awaitable[None]] | None = None
+        # several configs on the node (app/config/configs.py): this lineage's config, and the
+        # gate the lineages share (lineage_gate.LineageGate: self-play turns, training claims);
+        # None with one config, where nothing waits on another lineage
+        self.config_name: str | None = None
+        self.gate: Any = None
 
     def save_state(self) -> None:
         """Write the state as it is (the start-up migration of an old data dir's paths)."""

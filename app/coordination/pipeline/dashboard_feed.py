@@ -327,6 +327,17 @@ class DashboardFeed:
         out["anchor"] = _anchor_summary(out["generations"])
         return out
 
+    def config_progress(self) -> dict[str, Any]:
+        """This lineage's part of /progress and the dashboard on a node with several configs
+        (memory only: the page's callable runs on the event loop)."""
+        generations = self.generations()
+        cluster = self.pipe.cluster
+        best = cluster.target_best() if cluster is not None else None
+        state = self.pipe.state
+        return {"best_generation": best.generation if best is not None else state.best_generation,
+                "current_best": best.sha256 if best is not None else state.best_sha256,
+                "anchor": _anchor_summary(generations), "generations": generations}
+
     def mesh_gauges(self) -> dict[str, Any]:
         """The mesh and cluster state as gauges (daemons/metrics.MESH_VIEW_HELP names; a dict
         value is one series per label value, metrics.MESH_VIEW_LABELS names the label)."""

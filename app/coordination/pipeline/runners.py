@@ -45,11 +45,12 @@ async def selfplay_daemon(pipe: PipelineContext, ctx: DaemonContext[SelfplaySett
     try:
         while not ctx.stopping.is_set():
             state = pipe.state
-            if cfg.pause_while_evaluating and state.stage is Stage.TRAINED:
+            evaluating = state.stage is Stage.TRAINED or (pipe.gate is not None and pipe.gate.evaluating())
+            if cfg.pause_while_evaluating and evaluating:  # any config's gauntlet on this node
                 await pipe.wait_for_change(1.0)  # two cores: leave them to the gauntlet
                 ctx.mark_healthy()
                 continue
-            summary = await asyncio.to_thread(pipe.steps.selfplay_batch, pipe, cfg, ctx.stopping.is_set)
+            summary = await _selfplay_batch(pipe, cfg, ctx)
             total = await asyncio.to_thread(pipe.newest_item_id)
             ctx.metrics.selfplay_items_total.inc(summary.items)
             ctx.metrics.selfplay_samples_total.inc(summary.samples)
@@ -64,6 +65,16 @@ async def selfplay_daemon(pipe: PipelineContext, ctx: DaemonContext[SelfplaySett
                 break
     finally:
         pipe.steps.close_selfplay()  # takes no lock: returns within seconds even mid-batch
+
+
+async def _selfplay_batch(pipe: PipelineContext, cfg: SelfplaySettings, ctx: DaemonContext[SelfplaySettings]):
+    """One batch; with several configs on the node, in this config's turn (lineage_gate.py)."""
+    if pipe.gate is None:
+        return await asyncio.to_thread(pipe.steps.selfplay_batch, pipe, cfg, ctx.stopping.is_set)
+    async with pipe.gate.selfplay_turn(pipe.config_name) as played:
+        summary = await asyncio.to_thread(pipe.steps.selfplay_batch, pipe, cfg, ctx.stopping.is_set)
+        played(summary.workers)
+    return summary
 
 
 async def export_daemon(pipe: PipelineContext, ctx: DaemonContext[ExportSettings]) -> None:
@@ -90,12 +101,22 @@ async def export_daemon(pipe: PipelineContext, ctx: DaemonContext[ExportSettings
 async def _export_if_due(pipe: PipelineContext, ctx: DaemonContext[ExportSettings]) -> None:
     newest = await asyncio.to_thread(pipe.newest_item_id)
     state = pipe.state
-    if ps.should_export(state, newest, pipe.export_threshold):
+    due = ps.should_export(state, newest, pipe.export_threshold)
+    if pipe.gate is not None:  # several configs: a generation due steps aside for one further below its share
+        pipe.gate.claimed(pipe.config_name, due)
+        if due and not pipe.gate.may_claim(pipe.config_name):
+            return
+    if due:
         await _export(pipe, ctx, state.generation, newest, newest - state.export_mark, pipe.export_threshold)
 
 
 async def _export_claimed_generation(pipe: PipelineContext, cluster: Cluster, ctx: DaemonContext[ExportSettings]) -> None:
+    gate = pipe.gate  # several configs: one generation at a time, for the config the shares pick
+    if gate is not None and cluster.current is None and not gate.may_claim(pipe.config_name):
+        return
     claim = await cluster.claim_generation()
+    if gate is not None:
+        gate.claimed(pipe.config_name, claim is not None)
     if claim is None:
         return
     if isinstance(pipe.steps, PullsBeforeExport):  # else the items arrive by replication alone
