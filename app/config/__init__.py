@@ -10,13 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from pydantic import ValidationError
+from pydantic import ValidationError, model_validator
 
 from app.config.base import ConfigError, StrictModel
 from app.config.lm import LMConfig, Workload, workload_problems
 from app.config.mesh import MeshConfig
 from app.config.pipeline import (
     ExportConfig,
+    FeedbackConfig,
     GauntletConfig,
     ModelConfig,
     PromotionConfig,
@@ -39,8 +40,17 @@ class Settings(StrictModel):
     train: TrainConfig = TrainConfig()
     gauntlet: GauntletConfig = GauntletConfig()
     promotion: PromotionConfig = PromotionConfig()
+    feedback: FeedbackConfig = FeedbackConfig()  # the quality and plateau loops (connect4 workload)
     replication: ReplicationConfig = ReplicationConfig()
     lm: LMConfig = LMConfig()
+
+    @model_validator(mode="after")
+    def _plateau_bounds(self) -> "Settings":
+        plateau = self.feedback.plateau
+        if plateau.enabled and plateau.max_fraction < self.search.dirichlet_fraction:
+            raise ValueError(f"feedback.plateau.max_fraction ({plateau.max_fraction}) is below "
+                             f"search.dirichlet_fraction ({self.search.dirichlet_fraction}): the loop could never raise it")
+        return self
 
 
 def read_yaml_mapping(path: Path, what: str) -> dict:

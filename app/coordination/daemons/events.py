@@ -35,6 +35,8 @@ class EventType(str, enum.Enum):
     LEADER_ELECTED = "leader_elected"
     QUORUM_CHANGED = "quorum_changed"
     DAEMON_CRASH_LOOP = "daemon_crash_loop"
+    TRAINING_ADJUSTED = "training_adjusted"  # quality -> training moved the next run's lr or batch
+    EXPLORATION_ADJUSTED = "exploration_adjusted"  # loss plateau -> exploration moved self-play's noise
     # Deprecated alias, kept for one release: the same member as NEW_ITEMS_AVAILABLE.
     NEW_GAMES_AVAILABLE = "new_items_available"
 
@@ -137,6 +139,29 @@ class DaemonCrashLoop(Payload):
     last_error: str
 
 
+Share = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class TrainingAdjusted(Payload):
+    """quality -> training (app/coordination/pipeline/feedback_loops.py) moved its scale."""
+
+    generation: NonNegative  # whose export was scored; its training uses the new values
+    score: Share
+    scale: Annotated[float, Field(gt=0.0, le=1.0)]
+    previous_scale: Annotated[float, Field(gt=0.0, le=1.0)]
+    values: dict[str, float]  # the trainer's options it sets ({}: the configured ones again)
+    reason: str
+
+
+class ExplorationAdjusted(Payload):
+    """loss plateau -> exploration (app/coordination/pipeline/feedback_loops.py) moved the noise."""
+
+    generation: NonNegative  # the decided generation that moved it
+    dirichlet_fraction: Share
+    previous: Share
+    reason: str
+
+
 PAYLOAD_SCHEMAS: dict[EventType, type[Payload]] = {
     EventType.NEW_ITEMS_AVAILABLE: NewItemsAvailable,
     EventType.TRAINING_THRESHOLD_REACHED: TrainingThresholdReached,
@@ -150,6 +175,8 @@ PAYLOAD_SCHEMAS: dict[EventType, type[Payload]] = {
     EventType.LEADER_ELECTED: LeaderElected,
     EventType.QUORUM_CHANGED: QuorumChanged,
     EventType.DAEMON_CRASH_LOOP: DaemonCrashLoop,
+    EventType.TRAINING_ADJUSTED: TrainingAdjusted,
+    EventType.EXPLORATION_ADJUSTED: ExplorationAdjusted,
 }
 
 
