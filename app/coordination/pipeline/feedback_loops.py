@@ -80,7 +80,7 @@ def decide_training(prev: TrainingDecision, score: float, generation: int, cfg: 
         new = scale
         if score < cfg.low or score >= cfg.high:
             why = f"quality {score:.3f}: scale at its bound {scale:.3f}"
-    return TrainingDecision(round(new, 9), round(score, 6), generation, why)
+    return TrainingDecision(new, round(score, 6), generation, why)
 
 
 def training_values(decision: TrainingDecision, train: TrainConfig, knob: str) -> dict[str, float | int]:
@@ -126,11 +126,11 @@ def decide_exploration(prev: ExplorationDecision, loss: float | None, promoted: 
     if improved_loss or beat_best:
         new = max(base, current - cfg.step)
         cause = f"loss {loss:.4f} below the window's best" if improved_loss else f"promoted scoring {vs_best:.3f} vs best"
-        return ExplorationDecision(round(new, 9), history[-1:], generation,  # the new level starts the window
+        return ExplorationDecision(new, history[-1:], generation,  # the new level starts the window
                                    f"improvement ({cause}): noise {current:.3f} -> {new:.3f}")
     if len(history) >= cfg.generations and is_flat(history, cfg.tolerance):
         new = min(top, current + cfg.step)
-        return ExplorationDecision(round(new, 9), (), generation,
+        return ExplorationDecision(new, (), generation,
                                    f"{len(history)} generations flat within {cfg.tolerance}: noise {current:.3f} -> {new:.3f}")
     return ExplorationDecision(current, history, generation,
                                f"noise held at {current:.3f} ({len(history)}/{cfg.generations} losses in the window)")
