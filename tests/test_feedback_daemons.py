@@ -170,7 +170,9 @@ async def test_flat_losses_raise_the_noise_self_play_plays_with(tmp_path) -> Non
     assert router.metrics.value("mesh_feedback_adjustments_total", loop="plateau") == 1
     stored = ps.PipelineStateStore(pipe.paths.state_file).load()
     assert stored.feedback["plateau"]["fraction"] == pytest.approx(0.35)
-    assert feedback_status(pipe)["plateau"]["dirichlet_fraction"] == pytest.approx(0.35)
+    restarted = pipeline_context(pipe.settings, config_path=pipe.config_path)  # a restart reads the state file
+    assert feedback_status(restarted)["plateau"] == feedback_status(pipe)["plateau"]
+    assert feedback_status(restarted)["plateau"]["dirichlet_fraction"] == pytest.approx(0.35)
 
     sctx = _ctx(pipe, router, "selfplay", SelfplaySettings(batch_games=2, simulations=4, pause_while_evaluating=False))
     playing = asyncio.create_task(selfplay_daemon(pipe, sctx))
