@@ -27,6 +27,7 @@ from app.coordination.daemons.daemon_registry import build_registry, daemon_sett
 from app.coordination.pipeline.cluster import ClusterPipeline
 from app.coordination.pipeline.runner_settings import ExportSettings
 from app.coordination.pipeline.runners import pipeline_runners
+from app.coordination.pipeline.feedback_apply import feedback_status
 from app.coordination.daemons.dlq_retry import INFRA_RUNNERS
 from app.coordination.daemons.event_journal import EventJournal
 from app.coordination.daemons.event_router import Event, EventRouter
@@ -334,6 +335,7 @@ async def _show_local_status(pipe: PipelineContext, node: MeshNode, ready: Calla
         reported = pipe.steps.node_status(pipe) if isinstance(pipe.steps, ReportsStatus) else {}
         node.update_local_state(inventory={**counts, **reported,
                                            "best_generation": state.best_generation, "best_sha256": state.best_sha256,
+                                           "feedback": feedback_status(pipe),
                                            "ready": is_ready, "ready_reason": why[:200],
                                            **({"config": pipe.config_name, "config_allocation": gate.status()}
                                               if gate is not None else {})})

@@ -81,14 +81,16 @@ class CpuSampler:
     """(wall time, CPU seconds of the loop's tree) pairs, never decreasing in CPU: a member
     that exits before its parent reaps it drops out for a moment, and that dip is not real."""
 
-    def __init__(self) -> None:
+    def __init__(self, cpu_budget_s: float | None = None) -> None:
         self.samples: list[tuple[float, float]] = []
+        self.cpu_budget_s = cpu_budget_s  # True once the tree has used this much: run_loop stops it
 
-    def __call__(self, pid: int) -> None:
+    def __call__(self, pid: int) -> bool:
         cpu = tree_cpu_seconds(pid)
         if self.samples:
             cpu = max(cpu, self.samples[-1][1])
         self.samples.append((time.time(), cpu))
+        return self.cpu_budget_s is not None and cpu >= self.cpu_budget_s
 
     def at(self, t: float) -> float:
         if not self.samples:
@@ -211,7 +213,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="processes that score the models after the loop (default: one per core)")
     p.add_argument("--score-device", choices=DEVICE_CHOICES, default="cpu",
                    help="where the scoring networks run (default: %(default)s; cuda on a GPU node)")
+    p.add_argument("--cpu-minutes", type=float, default=None,
+                   help="stop the loop once its process tree has used this much CPU (--minutes stays the wall cap)")
+    p.add_argument("--loops", default=None,
+                   help="comma-separated variants run side by side at equal CPU (needs --cpu-minutes): off and "
+                        "feedback loops (quality, plateau), each on alone over --config (scripts/bench_feedback.py)")
+    p.add_argument("--loop-settings", default=None, help='with --loops: JSON over each loop\'s settings, e.g. {"quality": {"low": 0.8}}')
     args = p.parse_args(argv)
+    if args.loops:
+        from bench_feedback import run_variants
+        return run_variants(args, ROOT / "scripts" / "bench_learning.py")
     if args.minutes <= 0 or args.mcts_sims < 0 or args.scorers < 1 or args.final_games < 0:
         p.error("--minutes must be > 0, --mcts-sims >= 0, --scorers >= 1 and --final-games >= 0")
     torch.set_num_threads(1)
@@ -227,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
 
     load_before = os.getloadavg()
-    sampler = CpuSampler()
+    sampler = CpuSampler(args.cpu_minutes * 60 if args.cpu_minutes else None)
     started, ended = run_loop(args.config, args.daemons, data_dir, args.minutes, on_tick=sampler)
     load_after = os.getloadavg()
     children = os.times()
@@ -260,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
              f"load {load_before[0]:.1f}->{load_after[0]:.1f} on {os.cpu_count()} cores")
     drawn = plot_curves(curve, plot, title, args.mcts_sims)
     result = {
-        "minutes": round(wall / 60, 2), "config": str(args.config) if args.config else None,
+        "minutes": round(wall / 60, 2), "cpu_minutes_budget": args.cpu_minutes, "config": str(args.config) if args.config else None,
         "daemons": str(args.daemons), "data_dir": str(data_dir), "cores": os.cpu_count(),
         "load_average_before": round(load_before[0], 2), "load_average_after": round(load_after[0], 2),
         "cpu_seconds": round(max(cpu_total, sampler.samples[-1][1] if sampler.samples else 0.0), 1),

@@ -53,10 +53,11 @@ def stage_shares(history: list[dict], started: float, ended: float) -> dict[str,
 
 
 def run_loop(config: Path | None, daemons: Path, data_dir: Path, minutes: float,
-             on_tick: Callable[[int], None] | None = None, tick_s: float = 2.0) -> tuple[float, float]:
+             on_tick: Callable[[int], bool | None] | None = None, tick_s: float = 2.0) -> tuple[float, float]:
     """Run one orchestrator on `data_dir` for `minutes` (SIGTERM, then SIGKILL after a grace);
     (started, ended) wall-clock times. `on_tick(pid)` is called every `tick_s` while it runs
-    (a sampler's hook). Its log goes to `<data_dir>.log` beside the data dir."""
+    (a sampler's hook); a true answer ends the run there (a CPU budget spent). Its log goes to
+    `<data_dir>.log` beside the data dir."""
     cmd = [sys.executable, "-m", "app.p2p_orchestrator", "--daemons", str(daemons), "--data-dir", str(data_dir),
            "--port", "0", "--health-port", "0", "--node-id", "bench"]
     if config is not None:
@@ -70,8 +71,8 @@ def run_loop(config: Path | None, daemons: Path, data_dir: Path, minutes: float,
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
         try:
             while proc.poll() is None and time.time() < deadline:
-                if on_tick is not None:
-                    on_tick(proc.pid)
+                if on_tick is not None and on_tick(proc.pid):
+                    break
                 try:
                     proc.wait(timeout=max(0.0, min(tick_s, deadline - time.time())))
                 except subprocess.TimeoutExpired:

@@ -111,6 +111,10 @@ async def test_progress_of_a_lone_node_names_its_best_and_lists_its_generations(
     # every candidate played only the previous best: no Elo here is "vs random", and none says so
     assert progress["anchor"] == "generation 1" and {g["elo_anchor"] for g in progress["generations"]} == {"generation 1"}
     assert feed.snapshot()["elo_anchor"] == "generation 1"
+    # the feedback loops (off by default) and the values the node plays and trains with
+    assert set(progress["feedback"]) == {"quality", "plateau"} and \
+        progress["feedback"]["plateau"]["dirichlet_fraction"] == pipe.settings.search.dirichlet_fraction
+    assert not progress["feedback"]["quality"]["enabled"] and progress["feedback"]["quality"]["values"] == {}
 
 
 def test_model_elo_names_the_best_and_the_newest_candidate() -> None:

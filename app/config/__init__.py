@@ -10,9 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from pydantic import Field, ValidationError
-
-from pydantic import model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from app.config.base import ConfigError, StrictModel
 from app.config.configs import ConfigEntry, SchedulerConfig, check_configs, lineage_settings
@@ -20,6 +18,7 @@ from app.config.lm import LMConfig, Workload, workload_problems
 from app.config.mesh import MeshConfig
 from app.config.pipeline import (
     ExportConfig,
+    FeedbackConfig,
     GauntletConfig,
     ModelConfig,
     PromotionConfig,
@@ -42,6 +41,7 @@ class Settings(StrictModel):
     train: TrainConfig = TrainConfig()
     gauntlet: GauntletConfig = GauntletConfig()
     promotion: PromotionConfig = PromotionConfig()
+    feedback: FeedbackConfig = FeedbackConfig()  # the quality and plateau loops (connect4 workload)
     replication: ReplicationConfig = ReplicationConfig()
     lm: LMConfig = LMConfig()
     # several game configs on one cluster, each its own lineage (app/config/configs.py); empty:
@@ -60,6 +60,14 @@ class Settings(StrictModel):
             raise ValueError("configs: several configs keep their lineages in files under the data dir; "
                              "node.db_url would put them in one database")
         lineage_settings(self)  # every config's overrides valid now, not when its lineage starts
+        return self
+
+    @model_validator(mode="after")
+    def _plateau_bounds(self) -> "Settings":
+        plateau = self.feedback.plateau
+        if plateau.enabled and plateau.max_fraction < self.search.dirichlet_fraction:
+            raise ValueError(f"feedback.plateau.max_fraction ({plateau.max_fraction}) is below "
+                             f"search.dirichlet_fraction ({self.search.dirichlet_fraction}): the loop could never raise it")
         return self
 
 

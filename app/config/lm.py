@@ -29,7 +29,7 @@ from pydantic import Field, model_validator
 from app.config.base import StrictModel
 
 Workload = Literal["connect4", "lm"]
-CONNECT4_SECTIONS = ("model", "search", "selfplay", "export", "gauntlet", "promotion")
+CONNECT4_SECTIONS = ("model", "search", "selfplay", "export", "gauntlet", "promotion", "feedback")
 SHARED_TRAIN_KEYS = frozenset({"nproc", "max_nodes", "span_cpu_nodes", "join_timeout_s"})
 
 

@@ -4,7 +4,7 @@ gauntlet and promotion gates. Read by app/ai and app/training."""
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from app.config.base import StrictModel
 
@@ -144,3 +144,49 @@ class PromotionConfig(StrictModel):
     # The first network learns from uniform-prior self-play and cannot yet be expected to hold
     # the heuristic; the heuristic gate applies from this generation on.
     heuristic_gate_from_generation: int = 2
+
+
+class QualityLoopConfig(StrictModel):
+    """quality -> training (app/coordination/pipeline/feedback_loops.py): each export scores its
+    games (duplicate share, decisive share, policy-target entropy; one number in [0, 1]); a
+    score under `low` makes the next training step gentler (learning rate times `step`, or the
+    batch divided by it), one at or above `high` steps it back toward the configured value.
+    Between the two nothing moves (hysteresis). Off by default: docs/benchmarks/loops.md."""
+
+    enabled: bool = False
+    knob: Literal["lr", "batch_size"] = "lr"  # what a step moves: train.lr down, or train.batch_size up
+    # untrained self-play scores ~0.86 (configs/bench_loops.yaml: no duplicates, 0.91 decisive,
+    # entropy 0.66); the band sits where a collapsing search or a run of draws takes it
+    low: float = Field(0.78, ge=0.0, le=1.0)
+    high: float = Field(0.84, ge=0.0, le=1.0)
+    step: float = Field(0.7, gt=0.0, lt=1.0)  # the scale's factor per step
+    min_scale: float = Field(0.25, gt=0.0, le=1.0)  # lr * scale >= lr * min_scale; batch <= batch / min_scale
+
+    @model_validator(mode="after")
+    def _band(self) -> "QualityLoopConfig":
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low}) must not exceed high ({self.high})")
+        return self
+
+
+class PlateauLoopConfig(StrictModel):
+    """loss plateau -> exploration (app/coordination/pipeline/feedback_loops.py): after
+    `generations` decided generations whose final training losses lie within `tolerance`
+    (relative spread), self-play's root noise share (search.dirichlet_fraction) rises by `step`,
+    at most to `max_fraction`; an improvement (a loss below the window's best by more than the
+    tolerance, or a promotion scoring `improve_score` against the best) lowers it by `step`,
+    never below search.dirichlet_fraction. Off by default: docs/benchmarks/loops.md."""
+
+    enabled: bool = False
+    generations: int = Field(3, ge=2, le=20)
+    tolerance: float = Field(0.02, ge=0.0, le=1.0)
+    step: float = Field(0.1, gt=0.0, le=1.0)
+    max_fraction: float = Field(0.5, gt=0.0, le=1.0)
+    improve_score: float = Field(0.55, ge=0.5, le=1.0)
+
+
+class FeedbackConfig(StrictModel):
+    """The feedback loops a lineage runs on itself (issue 52 part B); each on or off alone."""
+
+    quality: QualityLoopConfig = QualityLoopConfig()
+    plateau: PlateauLoopConfig = PlateauLoopConfig()

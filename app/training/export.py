@@ -29,6 +29,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from app.atomic_files import replace_dir
 from app.db.engines import display_name, is_url
 from app.db.replay_db import GameRecord, ReplayDB, ReplayDBError
+from app.training.data_quality import data_quality
 from app.games import Game, GameError, GameState, get_game, result_scale
 from app.training.dataset import DATASET_FORMAT, HOLDOUT_NAME, MANIFEST_NAME, TRAIN_NAME, Arrays
 from app.shared.manifests import bytes_sha256, file_digest
@@ -385,6 +386,7 @@ def export_dataset(
                 "train_samples": len(train),
                 "holdout_samples": len(holdout),
             },
+            "quality": data_quality(selected, [train.policy, holdout.policy], rules.num_actions),
             "holdout_uids_sha256": bytes_sha256("\n".join(sorted(r.uid for r in holdout_games)).encode()),
             "newest_finished_at": selected[-1].finished_at,
             "created_at": time.time(),

@@ -203,7 +203,7 @@ def run(args: argparse.Namespace, ctx: DistContext) -> dict[str, Any]:
             save_checkpoint(state, args.run_dir / f"checkpoint_step{trainer.step:06d}.pt")
 
     out.metric("start", step=trainer.step, total_steps=total, world_size=ctx.world_size, micro_batches=micro,
-               batch_size=trainer.batch_size, steps_per_epoch=spe, resumed=resume is not None,
+               batch_size=trainer.batch_size, lr=opts["lr"], steps_per_epoch=spe, resumed=resume is not None,
                dataset_sha256=dataset.sha256, train_samples=len(dataset.train), holdout_samples=len(dataset.holdout))
     out.progress(f"training {total - trainer.step} steps from step {trainer.step}: world {ctx.world_size}, "
                  f"batch {trainer.batch_size} in {micro} slices, {len(dataset.train)} samples, device {ctx.device}")

@@ -36,6 +36,8 @@ class EventType(str, enum.Enum):
     QUORUM_CHANGED = "quorum_changed"
     DAEMON_CRASH_LOOP = "daemon_crash_loop"
     ALLOCATION_CHANGED = "allocation_changed"  # the scheduler across configs moved the shares
+    TRAINING_ADJUSTED = "training_adjusted"  # quality -> training moved the next run's lr or batch
+    EXPLORATION_ADJUSTED = "exploration_adjusted"  # loss plateau -> exploration moved self-play's noise
     # Deprecated alias, kept for one release: the same member as NEW_ITEMS_AVAILABLE.
     NEW_GAMES_AVAILABLE = "new_items_available"
 
@@ -138,11 +140,35 @@ class DaemonCrashLoop(Payload):
     last_error: str
 
 
+Share = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+
 class AllocationChanged(Payload):
     trigger: str  # progress (Elo -> self-play), regression (-> curriculum), promotion (-> rebalance), start
-    shares: dict[str, Annotated[float, Field(ge=0.0, le=1.0)]]  # config -> share of the node's compute
+    shares: dict[str, Share]  # config -> share of the node's compute
     reasons: dict[str, str]  # config -> why, one line
     regressing: list[str]
+
+
+class TrainingAdjusted(Payload):
+    """quality -> training (app/coordination/pipeline/feedback_loops.py) moved its scale."""
+
+    generation: NonNegative  # whose export was scored; its training uses the new values
+    score: Share
+    scale: Annotated[float, Field(gt=0.0, le=1.0)]
+    previous_scale: Annotated[float, Field(gt=0.0, le=1.0)]
+    values: dict[str, float]  # the trainer's options it sets ({}: the configured ones again)
+    reason: str
+
+
+class ExplorationAdjusted(Payload):
+    """loss plateau -> exploration (app/coordination/pipeline/feedback_loops.py) moved the noise."""
+
+    generation: NonNegative  # the decided generation that moved it
+    dirichlet_fraction: Share
+    previous: Share
+    reason: str
 
 
 PAYLOAD_SCHEMAS: dict[EventType, type[Payload]] = {
@@ -159,6 +185,8 @@ PAYLOAD_SCHEMAS: dict[EventType, type[Payload]] = {
     EventType.QUORUM_CHANGED: QuorumChanged,
     EventType.DAEMON_CRASH_LOOP: DaemonCrashLoop,
     EventType.ALLOCATION_CHANGED: AllocationChanged,
+    EventType.TRAINING_ADJUSTED: TrainingAdjusted,
+    EventType.EXPLORATION_ADJUSTED: ExplorationAdjusted,
 }
 
 

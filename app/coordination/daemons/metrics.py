@@ -173,6 +173,14 @@ class Metrics:
         self.training_loss = gauge("training_loss", "Held-out loss of the latest training run on this node.")
         self.generation = gauge("model_generation", "Generation of the model this node plays with.")
         self.promotions_total = counter("promotions", "Models this node promoted.")
+        # Feedback loops (app/coordination/pipeline/feedback_loops.py).
+        self.data_quality_score = gauge("data_quality_score", "Quality score (0..1) of the latest exported dataset.")
+        self.training_scale = gauge(
+            "feedback_training_scale", "quality -> training: the next run's scale (lr times it, or batch over it; 1 = as configured).")
+        self.selfplay_dirichlet_fraction = gauge(
+            "selfplay_dirichlet_fraction", "loss plateau -> exploration: the root noise share self-play plays with.")
+        self.feedback_adjustments_total = counter(
+            "feedback_adjustments", "Feedback-loop decisions that moved a setting, by loop.", "loop")
         # Replication (app/coordination/pipeline/replication_daemon.py).
         self.games_under_replicated = gauge(
             "games_under_replicated", "This node's own games held by fewer nodes than the replication factor.")

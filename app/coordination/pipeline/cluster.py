@@ -34,6 +34,7 @@ from app.coordination.p2p.schemas import Token
 from app.coordination.p2p.server import BadRequest, parse_body, same_sender
 from app.coordination.p2p.worker import Claim, WorkClient
 from app.coordination.pipeline.context import PipelineContext
+from app.coordination.pipeline.feedback_apply import feedback_status
 from app.coordination.pipeline.steps import GenerationClaim, ReportsStatus
 from app.coordination.pipeline.dashboard_feed import generation_stats
 from app.coordination.pipeline.rollback import (
@@ -87,6 +88,7 @@ class ClusterPipeline:
             **({"work": self.node.queue.summary()} if self.node.is_leader else {}),
             "models": steps.models.installed(),
             "best_sha256": state.best_sha256, "best_generation": state.best_generation,
+            "feedback": feedback_status(self.pipe),  # the feedback loops' decisions and why
             "generations": self.generations.to_json()[-RECORDS_GOSSIPED:],  # to read; applied only as `decided`
             "rollbacks": self.rollbacks.to_json()[-RECORDS_GOSSIPED:],
             "decided": self.node.decided_for_gossip(DECIDED_PREFIXES, RECORDS_GOSSIPED),

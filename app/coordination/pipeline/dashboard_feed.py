@@ -34,6 +34,7 @@ from typing import Any, Callable
 from app.config.paths import NodePaths
 from app.coordination.p2p.node import MeshNode
 from app.coordination.pipeline.context import PipelineContext
+from app.coordination.pipeline.feedback_apply import feedback_status
 from app.coordination.pipeline.generation_elo import generation_anchors, rate_generations
 from app.db.engines import is_url
 from app.db.registry import ModelRegistry, RegistryError
@@ -314,6 +315,7 @@ class DashboardFeed:
         """GET /progress: `base` (the cluster's decided records, or a lone node's registry
         report) with every generation rated as the dashboard shows it, and the best named."""
         out = dict(base)
+        out["feedback"] = feedback_status(self.pipe)  # this node's feedback loops (feedback_apply.py)
         if self.pipe.cluster is not None:
             out["generations"] = self.generations()
             out["anchor"] = _anchor_summary(out["generations"])

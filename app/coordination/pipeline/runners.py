@@ -26,6 +26,7 @@ from app.coordination.pipeline.train_join import train_join_daemon
 from app.coordination.pipeline.replication_daemon import ReplicationSettings, replication_daemon
 from app.coordination.pipeline.training_job import run_training
 from app.db.registry import ModelRegistry, ModelStatus, RegistryError
+from app.coordination.pipeline import feedback_apply as feedback
 from app.coordination.pipeline import state as ps
 from app.training.gauntlet import GauntletStopped
 from app.coordination.pipeline.runner_settings import (
@@ -56,6 +57,8 @@ async def selfplay_daemon(pipe: PipelineContext, ctx: DaemonContext[SelfplaySett
             ctx.metrics.selfplay_samples_total.inc(summary.samples)
             ctx.metrics.selfplay_samples_per_second.set(summary.samples_per_second)
             ctx.metrics.selfplay_workers.set(summary.workers)
+            if (noise := feedback.exploration(pipe)) is not None:  # what the batch played with
+                ctx.metrics.selfplay_dirichlet_fraction.set(noise.fraction or pipe.settings.search.dirichlet_fraction)
             for reason, count in summary.dropped.items():
                 ctx.metrics.selfplay_items_dropped_total.labels(reason).inc(count)
             if summary.items:
@@ -133,6 +136,7 @@ async def _export(pipe: PipelineContext, ctx: DaemonContext[ExportSettings], gen
     sha, items = await asyncio.to_thread(pipe.steps.export, pipe, generation, out)
     state = await pipe.update(lambda s: ps.exported(s, str(out), sha, newest))
     ctx.log.info("dataset_exported", generation=state.generation, games=items, path=str(out))
+    await feedback.after_export(pipe, pipe.steps, ctx, state.generation, out)  # before training reads it
     await ctx.router.publish(EventType.TRAINING_THRESHOLD_REACHED, {
         "generation": state.generation, "new_games": max(0, new_games), "threshold": threshold})
 
@@ -223,6 +227,7 @@ async def promote_daemon(pipe: PipelineContext, ctx: DaemonContext[Polled]) -> N
                     continue
             await asyncio.to_thread(_record_decision, pipe, sha, decision.promote, decision.summary())
             await pipe.update(lambda s: ps.decided(s, decision.promote))
+            await feedback.after_decision(pipe, ctx, state, decision.promote)
             if decision.promote:
                 ctx.metrics.promotions_total.inc()
                 ctx.metrics.generation.set(generation)

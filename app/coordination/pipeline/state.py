@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from app.atomic_files import atomic_write_json
+from app.coordination.pipeline.feedback_loops import Feedback
 from app.db.stored_paths import from_stored, to_stored
 
 
@@ -49,6 +50,9 @@ class PipelineState:
     evaluation: dict = field(default_factory=dict)
     promoted: int = 0
     rejected: int = 0
+    # the feedback loops' decisions and reasons (feedback_loops.Feedback.to_json), kept across
+    # generations and restarts; {} until a loop decided something
+    feedback: dict = field(default_factory=dict)
 
     @property
     def decided(self) -> int:
@@ -137,6 +141,11 @@ def decided(state: PipelineState, promoted: bool, best_path: str | None = None) 
     return replace(base, rejected=state.rejected + 1)
 
 
+def feedback_decided(state: PipelineState, feedback: dict) -> PipelineState:
+    """A feedback loop decided (feedback_loops.py): its decision replaces the last. Any stage."""
+    return replace(state, feedback=feedback)
+
+
 def switched_best(state: PipelineState, sha256: str, path: str, generation: int) -> PipelineState:
     """Self-play now uses the model at `path` (the node's model store copy of the registry's
     current best; after a rollback that may be an older generation). Any stage."""
@@ -150,7 +159,9 @@ def to_json(state: PipelineState) -> dict:
 
 
 def from_json(data: dict) -> PipelineState:
-    return PipelineState(**{**data, "stage": Stage(data["stage"])})
+    state = PipelineState(**{**data, "stage": Stage(data["stage"])})
+    Feedback.from_json(state.feedback)  # a malformed decision is refused with the file, not met later
+    return state
 
 
 PATH_FIELDS = ("best_path", "dataset_dir", "run_dir", "candidate_path")

@@ -33,6 +33,7 @@ from app.coordination.daemons.daemon_registry import DaemonContext
 from app.coordination.p2p.node import MeshNode
 from app.coordination.p2p.worker import Claim, WorkClient
 from app.coordination.pipeline import state as ps
+from app.coordination.pipeline.feedback_loops import DataQuality
 from app.coordination.pipeline.generation_log import GenerationLog, GenerationRecord
 from app.coordination.pipeline.rollback import RollbackLog
 from app.coordination.pipeline.runner_settings import ExportSettings, SelfplaySettings
@@ -183,6 +184,13 @@ class PullsBeforeExport(Protocol):
     """A claimant pulls the items it lacks before it exports (games; rollouts arrive by replication)."""
 
     async def sync_before_export(self, node: MeshNode, budget_s: float) -> Json: ...
+
+
+@runtime_checkable
+class ScoresData(Protocol):
+    """A workload whose exports measure their own quality (the quality -> training loop)."""
+
+    def data_quality(self, dataset_dir: Path) -> DataQuality | None: ...
 
 
 @runtime_checkable

@@ -21,13 +21,14 @@ import json
 import signal
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from app.coordination.daemons.daemon_registry import DaemonContext
 from app.coordination.pipeline.context import PipelineContext
+from app.coordination.pipeline.feedback_apply import train_options
 from app.free_ports import free_port
 from app.shared.launcher import JOIN_TIMEOUT_EXIT
 from app.coordination.pipeline.state import PipelineState
@@ -64,8 +65,10 @@ def _die_with_parent() -> None:
 
 
 def launcher_command(pipe: PipelineContext, *, run_dir: Path, dataset_dir: str | Path, generation: int,
-                     parent: str | Path | None, nproc: int, span: SpanArgs | None = None) -> list[str]:
-    """The launcher command line of one node's part of a training run (the whole run when alone)."""
+                     parent: str | Path | None, nproc: int, span: SpanArgs | None = None,
+                     options: Mapping[str, float | int] | None = None) -> list[str]:
+    """The launcher command line of one node's part of a training run (the whole run when alone);
+    `options`: trainer options over the config's (`lr`, `batch_size`: the quality loop's)."""
     cmd = [sys.executable, "-m", "app.shared.launcher", "--nproc", str(nproc), "--log-dir", str(run_dir / "logs")]
     if span is not None:
         cmd += ["--nnodes", str(span.nnodes), "--node-rank", str(span.node_rank), "--master-addr", span.master_addr,
@@ -76,12 +79,18 @@ def launcher_command(pipe: PipelineContext, *, run_dir: Path, dataset_dir: str |
         cmd += ["--config", str(pipe.config_path)]
     if parent is not None:
         cmd += ["--parent", str(parent)]
+    for key, value in sorted((options or {}).items()):
+        cmd += [f"--{key.replace('_', '-')}", str(value)]
     return cmd
 
 
 def training_command(pipe: PipelineContext, state: PipelineState, nproc: int, span: SpanArgs | None = None) -> list[str]:
+    """A lone run takes the quality loop's decided options; a spanned run keeps the config's,
+    which its joiners share (every rank must derive the same schedule)."""
+    options = train_options(pipe, state) if span is None else {}
     return launcher_command(pipe, run_dir=Path(state.run_dir), dataset_dir=state.dataset_dir,
-                            generation=state.generation, parent=state.best_path, nproc=nproc, span=span)
+                            generation=state.generation, parent=state.best_path, nproc=nproc, span=span,
+                            options=options)
 
 
 async def run_launcher(cmd: list[str], run_dir: Path, ctx: DaemonContext) -> int:

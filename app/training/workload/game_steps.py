@@ -6,6 +6,7 @@ model store, and the mesh routes that serve games, models and datasets to peers.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,8 @@ from app.config.paths import NodePaths
 from app.coordination.daemons.daemon_registry import DaemonContext
 from app.coordination.p2p.node import MeshNode
 from app.coordination.pipeline import state as ps
+from app.coordination.pipeline.feedback_apply import exploration
+from app.coordination.pipeline.feedback_loops import DataQuality, explore_settings
 from app.coordination.pipeline.evaluation_record import decide_from_evaluation, evaluation_from_report
 from app.coordination.pipeline.gauntlet_spread import spread_gauntlet
 from app.coordination.pipeline.runner_settings import ExportSettings, SelfplaySettings
@@ -29,6 +32,7 @@ from app.coordination.sync.model_store import installed_models
 from app.coordination.sync.replica_store import GameStore, ReplicatedStore
 from app.db.registry import ModelRegistry
 from app.db.replay_db import ReplayDB
+from app.training.dataset import MANIFEST_NAME
 from app.training.export import WindowGrowth, export_dataset
 from app.training.gauntlet import run_gauntlet
 from app.training.promotion import Decision, Gates, register_candidate
@@ -116,7 +120,8 @@ class GameSteps:
         summary = run_selfplay(
             games=settings.batch_games, simulations=settings.simulations or pipe.settings.search.simulations,
             db_path=self.paths.games_db, model_path=pipe.state.best_path, workers=workers,
-            seed=random.randrange(2**31), node_id=pipe.node_id, settings=pipe.settings, should_stop=should_stop,
+            seed=random.randrange(2**31), node_id=pipe.node_id, should_stop=should_stop,
+            settings=explore_settings(pipe.settings, exploration(pipe)),  # the plateau loop's noise, when on
             pool=self._pool, active_workers=active)
         return BatchSummary(summary.games, summary.positions, summary.positions_per_second, active or 1)
 
@@ -139,6 +144,14 @@ class GameSteps:
             length_discount=pipe.settings.search.length_discount,
             window_growth=WindowGrowth.from_config(cfg.window_base_games, cfg.window_alpha, cfg.window_beta))
         return result.dataset_sha256, int(result.manifest["counts"]["games"])
+
+    def data_quality(self, dataset_dir: Path) -> DataQuality | None:
+        """The quality the export measured of its games (the manifest's `quality`)."""
+        try:
+            manifest = json.loads((dataset_dir / MANIFEST_NAME).read_text())
+        except (OSError, ValueError):
+            return None
+        return DataQuality.from_json(manifest.get("quality")) if isinstance(manifest, dict) else None
 
     async def fetch_dataset(self, node: MeshNode, sha256: str, peer_addrs: list[str]) -> Path:
         """A joiner of a spanned run: the claimant's dataset (served by `routes`)."""
