@@ -93,9 +93,12 @@ def _remember(cache: OrderedDict[K, bool], key: K, verdict: bool, limit: int) ->
 class CompletionBook:
     """A node's completions: its own as a claimant, the leader's admitted ones (both gossiped,
     bounded), and the verdicts on what gossip carried (each completion and grant checked once:
-    a signature check is a public-key operation; bounded)."""
+    a signature check is a public-key operation; bounded). A completion is ~450 bytes on the
+    wire with node keys and every state is relayed each gossip round, so a node gossips its own
+    last 16 and a leader the queue's last 64 (WorkQueue.recent_completions): enough to carry the
+    completions a leader change can interrupt, where the bare id list was 200 short strings."""
 
-    def __init__(self, identity: Identity, refusals: Refusals, own_limit: int = 64, cache_limit: int = 4096) -> None:
+    def __init__(self, identity: Identity, refusals: Refusals, own_limit: int = 16, cache_limit: int = 4096) -> None:
         self.verify = verifier_of(identity)
         self.refusals = refusals
         self.own_limit, self.cache_limit = own_limit, cache_limit

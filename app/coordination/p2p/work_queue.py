@@ -288,7 +288,7 @@ class WorkQueue:
                 )
             )
 
-    def recent_completions(self, limit: int = 128) -> list[Completion]:
+    def recent_completions(self, limit: int = 64) -> list[Completion]:
         """The signed completions this queue admitted, newest first: what a leader gossips, so
         the next leader can admit them too."""
         with Session(self.engine) as s:
