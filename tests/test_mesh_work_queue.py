@@ -54,6 +54,17 @@ def test_claim_renew_complete_and_stale_tokens(queue: WorkQueue) -> None:
     assert queue.finish("w1", "demo:nope", g.token, 1, True, 6.0, ok=True, completion=done_by("w1", "demo:nope", g.token)) == "unknown work item"
 
 
+def test_a_gossiped_completion_marks_done_only_the_live_claim(queue: WorkQueue) -> None:
+    g = queue.claim("w1", {}, ["demo"], 1, 0.0)
+    assert g is not None and queue.open_items({"demo:a", "demo:b", "demo:x"}) == {"demo:a", "demo:b"}
+    assert queue.admit(done_by("w2", g.item.item_id, g.token), 1, 1.0, None, True).startswith("stale token")
+    assert queue.admit(done_by("w1", g.item.item_id, Token(term=1, seq=9)), 1, 1.0, None, True).startswith("stale")
+    assert queue.admit(done_by("w1", g.item.item_id, g.token), 1, 1.0, None, True) is None
+    assert queue.item(g.item.item_id)["state"] == "done" and queue.open_items({g.item.item_id}) == set()
+    assert queue.recent_completions() == [done_by("w1", g.item.item_id, g.token)]
+    assert queue.admit(done_by("w1", "demo:x", Token(term=1, seq=5)), 1, 1.0, None, True) == "not queued here"
+
+
 def test_seq_increases_and_kinds_filter(queue: WorkQueue) -> None:
     t = queue.claim("w", {}, [TRAINING_KIND], 1, 0.0)
     assert t is not None and t.item.kind == TRAINING_KIND

@@ -154,9 +154,14 @@ class CompletionBook:
             for claim in state.claims:
                 newest[claim.item_id] = max(newest.get(claim.item_id, (0, 0)), (claim.token.term, claim.token.seq))
         admitted = 0
-        for relayer, c in ((s.node_id, c) for s in view.nodes.values() for c in s.completions):
-            key = (c.node_id, c.item_id, str(c.token.term), str(c.token.seq), c.digest, c.sig)
-            if key in self._verdicts:
+        fresh = [(s.node_id, c, (c.node_id, c.item_id, str(c.token.term), str(c.token.seq), c.digest, c.sig))
+                 for s in view.nodes.values() for c in s.completions]
+        fresh = [f for f in fresh if f[2] not in self._verdicts]
+        # only completions of items still open here cost a signature check: one of an item done,
+        # failed or not queued changes nothing (and a member's junk costs the leader no CPU)
+        open_items = queue.open_items({c.item_id for _, c, _ in fresh})
+        for relayer, c, key in fresh:
+            if c.item_id not in open_items:
                 continue
             problem = signature_problem(self.verify, c)
             if problem is None:

@@ -140,30 +140,31 @@ class WorkQueue:
               grant_proven: bool) -> str | None:
         """A claimant's completion carried by gossip, its signature checked by the caller: mark
         its item done if its token was the live claim (work_rules.completion_refusal); None when
-        admitted (or the item was already done), else why not. An item this queue does not
-        have is stored done, so it is not queued again."""
+        admitted (or the item was already done), else why not."""
         with Session(self.engine) as s, s.begin():
             row = s.get(WorkItemRow, c.item_id)
-            if row is not None and row.state == DONE:
+            if row is None:
+                return "not queued here"
+            if row.state == DONE:
                 return None
             why = completion_refusal(
-                current_term=term, token=(c.token.term, c.token.seq), claimant=c.node_id,
-                item_state=row.state if row else None, claimed_by=row.claimed_by if row else None,
-                claim=(row.claim_term, row.claim_seq) if row else (None, None),
-                adopted=(row.adopted_term, row.adopted_seq) if row else (None, None),
-                newest_known=newest_known, grant_proven=grant_proven,
+                current_term=term, token=(c.token.term, c.token.seq), claimant=c.node_id, item_state=row.state,
+                claimed_by=row.claimed_by, claim=(row.claim_term, row.claim_seq),
+                adopted=(row.adopted_term, row.adopted_seq), newest_known=newest_known, grant_proven=grant_proven,
             )
             if why is not None:
                 return why
-            if row is None:
-                kind, _, key = c.item_id.partition(":")
-                if not key or len(kind) > 64 or len(key) > 440:
-                    return "not a work item id (kind:key)"
-                row = WorkItemRow(item_id=c.item_id, kind=kind, key=key, payload={}, requirements={},
-                                  attempts=1, created_at=now)
-                s.add(row)
             self._done(row, c, now)
             return None
+
+    def open_items(self, item_ids: set[str]) -> set[str]:
+        """Those of `item_ids` pending or claimed here (what a completion can still change)."""
+        ids, out = sorted(item_ids), set()
+        with Session(self.engine) as s:
+            for start in range(0, len(ids), IN_CHUNK):
+                out.update(s.scalars(select(WorkItemRow.item_id).where(
+                    WorkItemRow.item_id.in_(ids[start:start + IN_CHUNK]), WorkItemRow.state.in_((PENDING, CLAIMED)))))
+        return out
 
     def _done(self, row: WorkItemRow, c: Completion, now: float) -> None:
         row.state, row.finished_at, row.completion = DONE, now, c.model_dump(mode="json")
