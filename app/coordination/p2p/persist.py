@@ -120,7 +120,8 @@ class CommitStore:
             # files of earlier versions hold bare values: stored in term 0, the oldest
             self.values[key] = (Stored(raw["value"], int(raw["term"])) if isinstance(raw, dict)
                                 else Stored(str(raw), 0))
-            if isinstance(raw, dict) and (raw.get("before_certificates") or raw.get("decided") and raw.get("cert") is None):
+            uncertified = isinstance(raw, dict) and raw.get("decided") and raw.get("cert") is None
+            if isinstance(raw, dict) and (raw.get("before_certificates") or uncertified):
                 self.before_certificates[key] = None
             elif isinstance(raw, dict) and raw.get("decided"):
                 self.decided[key] = None
