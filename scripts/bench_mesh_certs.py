@@ -188,7 +188,7 @@ def bench_churn(profile: str, seconds: float) -> dict:
                 time.sleep(0.5)
             t0 = time.time()
             load0 = os.getloadavg()[0]
-            time.sleep(seconds)
+            loads = _sample_load(seconds)  # (seconds since t0, 1-minute load average)
             load1 = os.getloadavg()[0]
             events = sorted((e for d in dirs for e in _history(d)), key=lambda e: e["ts"])
         finally:
@@ -200,7 +200,30 @@ def bench_churn(profile: str, seconds: float) -> dict:
     return {"profile": profile, "seconds": seconds, "first_leader": first and first["node"],
             "leader_changes": len(changes), "per_hour": round(len(changes) * 3600 / seconds, 1),
             "terms": [first["term"] if first else None, max((e["term"] for e in events), default=None)],
-            "step_down_reasons": stepped[:20], "load_avg_1m": [round(load0, 2), round(load1, 2)]}
+            "step_down_reasons": stepped[:20], "load_avg_1m": [round(load0, 2), round(load1, 2)],
+            "load_avg_1m_over_run": {"min": round(min(x for _, x in loads), 2),
+                                     "mean": round(statistics.fmean(x for _, x in loads), 2),
+                                     "max": round(max(x for _, x in loads), 2), "samples": len(loads)},
+            # each change: seconds after the first leader, the new leader, its term, and the load then
+            "changes": [{"t_s": round(e["ts"] - t0, 1), "node": e["node"], "term": e["term"],
+                         "load_1m": _load_at(loads, e["ts"] - t0)} for e in changes]}
+
+
+def _sample_load(seconds: float, every_s: float = 30.0) -> list[tuple[float, float]]:
+    """Sleep `seconds`, reading the 1-minute load average every `every_s`: the machine is
+    shared, and a churn figure means little without the load it was taken under."""
+    start = time.monotonic()
+    end = start + seconds
+    loads = [(0.0, os.getloadavg()[0])]
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(every_s, left))
+        loads.append((time.monotonic() - start, os.getloadavg()[0]))
+    return loads
+
+
+def _load_at(loads: list[tuple[float, float]], t: float) -> float:
+    """The load sample nearest after `t` (the 1-minute average covers the minute before it)."""
+    return round(next((x for at, x in loads if at >= t), loads[-1][1]), 2)
 
 
 def main(argv: list[str] | None = None) -> int:

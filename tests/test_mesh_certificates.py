@@ -30,8 +30,9 @@ from app.coordination.p2p.quorum_cert import (
     value_digest,
     vote_text,
 )
-from app.coordination.p2p.schemas import QuorumCert, VoterSignature
-from app.coordination.p2p.work_rules import WorkSpec, completion_writer_refusal
+from app.coordination.p2p.completions import done_text, sign_completion
+from app.coordination.p2p.schemas import Completion, QuorumCert, Token, TokenRequest, VoterSignature
+from app.coordination.p2p.work_rules import WorkSpec, completion_refusal
 from tests.mesh_helpers import wait_for
 from tests.test_mesh_hostile import durable, post_raw, settled
 from tests.test_mesh_identity import certs, keys, signed_by, trio_of  # noqa: F401 - the fixture
@@ -169,52 +170,107 @@ async def test_a_signed_answer_replayed_as_the_answer_to_another_request_is_refu
 ITEMS = [WorkSpec("demo", f"item{k}") for k in range(20)]
 
 
-def test_completed_work_is_taken_from_the_proven_leader_only() -> None:
-    assert completion_writer_refusal("n1", "leader", 4, "n1") is None
-    assert "only the leader" in completion_writer_refusal("n1", "follower", 4, "n0")
-    assert "not the proven leader" in completion_writer_refusal("n1", "leader", 4, "n0")
-    assert "no election certificate" in completion_writer_refusal("n1", "leader", 5, None)
+def test_a_completion_counts_only_for_the_live_claim() -> None:
+    def why(**kw):  # type: ignore[no-untyped-def]
+        args = dict(current_term=5, token=(5, 3), claimant="w", item_state="claimed", claimed_by="w", claim=(5, 3),
+                    adopted=(None, None), newest_known=None, grant_proven=True)
+        return completion_refusal(**{**args, **kw})
+    assert why() is None  # the claim held now
+    assert "stale" in why(claim=(5, 4)) and "stale" in why(claimed_by="x") and "stale" in why(item_state="pending")
+    assert "future" in why(token=(6, 1))
+    assert "ran out" in why(item_state="failed")
+    # a token of an earlier term: its grant proven, and the live claim (adopted, or none later known)
+    assert why(token=(4, 9), adopted=(4, 9)) is None
+    assert "no proof" in why(token=(4, 9), adopted=(4, 9), grant_proven=False)
+    assert "claimed under term 5" in why(token=(4, 9), adopted=(4, 8))
+    assert why(token=(4, 9), item_state="pending", claim=(None, None)) is None
+    assert why(token=(4, 9), item_state=None, claim=(None, None), newest_known=(4, 9)) is None
+    assert "later claim" in why(token=(4, 9), item_state="pending", claim=(None, None), newest_known=(5, 1))
 
 
-async def test_a_members_completed_gossip_for_others_items_changes_no_queue(tmp_path: Path, certs: Path) -> None:  # noqa: F811
+async def test_forged_completions_change_no_queue_and_a_real_one_survives_a_leader_change(
+        tmp_path: Path, certs: Path) -> None:  # noqa: F811
+    """Item 2 of issue 54: work completes only by its claimant's signed completion that the
+    leader admits. A compromised member (`member`, which also does honest work) forges
+    completions for others' items every way it can, in gossip and at /work/complete: no queue
+    changes. Its real completions are admitted, one sent, one only gossiped with the token of
+    the term before a leader change, and the new leader admits both."""
     nodes = node_key_trio(tmp_path, certs)
     for n in nodes:
         n.set_work_source(lambda view: ITEMS)
         await n.start()
     try:
         leader = await settled(nodes, 30.0)
-        rogue, heir = [n for n in nodes if n is not leader]
+        member, heir = [n for n in nodes if n is not leader]
 
         async def queued(node) -> bool:  # type: ignore[no-untyped-def]
             node.reconcile()
-            return node.queue.summary()["pending"] == len(ITEMS)
+            return sum(node.queue.summary().values()) == len(ITEMS)
         await wait_for(lambda: queued(leader), 10.0)
-        # the rogue says it completed everyone's work (its own state, signed by itself); as
-        # "leader" of a term it was not proven leader of it is refused the same (the pure test)
-        rogue.membership.update_local(completed=[s.item_id for s in ITEMS])
+        wc, hc = member.work_client(), heir.work_client()
+        sent, gossiped, own = [await wc.claim(kinds=["demo"]) for _ in range(3)]
+        theirs = await hc.claim(kinds=["demo"])
+        assert sent and gossiped and own and theirs and sent.grant
 
-        async def heard() -> bool:
-            st_ = leader.membership.state_of(rogue.node_id)
-            return st_ is not None and bool(st_.completed) and bool(heir.membership.state_of(rogue.node_id).completed)
-        await wait_for(heard, 10.0)
+        # -- forged at /work/complete: unsigned, another result, another node's claim
+        def body(claim, completion, result=None):  # type: ignore[no-untyped-def]
+            return TokenRequest(node_id=member.node_id, item_id=claim.item.item_id, token=claim.token,
+                                result=result or {}, completion=completion)
+        mine = sign_completion(member.identity, member.node_id, own.item.item_id, own.token, {}, own.grant)
+        for req, status in ((body(own, None), 401), (body(own, mine, {"wins": 99}), 400),
+                            (body(theirs, sign_completion(member.identity, member.node_id, theirs.item.item_id,
+                                                          theirs.token, {}, theirs.grant)), 409)):
+            got, answer = await member.client.request("POST", leader.addr, "/work/complete", req,
+                                                      sender=member.node_id)
+            assert got == status, (got, answer)
+
+        # -- forged in gossip: unsigned, signed by the member in another's name, the member's own
+        #    signature on others' items under tokens no leader granted it, a wrong token of its own
+        others = [s.item_id for s in ITEMS if s.item_id not in {c.item.item_id for c in (sent, gossiped, own)}]
+        forged = [Completion(node_id=heir.node_id, item_id=theirs.item.item_id, token=theirs.token, digest="0" * 64)]
+        named = Completion(node_id=heir.node_id, item_id=others[1], token=theirs.token, digest="0" * 64)
+        forged.append(named.model_copy(update={"sig": member.identity.sign(done_text(named))[0]}))
+        forged += [sign_completion(member.identity, member.node_id, iid, Token(term=t, seq=900 + k), {},
+                                   member.identity.sign(b"a grant of its own")[0])
+                   for k, iid in enumerate(others[2:]) for t in (leader.term - 1, leader.term)]
+        forged.append(sign_completion(member.identity, member.node_id, own.item.item_id,
+                                      Token(term=own.token.term, seq=own.token.seq + 100), {}, own.grant))
+        member.membership.update_local(completions=forged)
+
+        async def heard(node, count) -> bool:  # type: ignore[no-untyped-def]
+            st_ = node.membership.state_of(member.node_id)
+            return st_ is not None and len(st_.completions) == count
+        await wait_for(lambda: heard(leader, len(forged)), 10.0)
         leader.reconcile()
-        assert leader.queue.summary() == {"pending": len(ITEMS), "claimed": 0, "done": 0, "failed": 0}
-        refused_first = leader.status()["trust"]["refused"]["in"].get("field_not_owner", 0)
+        assert leader.queue.summary() == {"pending": len(ITEMS) - 4, "claimed": 4, "done": 0, "failed": 0}
+        refused = leader.status()["trust"]["refused"]["in"]
+        for reason in ("completion_unsigned", "completion_bad_signature", "completion_not_live", "completion_mismatch"):
+            assert refused.get(reason, 0) >= 1, (reason, refused)
 
-        # after a leader change the new leader's queue is as untouched
+        # -- the member's real completion, sent and admitted; another only gossiped, after a
+        #    leader change, with the token of the term before: the new leader admits both
+        assert (await wc.complete(sent, {"wins": 3})).ok
+        assert leader.queue.item(sent.item.item_id)["state"] == "done"
+        member.membership.update_local(completions=[*forged, *member.completions.for_gossip()])  # still forging
+        await wait_for(lambda: heard(heir, len(forged) + 1), 10.0)
         alive = {n.node_id for n in nodes}
         assert await leader.consensus.transfer_leadership(heir.node_id, alive) is None
         new = await settled(nodes, 30.0)
-        assert new is heir
-        rogue.membership.update_local(completed=[s.item_id for s in ITEMS])  # still gossiping it
+        assert new is heir and new.term > gossiped.token.term
         await wait_for(lambda: queued(new), 10.0)
+        assert new.queue.item(sent.item.item_id)["state"] == "done"  # carried across the change
+        assert new.queue.item(gossiped.item.item_id)["claimed_by"] == member.node_id  # adopted on its grant
+        late = sign_completion(member.identity, member.node_id, gossiped.item.item_id, gossiped.token, {"wins": 1},
+                               gossiped.grant)
+        member.completions.add_own(late)  # gossiped only, as if the old leader died before it was sent
+        member.membership.update_local(completions=[*forged, *member.completions.for_gossip()])
+        await wait_for(lambda: heard(new, len(forged) + 2), 10.0)
         new.reconcile()
-        assert new.queue.summary() == {"pending": len(ITEMS), "claimed": 0, "done": 0, "failed": 0}
-        assert refused_first >= 1 and new.status()["trust"]["refused"]["in"].get("field_not_owner", 0) >= 1
-        # a claim comes with the granting leader's election certificate, which the worker checks
-        claim = await rogue.work_client().claim()
-        assert claim is not None and claim.token.term == new.term
-        assert rogue.consensus.election_refusal(new.term + 1, new.node_id, None) == "no vote certificate"
+        assert new.queue.item(gossiped.item.item_id)["state"] == "done"
+        summary = new.queue.summary()
+        assert summary["done"] == 2, summary  # nothing else: the forged completions changed no queue here either
+        refused = new.status()["trust"]["refused"]["in"]
+        assert refused.get("completion_bad_signature", 0) >= 1 and refused.get("completion_grant_unproven", 0) >= 1
     finally:
         for n in nodes:
             await n.stop()

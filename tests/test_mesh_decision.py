@@ -3,6 +3,7 @@ then the real procedure on three nodes."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from hypothesis import given, settings
@@ -11,9 +12,10 @@ from hypothesis import strategies as st
 from app.coordination.p2p.decision import Stored, choose_value, may_store
 from app.coordination.p2p.election import votes_won
 from app.coordination.p2p.identity import SharedKey
+from app.coordination.p2p.node import MeshNode
 from app.coordination.p2p.persist import CommitStore
 from app.coordination.p2p.quorum_cert import ack_text, make_cert, signature_of, value_digest
-from tests.mesh_helpers import wait_for
+from tests.mesh_helpers import free_ports, wait_for
 from tests.test_mesh_node import leader_of, trio  # noqa: F401 - the fixture
 
 VOTERS = ["a", "b", "c", "d", "e"]
@@ -78,6 +80,43 @@ def test_commit_store_keeps_terms_and_reads_old_files(tmp_path: Path) -> None:
     assert again.get_stored("generation/1") == Stored("new", 2) and again.get("generation/2") == "v"
     assert again.decided_values() == {"generation/2": "v"}  # what was learned survives a restart
     assert again.certs["generation/2"] == cert  # with its certificate
+
+
+async def test_values_decided_before_certificates_are_kept_marked_and_applied_only_once_certified(
+        tmp_path: Path) -> None:
+    """A mesh_commits.json of the version before quorum certificates marks values decided with
+    no proof a majority agreed (the forged `generation/999` of issue 54 looked just like that).
+    On start they are kept, marked `before_certificates` in the file and in /status, as stored
+    values only: not decided here, not applied, not gossiped, until a leader decides the key
+    again through the quorum and holds its certificate."""
+    data = tmp_path / "solo"
+    data.mkdir()
+    (data / "mesh_commits.json").write_text(json.dumps({
+        "generation/1": {"value": "g1", "term": 3, "decided": True},  # written before certificates
+        "generation/2": {"value": "g2", "term": 3},  # stored, never known decided
+    }))
+    store = CommitStore(data / "mesh_commits.json")
+    assert store.decided_values() == {} and list(store.before_certificates) == ["generation/1"]
+    assert store.get_stored("generation/1") == Stored("g1", 3)  # what a quorum's read phase sees
+    assert store.store("generation/3", "g3", 4)[0]  # any save keeps the mark in the file
+    assert json.loads((data / "mesh_commits.json").read_text())["generation/1"] == {
+        "value": "g1", "term": 3, "before_certificates": True}
+    node = MeshNode(node_id="solo", host="127.0.0.1", port=free_ports(1)[0], data_dir=data, voters=["solo"],
+                    profile="fast", secret=b"before-certificates")
+    await node.start()
+    try:
+        async def leading() -> bool:
+            return node.is_leader
+        await wait_for(leading, 10.0)
+        trust = node.status()["trust"]
+        assert trust["decided_before_certificates"] == {"count": 1, "keys": ["generation/1"]}
+        assert node.commits.decided_values() == {} and node.decided_for_gossip(("generation/",), 100) == []
+        assert await node.decide("generation/1", None) == "g1"  # the leader decides it again, with proof
+        assert node.commits.decided_values() == {"generation/1": "g1"} and "generation/1" in node.commits.certs
+        assert node.status()["trust"]["decided_before_certificates"]["count"] == 0
+        assert [e["key"] for e in node.decided_for_gossip(("generation/",), 100)] == ["generation/1"]
+    finally:
+        await node.stop()
 
 
 async def test_a_half_stored_value_is_finished_by_the_leader_and_never_replaced(trio) -> None:  # noqa: F811

@@ -14,6 +14,7 @@ from app.coordination.p2p.schemas import ClaimInfo
 from app.coordination.p2p.work_queue import WorkQueue
 from app.coordination.p2p.work_rules import TRAINING_KIND, WorkSpec
 from tests.mesh_helpers import assert_one_leader_per_term, free_ports, wait_for
+from tests.test_mesh_work_queue import done_by
 
 pytestmark = pytest.mark.timeout(120)
 SECRET = b"handover-test-secret"
@@ -28,29 +29,29 @@ def source(view: ClusterView) -> list[WorkSpec]:
 def test_adoption_keeps_the_holder_and_never_steals_an_item_given_away(tmp_path: Path) -> None:
     q = WorkQueue(tmp_path / "q.db", max_attempts=3, default_ttl=10.0)
     try:
-        q.rebuild(1, SPECS, [], [], now=0.0)
+        q.rebuild(1, SPECS, [], now=0.0)
         g = q.claim("w1", {}, [TRAINING_KIND], term=1, now=1.0)
         assert g is not None
         held = ClaimInfo(item_id=g.item.item_id, token=g.token, attempts=1)
         # term 2: the new leader learns of w1's claim from gossip and adopts it
-        q.rebuild(2, SPECS, [held], [], now=2.0, live=[("w1", held)])
+        q.rebuild(2, SPECS, [held], now=2.0, live=[("w1", held)])
         assert q.item(g.item.item_id)["claimed_by"] == "w1"
         reason, ttl, token = q.renew_token("w1", g.item.item_id, g.token, 2, True, 3.0)
         assert reason is None and token is not None and token.term == 2 and ttl == 30.0
         assert q.renew_token("w2", g.item.item_id, g.token, 2, True, 3.0)[0] is not None  # only its holder
-        assert q.finish("w1", g.item.item_id, token, 2, True, 4.0, ok=True) is None
+        assert q.finish("w1", g.item.item_id, token, 2, True, 4.0, ok=True, completion=done_by("w1", g.item.item_id, token)) is None
         # term 3: the claim was not known at rebuild, so the item went to w2; w1's claim, learned
         # later, is not adopted and w1's renew is refused
         d = q.claim("w1", {}, ["demo"], term=2, now=5.0)
         assert d is not None
-        q.rebuild(3, SPECS, [], [], now=6.0)
+        q.rebuild(3, SPECS, [], now=6.0)
         given = q.claim("w2", {}, ["demo"], term=3, now=6.5)
         assert given is not None
         late = ClaimInfo(item_id=d.item.item_id, token=d.token, attempts=1)
         assert q.adopt(3, [("w1", late)], now=7.0) == []
         assert q.renew_token("w1", d.item.item_id, d.token, 3, True, 7.5)[0] is not None
         # an adopted claim that lapsed is not adopted again from the same stale gossip
-        q.rebuild(4, SPECS, [], [], now=8.0)
+        q.rebuild(4, SPECS, [], now=8.0)
         again = ClaimInfo(item_id=given.item.item_id, token=given.token, attempts=1)
         assert q.adopt(4, [("w2", again)], now=8.0) == [given.item.item_id]
         q.reconcile(SPECS, now=100.0)  # lapsed: 10 s TTL on the leader's clock

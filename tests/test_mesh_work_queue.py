@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.coordination.p2p.schemas import ClaimInfo, Token
+from app.coordination.p2p.schemas import ClaimInfo, Completion, Token
 from app.coordination.p2p.work_queue import CLAIM_PAGE, IN_CHUNK, WorkQueue
 from app.coordination.p2p.work_rules import (
     TRAINING_KIND,
@@ -23,10 +23,15 @@ pytestmark = pytest.mark.timeout(60)
 SPECS = [WorkSpec("demo", "a"), WorkSpec("demo", "b"), WorkSpec(TRAINING_KIND, "gen1", {"gen": 1})]
 
 
+def done_by(node: str, iid: str, token: Token) -> Completion:
+    """A completion record as the queue keeps it (its signature is checked at the edge: completions.py)."""
+    return Completion(node_id=node, item_id=iid, token=token, digest="0" * 64, sig="s")
+
+
 @pytest.fixture
 def queue(db_target):  # type: ignore[no-untyped-def]  # SQLite, then PostgreSQL (tests/db_backends.py)
     q = WorkQueue(db_target, max_attempts=2, default_ttl=10.0)
-    q.rebuild(1, SPECS, [], [], now=0.0)
+    q.rebuild(1, SPECS, [], now=0.0)
     yield q
     q.close()
 
@@ -38,13 +43,26 @@ def test_claim_renew_complete_and_stale_tokens(queue: WorkQueue) -> None:
     assert queue.renew("w1", iid, g.token, 1, True, 5.0) == (None, 10.0)
     assert queue.renew("w2", iid, g.token, 1, True, 5.0)[0] == "claim held by another node"
     assert queue.renew("w1", iid, Token(term=1, seq=99), 1, True, 5.0)[0].startswith("stale token")
-    assert queue.finish("w1", iid, Token(term=0, seq=1), 1, True, 6.0, ok=True).startswith("stale term")
-    assert queue.finish("w1", iid, g.token, 1, False, 6.0, ok=True).startswith("not the leader")
-    assert queue.finish("w1", iid, g.token, 1, True, 6.0, ok=True) is None
-    assert queue.finish("w1", iid, g.token, 1, True, 6.0, ok=True) is not None  # twice: stale
+    assert queue.finish("w1", iid, Token(term=0, seq=1), 1, True, 6.0, ok=True, completion=done_by("w1", iid, Token(term=0, seq=1))).startswith("stale term")
+    assert queue.finish("w1", iid, g.token, 1, False, 6.0, ok=True, completion=done_by("w1", iid, g.token)).startswith("not the leader")
+    assert queue.finish("w1", iid, g.token, 1, True, 6.0, ok=True, completion=done_by("w1", iid, g.token)) is None
+    assert queue.finish("w1", iid, g.token, 1, True, 6.0, ok=True, completion=done_by("w1", iid, g.token)) is not None  # twice: stale
     assert queue.summary()["done"] == 1
     assert queue.recently_completed() == [iid]
-    assert queue.finish("w1", "demo:nope", g.token, 1, True, 6.0, ok=True) == "unknown work item"
+    assert queue.recent_completions() == [done_by("w1", iid, g.token)]  # what the leader gossips
+    assert queue.finish("w1", iid, g.token, 1, True, 6.0, ok=True) is not None  # no completion, no done
+    assert queue.finish("w1", "demo:nope", g.token, 1, True, 6.0, ok=True, completion=done_by("w1", "demo:nope", g.token)) == "unknown work item"
+
+
+def test_a_gossiped_completion_marks_done_only_the_live_claim(queue: WorkQueue) -> None:
+    g = queue.claim("w1", {}, ["demo"], 1, 0.0)
+    assert g is not None and queue.open_items({"demo:a", "demo:b", "demo:x"}) == {"demo:a", "demo:b"}
+    assert queue.admit(done_by("w2", g.item.item_id, g.token), 1, 1.0, None, True).startswith("stale token")
+    assert queue.admit(done_by("w1", g.item.item_id, Token(term=1, seq=9)), 1, 1.0, None, True).startswith("stale")
+    assert queue.admit(done_by("w1", g.item.item_id, g.token), 1, 1.0, None, True) is None
+    assert queue.item(g.item.item_id)["state"] == "done" and queue.open_items({g.item.item_id}) == set()
+    assert queue.recent_completions() == [done_by("w1", g.item.item_id, g.token)]
+    assert queue.admit(done_by("w1", "demo:x", Token(term=1, seq=5)), 1, 1.0, None, True) == "not queued here"
 
 
 def test_seq_increases_and_kinds_filter(queue: WorkQueue) -> None:
@@ -64,8 +82,8 @@ def test_expired_claim_is_reassigned_and_late_completion_refused(queue: WorkQueu
     g2 = queue.claim("w2", {}, ["demo"], 1, 11.0)
     assert g2 is not None and g2.item.item_id == g1.item.item_id and g2.item.attempts == 2
     assert g2.token.seq > g1.token.seq
-    assert queue.finish("w1", g1.item.item_id, g1.token, 1, True, 12.0, ok=True) is not None
-    assert queue.finish("w2", g2.item.item_id, g2.token, 1, True, 12.0, ok=True) is None
+    assert queue.finish("w1", g1.item.item_id, g1.token, 1, True, 12.0, ok=True, completion=done_by("w1", g1.item.item_id, g1.token)) is not None
+    assert queue.finish("w2", g2.item.item_id, g2.token, 1, True, 12.0, ok=True, completion=done_by("w2", g2.item.item_id, g2.token)) is None
 
 
 def test_seq_is_never_reused_so_an_old_token_of_the_same_worker_stays_stale(queue: WorkQueue) -> None:
@@ -73,8 +91,8 @@ def test_seq_is_never_reused_so_an_old_token_of_the_same_worker_stays_stale(queu
     assert g1 is not None
     g2 = queue.claim("w1", {}, ["demo"], 1, 20.0)  # g1 lapsed; the same worker gets it back
     assert g2 is not None and g2.item.item_id == g1.item.item_id and g2.token.seq > g1.token.seq
-    assert queue.finish("w1", g1.item.item_id, g1.token, 1, True, 21.0, ok=True).startswith("stale token")
-    assert queue.finish("w1", g2.item.item_id, g2.token, 1, True, 21.0, ok=True) is None
+    assert queue.finish("w1", g1.item.item_id, g1.token, 1, True, 21.0, ok=True, completion=done_by("w1", g1.item.item_id, g1.token)).startswith("stale token")
+    assert queue.finish("w1", g2.item.item_id, g2.token, 1, True, 21.0, ok=True, completion=done_by("w1", g2.item.item_id, g2.token)) is None
 
 
 def test_attempts_are_capped(queue: WorkQueue) -> None:
@@ -91,15 +109,16 @@ def test_new_term_voids_old_claims_and_folds_in_gossip(queue: WorkQueue) -> None
     g = queue.claim("w1", {}, ["demo"], 1, 0.0)
     assert g is not None
     queue.rebuild(
-        2, SPECS, in_flight=[ClaimInfo(item_id="demo:b", token=Token(term=1, seq=7), attempts=2)],
-        completed=["demo:a"], now=1.0,
+        2, SPECS, in_flight=[ClaimInfo(item_id="demo:b", token=Token(term=1, seq=7), attempts=2)], now=1.0,
     )
-    assert queue.finish("w1", g.item.item_id, g.token, 2, True, 1.5, ok=True).startswith("stale term")
-    assert queue.item("demo:a")["state"] == "done"
+    assert queue.finish("w1", g.item.item_id, g.token, 2, True, 1.5, ok=True, completion=done_by("w1", g.item.item_id, g.token)).startswith("stale term")
+    assert queue.item("demo:a")["state"] == "pending"  # only a claimant's admitted completion marks work done
     b = queue.item("demo:b")
     assert b["state"] == "pending" and b["attempts"] == 2
     g2 = queue.claim("w2", {}, ["demo"], 2, 2.0)
-    assert g2 is not None and g2.token.term == 2 and g2.item.item_id == "demo:b"
+    assert g2 is not None and g2.token.term == 2 and g2.item.item_id == "demo:a"  # g's claim was voided
+    g3 = queue.claim("w2", {}, ["demo"], 2, 2.0)
+    assert g3 is not None and g3.token.term == 2 and g3.item.item_id == "demo:b" and g3.item.attempts == 3
 
 
 def test_reconcile_adds_wanted_and_drops_unwanted_pending(queue: WorkQueue) -> None:
@@ -112,7 +131,7 @@ def test_reconcile_adds_wanted_and_drops_unwanted_pending(queue: WorkQueue) -> N
 def test_requirements_must_fit(tmp_path: Path) -> None:
     q = WorkQueue(tmp_path / "r.db", 3, 5.0)
     try:
-        q.rebuild(1, [WorkSpec("train", "x", requirements={"needs_gpu": True, "min_memory_gb": 8})], [], [], 0.0)
+        q.rebuild(1, [WorkSpec("train", "x", requirements={"needs_gpu": True, "min_memory_gb": 8})], [], 0.0)
         assert q.claim("cpu", {"gpus": 0, "memory_gb": 64}, None, 1, 0.0) is None
         assert q.claim("small", {"gpus": 1, "memory_gb": 4}, None, 1, 0.0) is None
         assert q.claim("gpu", {"gpus": 1, "memory_gb": 16}, None, 1, 0.0) is not None
@@ -126,7 +145,7 @@ def test_a_claim_reads_on_past_pages_of_items_that_do_not_fit(db_target) -> None
                 for i in range(2 * CLAIM_PAGE + 5)]
     q = WorkQueue(db_target, 3, 5.0)
     try:
-        q.rebuild(1, [*gpu_only, WorkSpec("demo", "cpu", priority=0)], [], [], 0.0)
+        q.rebuild(1, [*gpu_only, WorkSpec("demo", "cpu", priority=0)], [], 0.0)
         grant = q.claim("cpu-node", {"gpus": 0}, None, 1, 0.0)
         assert grant is not None and grant.item.item_id == "demo:cpu"
         assert q.claim("cpu-node", {"gpus": 0}, None, 1, 0.0) is None  # every page read, none fits
@@ -143,10 +162,10 @@ def test_reconcile_finds_finished_items_among_many_wanted(db_target) -> None:  #
     last = WorkSpec("demo", "k99999", priority=5)  # claimed first; sorts into the last chunk
     q = WorkQueue(db_target, 3, 5.0)
     try:
-        q.rebuild(1, [*specs, last], [], [], 0.0)
+        q.rebuild(1, [*specs, last], [], 0.0)
         grant = q.claim("w", {}, None, 1, 0.0)
         assert grant is not None and grant.item.item_id == last.item_id
-        assert q.finish("w", grant.item.item_id, grant.token, 1, True, 1.0, ok=True) is None
+        assert q.finish("w", grant.item.item_id, grant.token, 1, True, 1.0, ok=True, completion=done_by("w", grant.item.item_id, grant.token)) is None
         q.reconcile([*specs, last], now=2.0)
         assert q.item(last.item_id)["state"] == "done"
         assert q.summary() == {"pending": len(specs), "claimed": 0, "done": 1, "failed": 0}
@@ -156,7 +175,7 @@ def test_reconcile_finds_finished_items_among_many_wanted(db_target) -> None:  #
 
 def test_seq_goes_on_from_the_file_after_a_restart_in_the_same_term(db_target) -> None:  # type: ignore[no-untyped-def]
     q = WorkQueue(db_target, 3, 5.0)
-    q.rebuild(1, SPECS, [], [], 0.0)
+    q.rebuild(1, SPECS, [], 0.0)
     first = q.claim("w1", {}, None, 1, 0.0)
     q.close()
     q = WorkQueue(db_target, 3, 5.0)  # the same leader process restarted within its term

@@ -92,7 +92,7 @@ def test_the_queue_never_hands_a_join_item_to_the_claimant(tmp_path) -> None:
     specs = schedule(nodes(2, rendezvous={0: rdzv(nnodes=2)}), {}, 100, 30, 4, True)
     queue = WorkQueue(tmp_path / "q.db", max_attempts=3, default_ttl=10.0)
     try:
-        queue.rebuild(1, specs, [], [], now=0.0)
+        queue.rebuild(1, specs, [], now=0.0)
         assert queue.claim("n0", {"cpus": 2}, [TRAINING_JOIN_KIND], term=1, now=1.0) is None
         grant = queue.claim("n1", {"cpus": 2}, [TRAINING_JOIN_KIND], term=1, now=1.0)
         assert grant is not None and grant.item.item_id == "training_join:generation-1-r1-rank-1"

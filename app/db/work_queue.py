@@ -62,6 +62,8 @@ class WorkItemRow(Base):
     created_at: Mapped[float] = mapped_column(Float, default=0.0)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     last_error: Mapped[str] = mapped_column(String(4096), default="")
+    # the claimant's signed completion that made the item done (schemas.Completion), gossiped by the leader
+    completion: Mapped[dict | None] = mapped_column(JSON, nullable=True)
 
 
 def make_engine(path: Path | str) -> Engine:

@@ -6,7 +6,8 @@ Modules (pure rules first, I/O at the edge):
     decision.py    one value per key: may_store, choose_value (pure)
     quorum_cert.py quorum certificates: the texts voters sign, certificate_refusal (pure, given a verifier)
     loop_lag.py    the event loop's own stalls, which timeouts are judged less of
-    work_rules.py  WorkSpec, fits, token_refusal, adoption of a claim by a new leader (pure)
+    work_rules.py  WorkSpec, fits, token_refusal, adoption of a claim, when a completion is live (pure)
+    completions.py work completes only by its claimant's signed completion that the leader admits
     schemas.py     wire models with bounded numbers (MAX_TERM) and typed capabilities
     membership.py  bounded node table, gossip merge, ALIVE -> SUSPECT -> DEAD, eviction (no I/O)
     view.py        ClusterView: what a work source sees
@@ -63,7 +64,10 @@ terms move only through Raft's messages from configured voters, never by gossip,
 bounded steps. One compromised member decides nothing (quorum_cert.py): a leader is followed
 only on its election certificate (a majority's signed votes for its term), a value is decided
 anywhere only on its decision certificate (a majority's signed acks), and every field has one
-writer (`completed` work: the proven leader's). Timeouts are judged less the node's own stalls
+writer. Work completes only by the claimant's signed completion (item, fencing token, result
+digest) that the leader admits for the claim it granted (completions.py); the leader signs each
+grant, and after a leader change the new leader admits a completion, and adopts a claim, of an
+earlier term only on the grant of that term's proven leader: gossip alone marks no work done. Timeouts are judged less the node's own stalls
 (loop_lag.py), so a starved node does not start an election on the strength of its own stall. GET /status, /progress, /mesh/hello and /metrics are operator endpoints,
 readable unsigned.
 """

@@ -21,8 +21,6 @@ from app.coordination.p2p.identity import AuthError, Identity
 from app.coordination.p2p.membership import Membership
 from app.coordination.p2p.refusals import Refusals
 from app.coordination.p2p.schemas import GossipMessage, NodeState, SignedState, state_text
-from app.coordination.p2p.view import ClusterView
-from app.coordination.p2p.work_rules import completion_writer_refusal
 
 
 class Gossiping:
@@ -40,7 +38,6 @@ class Gossiping:
     _gossip_in_flight: set[str]
     _bg: set[asyncio.Task]
     _rng: random.Random
-    _refused_states: dict[tuple[str, int, int], None]
 
     @property
     def addr(self) -> str: ...  # MeshNode's
@@ -49,10 +46,7 @@ class Gossiping:
     def _sync_local(self) -> None:
         c, local = self.consensus, self.membership.local
         if (local.role, local.term, local.leader) != (c.role.value, c.term, c.leader_id):  # else: no re-signing
-            # `completed` is the leader's field: a node that no longer leads stops gossiping it
-            done = [] if local.role == "leader" and c.role.value != "leader" else local.completed
-            self.membership.local = local.model_copy(update={"role": c.role.value, "term": c.term, "leader": c.leader_id,
-                                                             "completed": done})
+            self.membership.local = local.model_copy(update={"role": c.role.value, "term": c.term, "leader": c.leader_id})
 
     def gossip_round(self) -> None:
         """Bump our heartbeat counter and push-pull with up to `fanout` peers (+ unknown seeds)."""
@@ -114,24 +108,3 @@ class Gossiping:
             self.refusals.refused_in(direct or message.sender, "state_refused", why[:300])
 
         self.membership.merge(message, time.monotonic(), check=owner_signed, direct=direct, refused=refused)
-
-    def _completed_by_leaders(self, view: ClusterView) -> set[str]:
-        """The work other nodes gossip as completed, from its one writer only: a proven leader
-        (work_rules.completion_writer_refusal). Anyone else's list is refused, counted once per
-        state (`field_not_owner`) and shown in /status."""
-        done: set[str] = set()
-        for state in view.nodes.values():
-            if not state.completed or state.node_id == self.node_id:
-                continue
-            why = completion_writer_refusal(state.node_id, state.role, state.term,
-                                            self.consensus.certified.get(state.term))
-            if why is None:
-                done.update(state.completed)
-                continue
-            seen = (state.node_id, state.incarnation, hash(tuple(state.completed)))
-            if seen not in self._refused_states:
-                self._refused_states[seen] = None
-                while len(self._refused_states) > 1024:
-                    self._refused_states.pop(next(iter(self._refused_states)))
-                self.refusals.refused_in(state.node_id, "field_not_owner", f"completed: {why}")
-        return done

@@ -24,6 +24,7 @@ from app.config import ConfigError, Settings
 from app.config.mesh import PROFILES, TimingProfile
 from app.coordination.p2p.auth import load_identity
 from app.coordination.p2p.client import MeshClient
+from app.coordination.p2p.completions import CompletionBook
 from app.coordination.p2p.conn_guard import ConnectionGuard, raise_descriptor_limit, rate_limit_loop_errors
 from app.coordination.p2p.consensus import Consensus
 from app.coordination.p2p.discovery import TailscaleSource, parse_peer_list
@@ -34,7 +35,7 @@ from app.coordination.p2p.membership import Membership
 from app.coordination.p2p.node_status import default_capabilities, node_status
 from app.coordination.p2p.persist import CommitStore, HistoryLog, TermStore
 from app.coordination.p2p.refusals import Refusals
-from app.coordination.p2p.schemas import NodeState
+from app.coordination.p2p.schemas import Completion, NodeState
 from app.coordination.p2p.server import build_app
 from app.coordination.p2p.tls import (
     cert_node_id,
@@ -117,7 +118,7 @@ class MeshNode(Gossiping):
         self._public_routes: list[tuple[str, str]] = []
         self._tasks: list[asyncio.Task] = []
         self._gossip_in_flight: set[str] = set()
-        self._refused_states: dict[tuple[str, int, int], None] = {}  # (node, incarnation, list) refused, counted once
+        self.completions = CompletionBook(self.identity, self.refusals)  # work completes only by these
         self._bg: set[asyncio.Task] = set()
         self._rng = random.Random()
         self._runner: web.AppRunner | None = None
@@ -209,7 +210,13 @@ class MeshNode(Gossiping):
             capabilities=lambda: dict(self.membership.local.capabilities),
             on_claims_changed=lambda claims: self.membership.update_local(claims=claims),
             leader_proof=lambda who, term, cert: self.consensus.election_refusal(term, who, cert),
+            on_completed=self._completed_here,
         )
+
+    def _completed_here(self, completion: Completion) -> None:
+        """A completion this node signed as a claimant: gossiped, so a new leader admits it."""
+        self.completions.add_own(completion)
+        self.completions.publish(self.membership)
 
     async def decide(self, key: str, proposal: str | None) -> str | None:
         """Leader only: the value decided for `key` through a quorum (deciding.py): `proposal`,
@@ -348,22 +355,26 @@ class MeshNode(Gossiping):
             return
         view = self.cluster_view()
         specs = list(self.work_source(view)) if self.work_source is not None else None
-        completed = self._completed_by_leaders(view)
         now = time.monotonic()
-        self.queue.reconcile(specs, now, completed=completed)
-        self.queue.adopt(self.term, view.live_claims(), now)
-        self.membership.local = self.membership.local.model_copy(
-            update={"completed": self.queue.recently_completed()}
-        )
+        self.queue.reconcile(specs, now)
+        self.queue.adopt(self.term, self.completions.proven_claims(view.live_claims(), self.consensus.certified), now)
+        self._admit_completions(view, now)
+
+    def _admit_completions(self, view: ClusterView, now: float) -> None:
+        """Leader: admit the claimants' completions gossip carries (completions.py), then gossip
+        the newest this queue admitted."""
+        self.completions.admit_gossiped(self.queue, view, self.term, self.consensus.certified, now)
+        self.completions.publish(self.membership)
 
     def _on_become_leader(self, term: int) -> None:
         """Level-triggered rebuild: void old-term claims, fold in gossip, reconcile."""
         view = self.cluster_view()
         specs = list(self.work_source(view)) if self.work_source is not None else None
         in_flight = [c for s in view.nodes.values() for c in s.claims]
-        completed = self._completed_by_leaders(view)
         try:
-            self.queue.rebuild(term, specs, in_flight, completed, time.monotonic(), live=view.live_claims())
+            live = self.completions.proven_claims(view.live_claims(), self.consensus.certified)
+            self.queue.rebuild(term, specs, in_flight, time.monotonic(), live=live)
+            self._admit_completions(view, time.monotonic())
         except Exception:
             log.exception("queue rebuild failed")
         self._sync_local()

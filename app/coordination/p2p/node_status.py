@@ -94,6 +94,9 @@ def trust_status(node: StatusSource) -> dict[str, Any]:
                        "app.coordination.p2p.tls init) and set mesh.node_keys or mesh.tls"} if shared else {}),
         "leader_certified": c.leader_id is not None and c.certified.get(c.term) == c.leader_id,
         "decided_with_certificate": len(node.commits.certs),
+        # an earlier version's mesh_commits.json: decided there without proof; not applied or gossiped (persist.py)
+        "decided_before_certificates": {"count": len(node.commits.before_certificates),
+                                        "keys": list(node.commits.before_certificates)[-20:]},
         "refused": {d: dict(sorted(v.items())) for d, v in node.refusals.counts.items()},
     }
 

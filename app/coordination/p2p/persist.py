@@ -19,6 +19,9 @@ from app.config.base import ConfigError
 from app.coordination.p2p.decision import Stored, may_store
 from app.coordination.p2p.election import TERM_CEILING
 from app.coordination.p2p.schemas import MAX_TERM, QuorumCert
+from app.log import get_logger
+
+log = get_logger(__name__)
 
 
 def read_json(path: Path, default: Any) -> Any:
@@ -97,19 +100,30 @@ class CommitStore:
     knows are decided, each with its decision certificate (quorum_cert.py: a majority of voters'
     signed acks). Only decided values may be acted on; a stored value alone may be one no quorum
     ever took. Every node keeps one (a non-voter learns decided values from gossip). One JSON
-    file: key -> {"value", "term", "decided"?, "cert"?}; files of earlier versions load (their
-    decided values without a certificate are this node's own record, and are not gossiped)."""
+    file: key -> {"value", "term", "decided"?, "cert"?, "before_certificates"?}.
+
+    Files of earlier versions load. A value such a file marks decided without a certificate
+    (written before quorum certificates, issue 54) has no proof a majority agreed: it is kept
+    as *decided before certificates* (`before_certificates`, marked so in the file and in
+    /status `trust`), a stored value as far as the quorum is concerned, but not decided here:
+    never applied, never gossiped, until a leader decides that key again through the quorum
+    (its read phase finds the value a majority stored) and the certificate arrives. What the
+    node already applied from it lives on in its generation and rollback logs (own files)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.values: dict[str, Stored] = {}
         self.decided: dict[str, None] = {}  # insertion-ordered set: the order values were learned
         self.certs: dict[str, QuorumCert] = {}
+        self.before_certificates: dict[str, None] = {}  # decided by an earlier version, no certificate
         for key, raw in dict(read_json(path, {})).items():
             # files of earlier versions hold bare values: stored in term 0, the oldest
             self.values[key] = (Stored(raw["value"], int(raw["term"])) if isinstance(raw, dict)
                                 else Stored(str(raw), 0))
-            if isinstance(raw, dict) and raw.get("decided"):
+            uncertified = isinstance(raw, dict) and raw.get("decided") and raw.get("cert") is None
+            if isinstance(raw, dict) and (raw.get("before_certificates") or uncertified):
+                self.before_certificates[key] = None
+            elif isinstance(raw, dict) and raw.get("decided"):
                 self.decided[key] = None
                 if raw.get("cert") is not None:
                     try:
@@ -117,6 +131,10 @@ class CommitStore:
                     except ValueError as exc:
                         raise ConfigError(f"{path}: key {key!r}: a malformed decision certificate ({exc}); "
                                           "restore the file from a backup, or remove it") from None
+        if self.before_certificates:
+            log.warning("mesh_commits_before_certificates", path=str(path), keys=len(self.before_certificates),
+                        detail="values this file marks decided without a quorum certificate (an earlier version's): "
+                               "kept as stored values, not applied or gossiped until a leader decides them again")
 
     def get(self, key: str) -> str | None:
         stored = self.values.get(key)
@@ -152,6 +170,8 @@ class CommitStore:
         new = Stored(value, max(term, existing.term) if same else term)
         if new != existing:
             self.values[key] = new
+            if not same:
+                self.before_certificates.pop(key, None)  # replaced through the quorum: the mark goes
             self._save()
         return True, why
 
@@ -168,6 +188,7 @@ class CommitStore:
         self.values[key] = Stored(value, max(cert.term, existing.term if existing else 0))
         self.decided[key] = None
         self.certs[key] = cert.without_certs()
+        self.before_certificates.pop(key, None)
         self._save()
         return True
 
@@ -178,6 +199,8 @@ class CommitStore:
                 out["decided"] = True
                 if k in self.certs:
                     out["cert"] = self.certs[k].model_dump()
+            elif k in self.before_certificates:
+                out["before_certificates"] = True  # decided by an earlier version, without proof
             return out
         atomic_write_json(self.path, {k: entry(k, s) for k, s in self.values.items()})
 

@@ -77,6 +77,20 @@ class ClaimInfo(Wire):
     token: Token
     attempts: int = Field(default=1, ge=0, le=2**31)
     expires_at: float = 0.0
+    grant: str = Field(default="", max_length=256)  # the granting leader's signature (completions.grant_text)
+
+
+class Completion(Wire):
+    """A claimant's signed word that it finished `item_id` under `token` with a result of
+    `digest`; with the granting leader's signature over the claim. Work completes only by one
+    of these that the leader admits (completions.py); any node may relay it, none can forge it."""
+
+    node_id: NodeId = _ID  # the claimant, whose key signed `sig`
+    item_id: str = Field(min_length=1, max_length=512)
+    token: Token
+    digest: str = Field(max_length=64)  # sha256 of the result (completions.result_digest)
+    sig: str = Field(default="", max_length=256)
+    grant: str = Field(default="", max_length=256)
 
 
 class NodeState(Wire):
@@ -94,7 +108,8 @@ class NodeState(Wire):
     capabilities: Caps
     inventory: dict[str, Any] = {}
     claims: list[ClaimInfo] = Field(default_factory=list, max_length=1024)
-    completed: list[str] = Field(default_factory=list, max_length=4096)  # leader only: recently completed item ids
+    # signed completions this node relays: its own as a claimant, and (a leader) those it admitted
+    completions: list[Completion] = Field(default_factory=list, max_length=256)
 
     @field_validator("capabilities")
     @classmethod
@@ -260,6 +275,7 @@ class ClaimResponse(Wire):
     token: Token | None = None
     ttl: float | None = None
     election: QuorumCert | None = None  # the granting leader's election certificate for the token's term
+    grant: str = Field(default="", max_length=256)  # the leader's signature over the claim (completions.grant_text)
 
 
 class TokenRequest(Wire):
@@ -270,6 +286,7 @@ class TokenRequest(Wire):
     token: Token
     result: dict[str, Any] = {}
     error: str = Field(default="", max_length=4096)
+    completion: Completion | None = None  # /work/complete: the claimant's signed completion of `result`
 
 
 class TokenResponse(Wire):
@@ -277,3 +294,4 @@ class TokenResponse(Wire):
     reason: str = ""
     ttl: float | None = None
     token: Token | None = None  # a renew under a new leader: the token to use from now on
+    grant: str = Field(default="", max_length=256)  # the leader's signature over that token's claim

@@ -4,7 +4,8 @@ Operator endpoints, readable without a signature: GET /status, /progress, /mesh/
 here, for signing), /metrics (Prometheus text of the node's registry).
 Node-to-node endpoints, signed (auth.py): POST /gossip, /vote, /heartbeat, /commit, /commit/read, /commit/decided,
 /transfer/timeout_now, /admin/transfer (operator: hand leadership over),
-/work/claim, /work/claim_training, /work/renew, /work/complete, /work/fail.
+/work/claim, /work/claim_training, /work/renew, /work/complete (with the claimant's signed
+completion: completions.py), /work/fail.
 
 Every body is parsed with bounded size and depth; anything malformed is a 400 with a reason,
 never a 500; no answer is ever non-JSON (jsonwire.py). Every answer to a request that carried a
@@ -38,12 +39,14 @@ from app.coordination.p2p.auth import (
     auth_middleware,
     json_error,
 )
+from app.coordination.p2p.completions import request_problem, sign_grant
 from app.coordination.p2p.conn_guard import ConnectionGuard
 from app.coordination.p2p.consensus import Consensus
 from app.coordination.p2p.identity import Identity
 from app.coordination.p2p.jsonwire import BadJson, dumps
 from app.coordination.p2p.jsonwire import parse_json as parse_json_text
 from app.coordination.p2p.membership import Membership, decode
+from app.coordination.p2p.quorum_cert import verifier_of
 from app.coordination.p2p.refusals import Refusals
 from app.coordination.p2p.schemas import (
     ClaimRequest,
@@ -194,6 +197,7 @@ def build_app(
 
     app.on_response_prepare.append(who_answers)
     c = node.consensus
+    verify = verifier_of(node.identity)  # a claimant's signed completion (completions.py)
 
     async def status(request: web.Request) -> web.Response:
         return ok(node.status())
@@ -269,7 +273,8 @@ def build_app(
         if grant is None:
             return ok(ClaimResponse(status="no_work"))
         return ok(ClaimResponse(status="claimed", item=grant.item, token=grant.token, ttl=grant.ttl,
-                                election=c.election_cert))
+                                election=c.election_cert,
+                                grant=sign_grant(node.identity, grant.token, grant.item.item_id, req.node_id)))
 
     async def claim(request: web.Request) -> web.Response:
         return await claim_common(request, training_only=False)
@@ -285,16 +290,23 @@ def build_app(
         )
         if reason is not None:
             return ok(TokenResponse(ok=False, reason=reason), 409)
-        return ok(TokenResponse(ok=True, ttl=ttl, token=token))
+        moved = token is not None and token != req.token  # an adopted claim's new token: grant it
+        return ok(TokenResponse(ok=True, ttl=ttl, token=token,
+                                grant=sign_grant(node.identity, token, req.item_id, req.node_id) if moved else ""))
 
     def finish(success: bool):  # type: ignore[no-untyped-def]
         async def handler(request: web.Request) -> web.Response:
             req = parse_body(request, TokenRequest)
             same_sender(request, req.node_id, "the claim's node_id")
+            problem = request_problem(verify, req) if success else None  # work completes only so
             reason = node.queue.finish(
                 req.node_id, req.item_id, req.token, node.term, c.can_mutate(),
-                time.monotonic(), ok=success, error=req.error,
+                time.monotonic(), ok=success, error=req.error, completion=req.completion,
+                completion_problem=problem[1] if problem else None,
             )
+            if reason is not None and problem is not None and reason == problem[1]:
+                node.refusals.refused_in(req.node_id, problem[0], f"/work/complete of {req.item_id[:128]}: {reason}")
+                return ok(TokenResponse(ok=False, reason=reason), 401 if problem[0] != "completion_mismatch" else 400)
             if reason is not None:
                 return ok(TokenResponse(ok=False, reason=reason), 409)
             return ok(TokenResponse(ok=True))

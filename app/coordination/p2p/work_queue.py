@@ -20,10 +20,11 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.coordination.p2p.schemas import ClaimInfo, Token, WorkItemOut
+from app.coordination.p2p.schemas import ClaimInfo, Completion, Token, WorkItemOut
 from app.coordination.p2p.work_rules import (
     WorkSpec,
     adopted_token_matches,
+    completion_refusal,
     fits,
     may_adopt,
     state_after_lapse,
@@ -60,24 +61,22 @@ class WorkQueue:
         term: int,
         specs: Iterable[WorkSpec] | None,
         in_flight: Iterable[ClaimInfo],
-        completed: Iterable[str],
         now: float,
         live: Iterable[tuple[str, ClaimInfo]] = (),
     ) -> None:
-        """Start of a term: void older claims, fold in what gossip knows, reconcile, then adopt
-        the `live` claims ((holder, claim) of holders that are alive)."""
+        """Start of a term: void older claims, fold in the attempts gossip knows, reconcile, then
+        adopt the `live` claims ((holder, claim) of holders that are alive, their grants proven).
+        Work done under earlier leaders comes back only as the claimants' signed completions
+        (`admit`, completions.py): nothing else marks an item done."""
         in_flight = list(in_flight)
         with Session(self.engine) as s, s.begin():
             for row in s.scalars(select(WorkItemRow).where(WorkItemRow.state == CLAIMED)):
                 if (row.claim_term or 0) < term:
                     self._release(row)
-            done = set(completed)
-            for row in s.scalars(select(WorkItemRow).where(WorkItemRow.item_id.in_(done))):
-                row.state, row.finished_at = DONE, row.finished_at or now
             attempts = {c.item_id: c.attempts for c in in_flight}
             for row in s.scalars(select(WorkItemRow).where(WorkItemRow.item_id.in_(attempts))):
                 row.attempts = max(row.attempts, attempts[row.item_id])
-        self.reconcile(specs, now, completed=completed, in_flight_attempts=attempts)
+        self.reconcile(specs, now, in_flight_attempts=attempts)
         self.adopt(term, live, now)
 
     def adopt(self, term: int, live: Iterable[tuple[str, ClaimInfo]], now: float) -> list[str]:
@@ -103,12 +102,10 @@ class WorkQueue:
         self,
         specs: Iterable[WorkSpec] | None,
         now: float,
-        completed: Iterable[str] = (),
         in_flight_attempts: dict[str, int] | None = None,
     ) -> None:
         """Expire lapsed claims; add wanted items; drop pending ones no longer wanted."""
         in_flight_attempts = in_flight_attempts or {}
-        done = set(completed)
         with Session(self.engine) as s, s.begin():
             for row in s.scalars(
                 select(WorkItemRow).where(WorkItemRow.state == CLAIMED, WorkItemRow.expires_at <= now)
@@ -128,9 +125,8 @@ class WorkQueue:
                         WorkItemRow(
                             item_id=iid, kind=spec.kind, key=spec.key, payload=dict(spec.payload),
                             requirements=dict(spec.requirements), priority=spec.priority,
-                            ttl=spec.ttl, state=DONE if iid in done else PENDING,
+                            ttl=spec.ttl, state=PENDING,
                             attempts=in_flight_attempts.get(iid, 0), created_at=now,
-                            finished_at=now if iid in done else None,
                         )
                     )
                 elif row.state == PENDING:
@@ -139,6 +135,40 @@ class WorkQueue:
             for iid, row in existing.items():
                 if row.state == PENDING and iid not in wanted:
                     s.delete(row)
+
+    def admit(self, c: Completion, term: int, now: float, newest_known: tuple[int, int] | None,
+              grant_proven: bool) -> str | None:
+        """A claimant's completion carried by gossip, its signature checked by the caller: mark
+        its item done if its token was the live claim (work_rules.completion_refusal); None when
+        admitted (or the item was already done), else why not."""
+        with Session(self.engine) as s, s.begin():
+            row = s.get(WorkItemRow, c.item_id)
+            if row is None:
+                return "not queued here"
+            if row.state == DONE:
+                return None
+            why = completion_refusal(
+                current_term=term, token=(c.token.term, c.token.seq), claimant=c.node_id, item_state=row.state,
+                claimed_by=row.claimed_by, claim=(row.claim_term, row.claim_seq),
+                adopted=(row.adopted_term, row.adopted_seq), newest_known=newest_known, grant_proven=grant_proven,
+            )
+            if why is not None:
+                return why
+            self._done(row, c, now)
+            return None
+
+    def open_items(self, item_ids: set[str]) -> set[str]:
+        """Those of `item_ids` pending or claimed here (what a completion can still change)."""
+        ids, out = sorted(item_ids), set()
+        with Session(self.engine) as s:
+            for start in range(0, len(ids), IN_CHUNK):
+                out.update(s.scalars(select(WorkItemRow.item_id).where(
+                    WorkItemRow.item_id.in_(ids[start:start + IN_CHUNK]), WorkItemRow.state.in_((PENDING, CLAIMED)))))
+        return out
+
+    def _done(self, row: WorkItemRow, c: Completion, now: float) -> None:
+        row.state, row.finished_at, row.completion = DONE, now, c.model_dump(mode="json")
+        row.claim_term = row.claim_seq = row.claimed_by = row.expires_at = None
 
     def _release(self, row: WorkItemRow) -> None:
         row.state = state_after_lapse(row.attempts, self.max_attempts)
@@ -205,9 +235,12 @@ class WorkQueue:
 
     def finish(
         self, node_id: str, iid: str, token: Token, term: int, can_mutate: bool, now: float,
-        ok: bool, error: str = "",
+        ok: bool, error: str = "", completion: Completion | None = None, completion_problem: str | None = None,
     ) -> str | None:
-        """Complete (ok=True) or fail a claim; None on success, else the 409 reason."""
+        """Complete (ok=True) or fail a claim; None on success, else the reason. A completion
+        is admitted only with the claimant's signed `completion` (kept on the row, gossiped
+        by the leader): `completion_problem` is why the caller found it wanting, returned once
+        the token itself checks."""
         with Session(self.engine) as s, s.begin():
             row = s.get(WorkItemRow, iid)
             refusal = self._refusal(row, node_id, token, term, can_mutate, now)
@@ -215,8 +248,9 @@ class WorkQueue:
                 return refusal
             assert row is not None
             if ok:
-                row.state, row.finished_at = DONE, now
-                row.claim_term = row.claim_seq = row.claimed_by = row.expires_at = None
+                if completion_problem is not None or completion is None:
+                    return completion_problem or "no signed completion"
+                self._done(row, completion, now)
             else:
                 row.last_error = error[:4096]
                 self._release(row)
@@ -254,6 +288,15 @@ class WorkQueue:
                     .order_by(WorkItemRow.finished_at.desc()).limit(limit)
                 )
             )
+
+    def recent_completions(self, limit: int = 64) -> list[Completion]:
+        """The signed completions this queue admitted, newest first: what a leader gossips, so
+        the next leader can admit them too."""
+        with Session(self.engine) as s:
+            records = s.scalars(select(WorkItemRow.completion).where(
+                WorkItemRow.state == DONE, WorkItemRow.completion.is_not(None))
+                .order_by(WorkItemRow.finished_at.desc()).limit(limit)).all()
+        return [Completion.model_validate(r) for r in records if r]
 
     def item(self, iid: str) -> dict[str, Any] | None:
         with Session(self.engine) as s:

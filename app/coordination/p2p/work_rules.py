@@ -107,14 +107,33 @@ def may_adopt(
             and (adopted_term, adopted_seq) != (token_term, token_seq))
 
 
-def completion_writer_refusal(sender: str, role: str, term: int, certified_leader: str | None) -> str | None:
-    """`completed` in a gossiped state is the leader's field (work completes only when the
-    leader admits the claimant's signed completion: /work/complete with its fencing token). A
-    node's list is taken only while it gossips itself leader of a term whose election
-    certificate this node checked for it; else why not (the list changes no queue)."""
-    if role != "leader":
-        return f"{sender} gossips completed work as {role}; only the leader writes it"
-    if certified_leader != sender:
-        return (f"{sender} is not the proven leader of term {term}"
-                + (f" ({certified_leader} is)" if certified_leader else " (no election certificate seen)"))
+def completion_refusal(
+    *, current_term: int, token: tuple[int, int], claimant: str, item_state: str | None,
+    claimed_by: str | None, claim: tuple[int | None, int | None], adopted: tuple[int | None, int | None],
+    newest_known: tuple[int, int] | None, grant_proven: bool,
+) -> str | None:
+    """Whether the leader admits a claimant's completion carried by gossip (its signature already
+    checked, completions.py): None when `token` was the live claim on the item, else why not.
+
+    A token of this term must be the claim held now. A token of an earlier term must carry that
+    term's proven leader's grant, and be the live claim: the one this leader adopted from the
+    claimant, or, with the item not claimed here, no later claim on it known from gossip. So a
+    completion survives a leader change, and nothing but a real claimant's completion marks
+    work done."""
+    if item_state == "failed":
+        return "the item failed: its attempts ran out"
+    if token[0] > current_term:
+        return f"token of a future term {token[0]}"
+    if token[0] == current_term:
+        if item_state == "claimed" and claim == token and claimed_by == claimant:
+            return None
+        return "stale token: not the claim held now"
+    if not grant_proven:
+        return f"no proof that the leader of term {token[0]} granted this claim"
+    if item_state == "claimed":
+        if claimed_by == claimant and adopted == token:
+            return None
+        return f"stale token: the item is claimed under term {claim[0]}"
+    if newest_known is not None and newest_known > token:
+        return f"stale token: a later claim {list(newest_known)} on the item is known"
     return None

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.coordination.p2p.client import MeshClient
+from app.coordination.p2p.completions import sign_completion
 from app.coordination.p2p.schemas import (
     ClaimInfo,
     ClaimResponse,
+    Completion,
     QuorumCert,
     Token,
     TokenRequest,
@@ -34,6 +36,7 @@ class Claim:
     token: Token
     ttl: float
     leader_addr: str
+    grant: str = ""  # the granting leader's signature over the claim (completions.grant_text)
 
 
 @dataclass(frozen=True)
@@ -49,9 +52,13 @@ class WorkClient:
         capabilities: Callable[[], dict[str, Any]] = dict,
         on_claims_changed: Callable[[list[ClaimInfo]], None] | None = None,
         leader_proof: Callable[[str, int, QuorumCert | None], str | None] | None = None,
+        on_completed: Callable[[Completion], None] | None = None,
     ) -> None:
         """`leader_proof(answering node, the token's term, its election certificate)`: why a
-        claim from that node is not to be trusted (None: it is the proven leader of that term)."""
+        claim from that node is not to be trusted (None: it is the proven leader of that term).
+        `on_completed`: each completion this worker signed and the leader took or did not
+        answer (e.g. gossip it, so a new leader admits it if the old one is gone)."""
+        self.on_completed = on_completed
         self.client = client
         self.leader_proof = leader_proof
         self.node_id = node_id
@@ -64,7 +71,7 @@ class WorkClient:
         if holding:
             self.held[claim.item.item_id] = ClaimInfo(
                 item_id=claim.item.item_id, token=claim.token, attempts=claim.item.attempts,
-                expires_at=time.time() + claim.ttl,
+                expires_at=time.time() + claim.ttl, grant=claim.grant,
             )
         else:
             self.held.pop(claim.item.item_id, None)
@@ -102,7 +109,7 @@ class WorkClient:
             if why is not None:
                 log.warning("claim_refused", leader=answerer or leader, reason=why)
                 return None
-        claim = Claim(resp.item, resp.token, float(resp.ttl or 0), leader)
+        claim = Claim(resp.item, resp.token, float(resp.ttl or 0), leader, resp.grant)
         self._track(claim, True)
         return claim
 
@@ -124,7 +131,7 @@ class WorkClient:
         if isinstance(new_token, dict) and held is not None and path == "/work/renew":
             token = Token.model_validate(new_token)
             if token != held.token:
-                self.held[claim.item.item_id] = held.model_copy(update={"token": token})
+                self.held[claim.item.item_id] = held.model_copy(update={"token": token, "grant": str(data.get("grant") or "")[:256]})
                 if self.on_claims_changed is not None:
                     self.on_claims_changed(list(self.held.values()))
         if status == 409 or (status == 200 and path != "/work/renew"):
@@ -144,7 +151,14 @@ class WorkClient:
                 return outcome
 
     async def complete(self, claim: Claim, result: dict[str, Any] | None = None) -> Outcome:
-        return await self._token_call("/work/complete", claim, result=result or {})
+        """Send this worker's signed completion (item, token, result digest) to the leader."""
+        held = self.held.get(claim.item.item_id)
+        completion = sign_completion(self.client.identity, self.node_id, claim.item.item_id, self.token_of(claim),
+                                     result or {}, held.grant if held is not None else claim.grant)
+        outcome = await self._token_call("/work/complete", claim, result=result or {}, completion=completion)
+        if self.on_completed is not None and (outcome.ok or outcome.status == 0):
+            self.on_completed(completion)
+        return outcome
 
     async def fail(self, claim: Claim, error: str) -> Outcome:
         return await self._token_call("/work/fail", claim, error=error)
