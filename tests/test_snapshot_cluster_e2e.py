@@ -3,6 +3,12 @@ the cluster decides something after it (a rollback, through the voter quorum), t
 is lost, and it is restored from the older snapshot. It rejoins under the same id without
 stepping on the newer term or decision: one leader, the rollback kept on every node (the
 restored one learns it), the seeded generations unchanged.
+
+Then every machine is lost: the same snapshot is restored onto three fresh data dirs, each
+node under its own id and config, and the new cluster continues from the snapshot's
+generation: one leader, every node at the snapshot's pipeline generation and best model with
+its decided generations (the rollback taken after the snapshot is gone, as the guide says),
+and it decides again on top of them (a new rollback through the restored quorum).
 """
 
 from __future__ import annotations
@@ -86,6 +92,29 @@ def test_a_voter_restored_from_a_snapshot_rejoins_without_losing_a_decision(tmp_
         assert all([(r["generation"], r["sha256"]) for r in g][:2] == [(1, sha_a), (2, sha_b)] for g in generations)
         now = statuses(nodes)
         assert all(s["term"] >= term_before for s in now) and one_leader(nodes) == leader, now
+
+        # --- the whole cluster lost: the one snapshot restored onto three fresh dirs ---
+        stop_nodes(procs.values(), timeout=35)
+        snapshot = json.loads(cli("snapshot", "--json", "status", str(archive)).stdout)["summary"]["pipeline"]
+        for files in nodes:
+            shutil.rmtree(files.data_dir)
+        restores = [subprocess.Popen([sys.executable, "-m", "app.cli", "snapshot", "restore", str(archive),
+                                      "--data-dir", str(f.data_dir)], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+                    for f in nodes]  # one per machine, at once
+        assert all(r.wait(timeout=90) == 0 for r in restores), [r.stderr.read() for r in restores if r.stderr]
+        procs = {nid: start(files, i, nodes) for i, (nid, files) in enumerate(zip(IDS, nodes))}
+        wait_until(lambda: one_leader(nodes), 90, what="one leader of the restored cluster")
+        assert snapshot["generation"] == 3 and snapshot["best_sha256"] == sha_b
+        for files in nodes:  # each continues from the snapshot's generation, not from its own past
+            state = files.state()
+            assert (state["generation"], state["best_sha256"]) == (snapshot["generation"], sha_b), state
+            decided = json.loads((files.data_dir / "generations.json").read_text())
+            assert [(r["generation"], r["sha256"]) for r in decided] == [(1, sha_a), (2, sha_b)]
+            assert not (files.data_dir / "rollbacks.json").exists()  # decided after the snapshot: lost with it
+        again = cli("--json", "--node", f"127.0.0.1:{nodes[1].mesh_port}", "rollback", "--reason", "after the restore")
+        assert again.returncode == 0, again.stdout + again.stderr  # the restored voters decide again
+        wait_until(lambda: all(f.state().get("best_sha256") == sha_a for f in nodes), 90,
+                   what="the restored cluster decides and follows a new rollback")
     except AssertionError:
         for files in nodes:
             print(f"--- {files.root.name}\n{tail(files, 2500)}")

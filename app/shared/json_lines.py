@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime, timezone
 
-from app.log import iso_timestamp
+TIMESTAMP_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"  # app.log.iso_timestamp's (not imported: every rank's
+# worker imports this module before its target, and structlog costs it seconds on a busy host)
 
 
 def output_line(text: str, source: str, *, rank: int | None = None, stream: str | None = None,
                 at: float | None = None) -> str:
     """One line of output as a JSON line (no newline)."""
-    record: dict = {"timestamp": iso_timestamp(time.time() if at is None else at), "source": source}
+    stamp = datetime.fromtimestamp(time.time() if at is None else at, tz=timezone.utc).strftime(TIMESTAMP_FORMAT)
+    record: dict = {"timestamp": stamp, "source": source}
     if rank is not None:
         record["rank"] = rank
     if stream is not None:
