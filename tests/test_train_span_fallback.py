@@ -47,7 +47,7 @@ def _ctx(pipe: PipelineContext) -> DaemonContext:
                          stopping=asyncio.Event(), log=get_logger("test.train"), metrics=metrics)
 
 
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(120)
 async def test_joiners_that_never_come_leave_the_claimant_training_alone(tmp_path: Path) -> None:
     pipe = _pipe(tmp_path)
     make_db(tmp_path / "games.db", 20)
