@@ -135,6 +135,7 @@ def main() -> None:
             "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
         })
         _end_as(_relay(argv, directory / f"rank_{rank}.log", rank))
+    os.environ.pop(TARGET_ENV)  # what the target starts is not a rank_entry child
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # pipes: a line at a time
     sys.stderr.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     code, error = _run_target(argv)
