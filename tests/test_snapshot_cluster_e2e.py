@@ -23,6 +23,7 @@ import urllib.request
 
 import pytest
 
+from app.cli.snapshot import summarize
 from tests.ops_cluster import IDS, make_nodes, seed_generations, start
 from tests.orchestrator_helpers import ROOT, stop_nodes, tail, wait_until
 
@@ -93,8 +94,9 @@ def test_a_voter_restored_from_a_snapshot_rejoins_without_losing_a_decision(tmp_
         assert all(s["term"] >= term_before for s in now) and one_leader(nodes) == leader, now
 
         # --- the whole cluster lost: the one snapshot restored onto three fresh dirs ---
-        stop_nodes(procs.values(), timeout=35)
-        snapshot = json.loads(cli("snapshot", "--json", "status", str(archive)).stdout)["summary"]["pipeline"]
+        for proc in procs.values():  # every machine lost at once
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
         for files in nodes:
             shutil.rmtree(files.data_dir)
         restores = [subprocess.Popen([sys.executable, "-m", "app.cli", "snapshot", "restore", str(archive),
@@ -102,6 +104,7 @@ def test_a_voter_restored_from_a_snapshot_rejoins_without_losing_a_decision(tmp_
                                      stderr=subprocess.PIPE, text=True)
                     for f in nodes]  # one per machine, at once
         assert all(r.wait(timeout=90) == 0 for r in restores), [r.stderr.read() for r in restores if r.stderr]
+        snapshot = summarize(nodes[0].data_dir)["pipeline"]  # the restored dir is the manifest's
         procs = {nid: start(files, i, nodes) for i, (nid, files) in enumerate(zip(IDS, nodes))}
         wait_until(lambda: one_leader(nodes), 90, what="one leader of the restored cluster")
         assert snapshot["best_sha256"] == sha_b  # taken before the rollback
