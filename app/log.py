@@ -48,11 +48,11 @@ def iso_timestamp(epoch: float) -> str:
 
 
 def epoch_of(line: dict) -> float:
-    """A written line's time in epoch seconds: its `timestamp`, or the `t` of a file written
-    before every file used `timestamp`."""
+    """A written line's time in epoch seconds: its `timestamp`, or the `t` (events, pipeline
+    history) or `ts` (mesh history) of a file written before every file used `timestamp`."""
     if "timestamp" in line:
         return datetime.strptime(line["timestamp"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
-    return float(line["t"])
+    return float(line["t"] if "t" in line else line["ts"])
 
 
 def bind_term(term: int) -> None:

@@ -47,6 +47,7 @@ from app.db.dead_letters import DeadLetterStore
 from app.db.engines import check_reachable
 from app.db.registry import ModelRegistry
 from app.log import configure_logging, get_logger
+from app.training.gauntlet_baselines import anchor_player
 from app.training.promotion import progress_report
 
 DEFAULT_DAEMONS_FILE = Path(__file__).resolve().parent.parent / "daemons.yaml"
@@ -114,7 +115,7 @@ def build_mesh(settings: Settings, pipe: PipelineContext,
 
 def _local_progress(pipe: PipelineContext) -> dict:
     with ModelRegistry(pipe.paths.registry_db) as registry:
-        report = progress_report(registry)
+        report = progress_report(registry, anchor_player(pipe.settings))
     return {**report, **(pipe.steps.progress_extra(pipe) if isinstance(pipe.steps, ReportsStatus) else {})}
 
 

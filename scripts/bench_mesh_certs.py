@@ -34,6 +34,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from app.log import epoch_of  # noqa: E402
 from scripts.bench_cluster import stop_cluster  # noqa: E402 - needs ROOT on the path
 
 PROBE = r'''
@@ -190,13 +191,13 @@ def bench_churn(profile: str, seconds: float) -> dict:
             load0 = os.getloadavg()[0]
             loads = _sample_load(seconds)  # (seconds since t0, 1-minute load average)
             load1 = os.getloadavg()[0]
-            events = sorted((e for d in dirs for e in _history(d)), key=lambda e: e["ts"])
+            events = sorted((e for d in dirs for e in _history(d)), key=epoch_of)
         finally:
             stop_cluster(procs)
     elected = [e for e in events if e["event"] == "became_leader"]
     first = elected[0] if elected else None
-    changes = [e for e in elected[1:] if e["ts"] <= t0 + seconds]
-    stepped = [e.get("reason", "") for e in events if e["event"] == "stepped_down" and e["ts"] <= t0 + seconds]
+    changes = [e for e in elected[1:] if epoch_of(e) <= t0 + seconds]
+    stepped = [e.get("reason", "") for e in events if e["event"] == "stepped_down" and epoch_of(e) <= t0 + seconds]
     return {"profile": profile, "seconds": seconds, "first_leader": first and first["node"],
             "leader_changes": len(changes), "per_hour": round(len(changes) * 3600 / seconds, 1),
             "terms": [first["term"] if first else None, max((e["term"] for e in events), default=None)],

@@ -19,6 +19,7 @@ from app.coordination.pipeline.gauntlet_spread import build_request, spread_gaun
 from app.coordination.p2p.node import MeshNode
 from app.workloads import pipeline_context
 from app.db.registry import ModelRegistry
+from app.training.gauntlet_baselines import planned_baselines
 from app.training.gauntlet_shard import ShardGame, ShardResult, play_shard
 from app.coordination.pipeline.state import PipelineState, Stage
 from app.coordination.pipeline.runner_settings import ExportSettings
@@ -51,20 +52,26 @@ async def test_claimant_takes_published_shards_and_plays_an_unanswered_one_after
     holder: asyncio.Task | None = None
     try:
         await wait_for(lambda: _leader_is(n1, "n0"), 15)
-        pipe.cluster.gauntlet.set_request(build_request(pipe, state, ["random"]))
+        baselines = planned_baselines(["random"], settings)  # the gate's random, 8 games; the anchor, 4
+        pipe.cluster.gauntlet.set_request(build_request(pipe, state, baselines))
         peer = n1.work_client()
         held = await wait_for(lambda: peer.claim(kinds=["gauntlet"]), 15)  # claimed, never answered
         holder = asyncio.create_task(_renew_forever(peer, held))
         answered = await wait_for(lambda: peer.claim(kinds=["gauntlet"]), 15)
         p = answered.item.payload
-        published = await asyncio.to_thread(
-            play_shard, cand, p["baseline"], p["games"], p["seed"], answered.item.item_id, settings,
-            tmp_path / "n1-registry.db", p["net_simulations"], 1, "n1")
+        renewing = asyncio.create_task(_renew_forever(peer, answered))  # held while it plays, as a shard worker does
+        try:
+            published = await asyncio.to_thread(
+                play_shard, cand, p["baseline"], p["games"], p["seed"], answered.item.item_id, settings,
+                tmp_path / "n1-registry.db", p["net_simulations"], 1, "n1")
+        finally:
+            renewing.cancel()
         n1.update_local_state(inventory={RESULTS_KEY: {answered.item.item_id: {**published.to_json(), "generation": 1}}})
-        assert (await peer.complete(answered)).ok
+        done = await peer.complete(answered)  # as shard_worker: published first, so gossip may beat the
+        assert done.ok or done.reason == "stale token: the claim is no longer held", done  # completion
 
         started = time.monotonic()
-        report = await spread_gauntlet(pipe, state, ["random"], 1, lambda: False)
+        report = await spread_gauntlet(pipe, state, baselines, 1, lambda: False)
         elapsed = time.monotonic() - started
     finally:
         if holder is not None:
@@ -73,19 +80,23 @@ async def test_claimant_takes_published_shards_and_plays_an_unanswered_one_after
         await n1.stop()
         await n0.stop()
 
-    (random_,) = report.results
+    random_, anchor = report.results
     assert random_.kind == "random" and random_.games == 8 and report.candidate_sha256 == sha
+    assert (anchor.kind, anchor.opponent, anchor.games) == ("anchor", "heuristic-d2", 4)  # its own count
+    assert report.anchor == "heuristic-d2"  # every Elo below is relative to it
     played_by = {iid: r["played_by"] for iid, r in pipe.cluster.gauntlet.results().items()}
+    assert sum("-anchor-" in iid for iid in played_by) + ("-anchor-" in answered.item.item_id) == 2  # 4 games in 2s
     assert held.item.item_id in played_by and played_by[held.item.item_id] == "n0"  # after the wait
     assert answered.item.item_id not in played_by  # n1's result was used, not replayed
-    assert set(played_by.values()) == {"n0"} and len(played_by) == 3
+    assert set(played_by.values()) == {"n0"} and len(played_by) == 5
     assert elapsed >= GAUNTLET["shard_wait_s"] - 0.5
     assert pipe.cluster.gauntlet.request is None  # every shard in: the request is withdrawn
     with ModelRegistry(pipe.paths.registry_db) as registry:
         games = registry.match_games()
-        assert len(games) == 8 and len({g.uid for g in games}) == 8
+        assert len(games) == 12 and len({g.uid for g in games}) == 12
         assert {g.uid for g in games} >= {g.uid for g in published.games}  # the peer's games recorded here
-    assert any(r.player == report.candidate and r.games == 8 for r in report.ratings)
+    assert any(r.player == report.candidate and r.games == 12 for r in report.ratings)
+    assert next(r for r in report.ratings if r.player == "heuristic-d2").elo == 0.0
 
 
 async def _leader_is(node: MeshNode, leader: str) -> bool:

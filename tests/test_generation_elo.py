@@ -72,3 +72,20 @@ def test_a_gauntlet_evaluation_becomes_a_bounded_record_field() -> None:
     # the largest record the bounds allow still fits a committed value (app/coordination/p2p/schemas.py)
     widest = {"player": "p" * 200, "results": [["o" * 200, 10**6, 10**6, 10**6]] * 8}
     assert len(GenerationRecord(10**6, SHAS[1], True, 10**9, "n" * 128, "r" * 500, matches=widest).to_value()) < 4096
+
+
+def test_every_generation_is_rated_against_the_fixed_anchor_it_played() -> None:
+    """Each gauntlet played the anchor a few games: every generation is on one scale with the
+    anchor at 0, and the labels name it; a run from before the anchor stays rated vs random."""
+    from app.coordination.pipeline.generation_elo import generation_anchors
+
+    records = {1: record(1, [["heuristic-d2", 0, 1, 3]]),
+               2: record(2, [["heuristic-d2", 2, 0, 2], [player(1), 14, 2, 4]]),
+               3: record(3, [["heuristic-d2", 4, 0, 0], [player(2), 13, 3, 4]])}
+    rated = rate_generations(records, "heuristic-d2")
+    assert rated[1].elo < 0 < rated[3].elo and rated[1].elo < rated[2].elo < rated[3].elo
+    assert generation_anchors(records, "heuristic-d2") == {1: "heuristic-d2", 2: "heuristic-d2", 3: "heuristic-d2"}
+    assert rate_generations(records) != rated  # the old default anchors the chain at generation 1
+    old = {1: record(1, [["random", 18, 0, 2]]), 2: record(2, [[player(1), 12, 0, 8]])}
+    assert generation_anchors(old, "heuristic-d2") == {1: "random", 2: "random"}
+    assert rate_generations(old, "heuristic-d2") == rate_generations(old)

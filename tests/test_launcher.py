@@ -124,6 +124,11 @@ def test_failing_rank_fails_the_run_fast_names_rank_and_leaves_no_orphans(tmp_pa
         log0 = (tmp_path / "logs" / "rank_0.log").read_text()
         assert "RANK=0 LOCAL_RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" in log0
         assert "RANK=1 LOCAL_RANK=1 WORLD_SIZE=2" in (tmp_path / "logs" / "rank_1.log").read_text()
+        # a rank's log is JSON lines as every file the node writes: time, rank, stream, its text
+        records = [json.loads(line) for line in (tmp_path / "logs" / "rank_1.log").read_text().splitlines()]
+        assert all(r["source"] == "rank" and r["rank"] == 1 and r["timestamp"].endswith("Z") for r in records)
+        assert any(r["stream"] == "stderr" and r["event"] == "RuntimeError: rank one gives up" for r in records)
+        assert any(r["stream"] == "stdout" and r["event"].startswith("RANK=1 ") for r in records)
         text = out.getvalue()
         assert "[Rank 0] rank 0 sleeping" in text and "[Rank 1] RuntimeError: rank one gives up" in text
         assert "[launcher] ranks still running 1s after the first failure: killing them" in text
@@ -142,14 +147,20 @@ def test_cli_passes_arguments_through_and_succeeds(tmp_path):
     result_file = tmp_path / "seen.json"
     proc = subprocess.run(
         [sys.executable, "-m", "app.shared.launcher", "--nproc", "1", "--log-dir", str(tmp_path / "logs"),
-         "--script", str(script), "--", str(result_file), "--flag", "value"],
+         "--log-format", "json", "--script", str(script), "--", str(result_file), "--flag", "value"],
         cwd=ROOT, capture_output=True, text=True, timeout=80,
     )
     assert proc.returncode == 0, proc.stderr + proc.stdout
     seen = json.loads(result_file.read_text())
     assert seen == {"argv": ["--flag", "value"], "rank": "0", "world": "1"}
-    assert "[Rank 0] worker done" in proc.stdout
+    # --log-format json (a daemon's launcher.log): every line printed is a JSON line
+    printed = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert all("timestamp" in r and r["source"] in ("launcher", "torchrun", "rank") for r in printed)
+    assert {"source": "rank", "rank": 0, "stream": "stdout", "event": "worker done"}.items() <= next(
+        r for r in printed if r["event"] == "worker done").items()
+    assert printed[-1]["source"] == "launcher" and "finished" in printed[-1]["event"]
     assert "worker done" in (tmp_path / "logs" / "rank_0.log").read_text()
+    assert all(json.loads(line)["source"] == "torchrun" for line in (tmp_path / "logs" / "torchrun.log").read_text().splitlines())
     assert json.loads((tmp_path / "logs" / "rank_0.exit.json").read_text())["exit_code"] == 0
 
 

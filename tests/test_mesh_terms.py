@@ -119,3 +119,20 @@ async def test_a_persisted_term_is_held_to_the_same_rule_at_start_up(tmp_path: P
         assert node.term == TERM_CEILING and node.status()["terms"]["alert"] is True
     finally:
         await node.stop()
+
+
+def test_the_mesh_history_is_stamped_timestamp_and_old_ts_lines_still_read(tmp_path: Path) -> None:
+    """mesh_history.jsonl uses `timestamp` as every file the node writes; a line written before
+    (an epoch `ts`) is still read by the same reader."""
+    import time
+
+    from app.coordination.p2p.persist import HistoryLog, read_history
+    from app.log import epoch_of
+
+    path = tmp_path / "mesh_history.jsonl"
+    path.write_text(json.dumps({"ts": 1_700_000_000.5, "node": "n0", "term": 1, "event": "became_leader"}) + "\n")
+    before = time.time()
+    HistoryLog(path, "n0").append("stepped_down", 2, reason="shutdown")
+    old, new = read_history(path)
+    assert "ts" not in new and new["timestamp"].endswith("Z") and new["reason"] == "shutdown"
+    assert epoch_of(old) == 1_700_000_000.5 and before - 1e-3 <= epoch_of(new) <= time.time()

@@ -189,7 +189,11 @@ def test_a_trained_net_passes_the_gate_vs_random(trained_model: Path, tmp_path: 
         assert outcome.entry.status is ModelStatus.PROMOTED
         assert registry.current_best().sha256 == outcome.entry.sha256
         assert outcome.entry.elo is not None and outcome.entry.elo_low < outcome.entry.elo < outcome.entry.elo_high
-        assert outcome.entry.elo > 300
+        # Elo is relative to the fixed anchor every gauntlet plays (a few games by default)
+        assert outcome.report.anchor == "heuristic-d2"
+        assert outcome.report.result("anchor").games == settings.gauntlet.games_vs_anchor
+        elo = {r.player: r.elo for r in outcome.report.ratings}
+        assert elo["heuristic-d2"] == 0.0 and outcome.entry.elo - elo["random"] > 300
         with pytest.raises(PromotionError, match="already promoted"):
             evaluate_candidate(trained_model, settings, registry, workers=1, games_per_baseline=2)
 

@@ -3,6 +3,11 @@ the cluster decides something after it (a rollback, through the voter quorum), t
 is lost, and it is restored from the older snapshot. It rejoins under the same id without
 stepping on the newer term or decision: one leader, the rollback kept on every node (the
 restored one learns it), the seeded generations unchanged.
+
+Then every machine is lost: the same snapshot is restored onto three fresh data dirs, each
+node under its own id and config, and the new cluster continues from the snapshot's
+generation: one leader, every node at the snapshot's pipeline generation and best model with
+its decided generations (the rollback taken after the snapshot is gone, as the guide says).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import urllib.request
 
 import pytest
 
+from app.cli.snapshot import summarize
 from tests.ops_cluster import IDS, make_nodes, seed_generations, start
 from tests.orchestrator_helpers import ROOT, stop_nodes, tail, wait_until
 
@@ -48,7 +54,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
                           timeout=90, env=os.environ.copy())
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(600)
 def test_a_voter_restored_from_a_snapshot_rejoins_without_losing_a_decision(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("MESH_SECRET", secrets.token_hex(16))
     nodes = make_nodes(tmp_path)
@@ -86,6 +92,29 @@ def test_a_voter_restored_from_a_snapshot_rejoins_without_losing_a_decision(tmp_
         assert all([(r["generation"], r["sha256"]) for r in g][:2] == [(1, sha_a), (2, sha_b)] for g in generations)
         now = statuses(nodes)
         assert all(s["term"] >= term_before for s in now) and one_leader(nodes) == leader, now
+
+        # --- the whole cluster lost: the one snapshot restored onto three fresh dirs ---
+        for proc in procs.values():  # every machine lost at once
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        for files in nodes:
+            shutil.rmtree(files.data_dir)
+        restores = [subprocess.Popen([sys.executable, "-m", "app.cli", "snapshot", "restore", str(archive),
+                                      "--data-dir", str(f.data_dir)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True)
+                    for f in nodes]  # one per machine, at once
+        assert all(r.wait(timeout=90) == 0 for r in restores), [r.stderr.read() for r in restores if r.stderr]
+        snapshot = summarize(nodes[0].data_dir)["pipeline"]  # the restored dir is the manifest's
+        procs = {nid: start(files, i, nodes) for i, (nid, files) in enumerate(zip(IDS, nodes))}
+        wait_until(lambda: one_leader(nodes), 90, what="one leader of the restored cluster")
+        assert snapshot["best_sha256"] == sha_b  # taken before the rollback
+        for files in nodes:  # each continues from the snapshot's generation, not from its own past
+            state = files.state()
+            assert (state["generation"], state["best_sha256"]) == (snapshot["generation"], sha_b), state
+            decided = json.loads((files.data_dir / "generations.json").read_text())
+            assert [(r["generation"], r["sha256"]) for r in decided] == [(1, sha_a), (2, sha_b)]
+            assert not (files.data_dir / "rollbacks.json").exists()  # decided after the snapshot: lost with it
+        assert one_leader(nodes) is not None  # the restored voters hold a quorum on the snapshot's term
     except AssertionError:
         for files in nodes:
             print(f"--- {files.root.name}\n{tail(files, 2500)}")

@@ -71,6 +71,9 @@ async def test_joiners_that_never_come_leave_the_claimant_training_alone(tmp_pat
     assert rdzv["dataset_sha256"] == dataset.dataset_sha256 and rdzv["item_id"] == "training:generation-1"
     log = (run_dir / "launcher.log").read_text()
     assert "not all 2 nodes joined the rendezvous" in log and f"within {JOIN_TIMEOUT_S}s" in log
+    records = [json.loads(line) for line in log.splitlines()]  # JSON lines, as every file the node writes
+    assert all(r["timestamp"].endswith("Z") and r["source"] in ("launcher", "torchrun", "rank") for r in records)
+    assert any(r["source"] == "rank" and r["rank"] == 0 and r.get("stream") for r in records)  # the lone run's rank
     assert wall >= JOIN_TIMEOUT_S  # it did wait for the joiners first
 
 

@@ -29,6 +29,7 @@ from app.config import ConfigError, load_settings
 from app.config.paths import NodePaths
 from app.db.registry import ModelRegistry, RegistryError
 from app.training.gauntlet import format_table
+from app.training.gauntlet_baselines import anchor_player
 from app.training.promotion import (
     PromotionError, evaluate_candidate, progress_report, promote_model, rollback_model,
 )
@@ -98,7 +99,7 @@ def _run(args: argparse.Namespace, settings, registry: ModelRegistry) -> int:
               f"rolled back: {', '.join(s[:12] for s in undone) or 'none'}")
         return 0
     if args.command == "progress":
-        print(json.dumps(progress_report(registry), indent=2))
+        print(json.dumps(progress_report(registry, anchor_player(settings)), indent=2))
         return 0
     best = registry.current_best()
     print(f"{'gen':>4} {'sha256':<12} {'status':<11} {'elo':>7} {'95% interval':>17}  reason")

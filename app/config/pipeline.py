@@ -1,10 +1,11 @@
 """Settings of the training pipeline: model size, search, self-play, export, training,
 gauntlet and promotion gates. Read by app/ai and app/training."""
 
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from app.config.base import StrictModel
 
@@ -112,6 +113,14 @@ class GauntletConfig(StrictModel):
     opening_plies_min: int = 2  # each game pair starts from a distinct random opening
     opening_plies_max: int = 4
     heuristic_depth: int = 2  # negamax plies of the heuristic baseline
+    # The fixed anchor: every generation's gauntlet plays it a few games, so every generation
+    # is rated against the same reference, pinned at Elo 0 (app/training/gauntlet_baselines.py).
+    # A baseline spec: heuristic[:depth] (any game: the game's own or the generic search),
+    # rollout[:simulations] or random; None turns the games off (Elo falls back to random,
+    # else to the first generation). games_vs_anchor: its games per generation, whole pairs
+    # (docs/benchmarks/gauntlet.md measures what they cost).
+    anchor: str | None = "heuristic"
+    games_vs_anchor: int = Field(4, ge=0)
     rollout_simulations: int = 200  # MCTS-with-random-rollouts baseline
     net_simulations: int = 32  # MCTS simulations of network players (0 = policy argmax)
     workers: int = 1  # worker processes playing games in parallel
@@ -127,6 +136,14 @@ class GauntletConfig(StrictModel):
     # (app/coordination/pipeline/strength_watch.py). None: the shared benchmark beside the
     # repository (../shared/benchmarks/connect4/move_scores.txt). A missing file turns it off.
     solved_positions: Path | None = None
+
+    @field_validator("anchor")
+    @classmethod
+    def _anchor_is_a_baseline(cls, value: str | None) -> str | None:
+        """A fixed player, never a model: the reference must not change between generations."""
+        if value is not None and not re.fullmatch(r"random|heuristic(:[1-9]\d*)?|rollout(:[1-9]\d*)?", value):
+            raise ValueError(f"anchor {value!r}: use random, heuristic[:depth] or rollout[:simulations] (or null: off)")
+        return value
 
 
 class PromotionConfig(StrictModel):

@@ -6,7 +6,8 @@
 torchrun (torch.distributed.run) starts the workers, sets RANK, LOCAL_RANK, WORLD_SIZE,
 MASTER_ADDR and MASTER_PORT, and tears the group down when one worker fails. This layer adds
 what a daemon needs around it: a free port when none is given, one log per rank at
-`<log_dir>/rank_<r>.log` (echoed as `[Rank r] ...`), the status of every rank while it runs,
+`<log_dir>/rank_<r>.log` (JSON lines, echoed as `[Rank r] ...`, or as the JSON lines
+themselves with `--log-format json`, as a daemon's `launcher.log` keeps them), the status of every rank while it runs,
 a hard deadline on teardown (SIGTERM, then SIGKILL after `grace_s`, also of worker process
 groups torchrun would leave behind if it died), and a `LaunchError` naming the rank that
 failed first, its exit code and its last log lines. Each worker runs through
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Sequence, TextIO
 
 from app.free_ports import free_port
+from app.shared.json_lines import output_line
 from app.shared.rank_entry import LOG_DIR_ENV
 from app.shared.rank_watch import (
     LAST_LINES, LAUNCH_ID_ENV, POLL_S, RankStatus, RankWatch, first_failure, parse_torchrun_failures,
@@ -80,6 +82,7 @@ class LaunchSpec:
     status_every_s: float = 15.0  # 0 disables the periodic status line
     timeout_s: float | None = None
     echo: bool = True
+    json_lines: bool = False  # echo JSON lines (app/shared/json_lines.py) instead of plain text
     # Multi-node static rendezvous: give up when not every node joined within this long.
     join_timeout_s: float | None = None
 
@@ -130,7 +133,7 @@ def launch(spec: LaunchSpec, out: TextIO | None = None,
            LOG_DIR_ENV: str(log_dir), LAUNCH_ID_ENV: launch_id, "PYTHONUNBUFFERED": "1"}
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    watch = RankWatch(log_dir, spec.nproc, spec.echo, out, on_status)
+    watch = RankWatch(log_dir, spec.nproc, spec.echo, out, on_status, spec.json_lines)
     argv = build_torchrun_argv(spec, port)
     where = f"rendezvous {spec.rdzv_endpoint}" if spec.rdzv_endpoint else f"store {spec.master_addr}:{port}"
     watch.say(f"[launcher] {spec.nproc} process(es) on node {spec.node_rank} of {spec.nnodes}, {where}, logs in {log_dir}")
@@ -144,7 +147,7 @@ def launch(spec: LaunchSpec, out: TextIO | None = None,
         assert proc.stdout is not None
         for raw in proc.stdout:
             line = raw.decode("utf-8", "replace").rstrip("\n")
-            torchrun_log.write(line + "\n")
+            torchrun_log.write(output_line(line, "torchrun") + "\n")
             torchrun_log.flush()
             watch.on_torchrun_line(line)
 
@@ -252,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grace-s", type=float, default=5.0)
     p.add_argument("--status-every", type=float, default=15.0)
     p.add_argument("--timeout-s", type=float)
+    p.add_argument("--log-format", choices=("text", "json"), default="text",
+                   help="what is printed: plain text for a terminal (default) or JSON lines with a timestamp")
     p.add_argument("--join-timeout-s", type=float,
                    help=f"multi-node: exit {JOIN_TIMEOUT_EXIT} when the other nodes did not join within this long")
     group = p.add_mutually_exclusive_group()
@@ -269,17 +274,17 @@ def main(argv: list[str] | None = None) -> int:
                       node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
                       rdzv_endpoint=args.rdzv_endpoint, rdzv_backend=args.rdzv_backend, rdzv_id=args.rdzv_id,
                       max_restarts=args.max_restarts, grace_s=args.grace_s, status_every_s=args.status_every,
-                      timeout_s=args.timeout_s, join_timeout_s=args.join_timeout_s)
+                      timeout_s=args.timeout_s, join_timeout_s=args.join_timeout_s,
+                      json_lines=args.log_format == "json")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through launch()'s teardown
     try:
         result = launch(spec)
-    except RendezvousTimeout as exc:
-        print(f"launch failed: {exc}", file=sys.stderr, flush=True)
-        return JOIN_TIMEOUT_EXIT
     except LaunchError as exc:
-        print(f"launch failed: {exc}", file=sys.stderr, flush=True)
-        return 1
-    print(f"[launcher] all {len(result.ranks)} rank(s) finished in {result.wall_s:.1f}s", flush=True)
+        text = f"launch failed: {exc}"
+        print(output_line(text, "launcher", stream="stderr") if spec.json_lines else text, file=sys.stderr, flush=True)
+        return JOIN_TIMEOUT_EXIT if isinstance(exc, RendezvousTimeout) else 1
+    text = f"all {len(result.ranks)} rank(s) finished in {result.wall_s:.1f}s"
+    print(output_line(text, "launcher") if spec.json_lines else f"[launcher] {text}", flush=True)
     return 0
 
 

@@ -1,8 +1,11 @@
 """Watching the ranks of one torchrun job: their logs, pids, exits, and the teardown.
 
 Everything here reads what `app.shared.rank_entry` writes into the log directory
-(`rank_<r>.log`, `rank_<r>.pid`, `rank_<r>.exit.json`) and what torchrun prints, and decides
-which rank failed first. Split from launcher.py so that file is only about starting torchrun.
+(`rank_<r>.log` JSON lines, `rank_<r>.pid`, `rank_<r>.exit.json`) and what torchrun prints, and
+decides which rank failed first. What it echoes is plain text for a terminal (`[Rank r] ...`)
+or, with `json_lines`, the one JSON line format of every file the node writes
+(app/shared/json_lines.py: a daemon's `launcher.log`). Split from launcher.py so that file is
+only about starting torchrun.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence, TextIO
+
+from app.shared.json_lines import output_line, parse_line
 
 LAUNCH_ID_ENV = "LAUNCH_ID"
 POLL_S = 0.1
@@ -103,8 +108,9 @@ class RankWatch:
     """State of one launch while it runs: rank logs tailed, pid and exit records read."""
 
     def __init__(self, log_dir: Path, nproc: int, echo: bool, out: TextIO,
-                 on_status: Callable[[list[RankStatus]], None] | None) -> None:
+                 on_status: Callable[[list[RankStatus]], None] | None, json_lines: bool = False) -> None:
         self.log_dir = log_dir
+        self.json_lines = json_lines
         self.nproc = nproc
         self.echo = echo
         self.out = out
@@ -123,8 +129,19 @@ class RankWatch:
         return self.log_dir / f"rank_{rank}.log"
 
     def say(self, text: str) -> None:
+        """The launcher's own line ('[launcher] ...')."""
         if self.echo:
-            print(text, file=self.out, flush=True)
+            line = output_line(text.removeprefix("[launcher] "), "launcher") if self.json_lines else text
+            print(line, file=self.out, flush=True)
+
+    def _echo(self, rank: int, text: str, raw: str) -> None:
+        """A rank's line: as the rank wrote it (a JSON line) or `[Rank r] text` on a terminal."""
+        if self.echo:
+            if self.json_lines:
+                line = raw if parse_line(raw) is not None else output_line(raw, "rank", rank=rank)
+            else:
+                line = f"[Rank {rank}] {text}"
+            print(line, file=self.out, flush=True)
 
     def changed(self) -> None:
         if self.on_status is not None:
@@ -190,24 +207,27 @@ class RankWatch:
         lines = (self.partial[rank] + data).split(b"\n")
         self.partial[rank] = lines.pop()
         for raw in lines:
-            line = raw.decode("utf-8", "replace").rstrip("\r")
-            self.tails[rank].append(line)
-            self.ranks[rank].last_line = line
-            self.say(f"[Rank {rank}] {line}")
+            self._line(rank, raw.decode("utf-8", "replace").rstrip("\r"))
+
+    def _line(self, rank: int, raw: str) -> None:
+        record = parse_line(raw)
+        text = raw if record is None else str(record["event"])
+        self.tails[rank].append(text)
+        self.ranks[rank].last_line = text
+        self._echo(rank, text, raw)
 
     def flush_partial(self) -> None:
         for rank, rest in self.partial.items():
             if rest:
-                line = rest.decode("utf-8", "replace")
-                self.tails[rank].append(line)
-                self.say(f"[Rank {rank}] {line}")
+                self._line(rank, rest.decode("utf-8", "replace"))
         self.partial.clear()
 
     def on_torchrun_line(self, line: str) -> None:
         self.torchrun_lines.append(line)
         if _FAILED_LINE.search(line) and self.failure_seen_at is None:
             self.failure_seen_at = time.monotonic()
-        self.say(f"[torchrun] {line}")
+        if self.echo:
+            print(output_line(line, "torchrun") if self.json_lines else f"[torchrun] {line}", file=self.out, flush=True)
 
     def status_line(self, elapsed: float) -> str:
         waiting = self.nproc - len(self.ranks)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -184,6 +184,16 @@ def _grad_hess(theta: np.ndarray, rows: list[tuple[int, int, float, float]], k: 
             hess[i, j] += w
             hess[j, i] += w
     return grad, hess
+
+
+def rating_order(players: Iterable[str], generation_of: Callable[[str], int | None]) -> list[str]:
+    """The `order` fit_elo_chains anchors a group without the anchor by: the random player first
+    (the anchor before a fixed one was configured: runs recorded then stay rated against it),
+    then models by generation (the earliest first), then the rest by name."""
+    def key(player: str) -> tuple[bool, int, str]:
+        generation = generation_of(player)
+        return player != "random", (1 << 62) if generation is None else generation, player
+    return sorted(players, key=key)
 
 
 def chain_anchors(games: Iterable[Game], anchor: str = "random", order: Sequence[str] = ()) -> dict[str, str]:

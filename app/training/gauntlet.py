@@ -16,14 +16,15 @@ import uuid
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
 from app.ai.players import PlayerSpec, model_sha_of_player, parse_player_spec
 from app.config import Settings
 from app.db.registry import MatchGame, ModelRegistry
-from app.training.elo import Rating, fit_elo_chains
+from app.training.elo import Rating, fit_elo_chains, rating_order
+from app.training.gauntlet_baselines import Baseline, anchor_player
 from app.training.match_games import (
     GameOutcome, GameTask, InlineExecutor, cut_waves, match_executor, match_tasks, run_wave,
 )
@@ -69,6 +70,7 @@ class GauntletReport:
     results: list[OpponentResult] = field(default_factory=list)
     ratings: list[Rating] = field(default_factory=list)  # every rated player, strongest first
     elapsed_s: float = 0.0
+    anchor: str = "random"  # the player the ratings are relative to (Elo 0)
 
     def result(self, kind: str) -> OpponentResult | None:
         return next((r for r in self.results if r.kind == kind), None)
@@ -76,7 +78,7 @@ class GauntletReport:
     def to_json(self) -> dict:
         return {"match_id": self.match_id, "candidate": self.candidate, "candidate_sha256": self.candidate_sha256,
                 "results": [r.to_json() for r in self.results], "ratings": [r.to_json() for r in self.ratings],
-                "elapsed_s": self.elapsed_s}
+                "elapsed_s": self.elapsed_s, "anchor": self.anchor}
 
 
 # --- the match loop (parent process) ----------------------------------------------------
@@ -159,17 +161,21 @@ def play_fixed_match(
     return result
 
 
+def registry_rating_order(registry: ModelRegistry, games: list) -> list[str]:
+    """The players of `games`, random first, then models by their registry generation."""
+    generation = {m.sha256: m.generation for m in registry.models()}
+    return rating_order({p for row in games for p in row[:2]}, lambda p: generation.get(model_sha_of_player(p) or ""))
+
+
 def recompute_ratings(registry: ModelRegistry, net_simulations: int, anchor: str = "random") -> list[Rating]:
     """Refit Elo over every recorded game and store it; a model's registry Elo is the rating
-    of its network player at the configured search budget. Models whose games never reach
-    `anchor` (candidates that played only the previous best) are rated along their chain, the
-    earliest generation at 0 (elo.fit_elo_chains)."""
-    generation = {m.sha256: m.generation for m in registry.models()}
+    of its network player at the configured search budget, relative to `anchor` (the fixed
+    anchor every gauntlet plays, gauntlet_baselines.anchor_player). Models whose games never
+    reach it (a run from before the anchor games) are rated against random where their games
+    reach it, else along their chain, the earliest generation at 0 (elo.fit_elo_chains)."""
     games = registry.match_results()
-    players = {p for row in games for p in row[:2]}
-    order = sorted(players, key=lambda p: (generation.get(model_sha_of_player(p) or "", 1 << 30), p))
-    fit = fit_elo_chains(games, anchor=anchor, order=order)
-    ratings = sorted(fit.ratings.values(), key=lambda r: -r.elo)
+    fit = fit_elo_chains(games, anchor=anchor, order=registry_rating_order(registry, games))
+    ratings = sorted((r for r in fit.ratings.values() if r.games), key=lambda r: -r.elo)  # not an unplayed anchor
     suffix = f":s{net_simulations}"
     model_player = {r.player: sha for r in ratings
                     if (sha := model_sha_of_player(r.player)) is not None and r.player.endswith(suffix)}
@@ -177,9 +183,18 @@ def recompute_ratings(registry: ModelRegistry, net_simulations: int, anchor: str
     return ratings
 
 
+def rated_anchor(ratings: list[Rating], anchor: str) -> str:
+    """What a table of `ratings` is relative to: the anchor when its games are recorded, else
+    random (the fit's fallback), else the chain's first generation."""
+    rated = {r.player for r in ratings if r.games}
+    if anchor in rated:
+        return anchor
+    return "random" if "random" in rated else "the earliest generation"
+
+
 def run_gauntlet(
     candidate_path: str | Path,
-    baselines: list[str],
+    baselines: Sequence[str | Baseline],
     best_path: str | Path | None,
     settings: Settings,
     registry_db: str | Path | ModelRegistry,
@@ -190,21 +205,28 @@ def run_gauntlet(
     should_stop: Callable[[], bool] | None = None,
 ) -> GauntletReport:
     """Play the candidate against each baseline (fixed games) and the best (SPRT), record
-    every game in the registry, refit Elo. `candidate_path` may also be a baseline spec
-    ('heuristic:3'), which makes the CLI useful before any model exists."""
+    every game in the registry, refit Elo against the configured anchor. A baseline is a spec
+    text (played `games_per_baseline` games, reported under its kind) or a `Baseline` with its
+    own kind and count (gauntlet_baselines.planned_baselines: the gate's and the anchor).
+    `candidate_path` may also be a baseline spec ('heuristic:3'), which makes the CLI useful
+    before any model exists."""
     started = time.monotonic()
     cfg = settings.gauntlet
     workers = cfg.workers if workers is None else workers
     games_per_baseline = cfg.games_vs_baseline if games_per_baseline is None else games_per_baseline
     candidate = _on_device(parse_player_spec(str(candidate_path), cfg, settings.search), settings)
-    opponents: list[tuple[str, PlayerSpec]] = []
-    for text in baselines:
+    opponents: list[tuple[str, PlayerSpec, int]] = []
+    for baseline in baselines:
+        text = baseline.spec if isinstance(baseline, Baseline) else baseline
         spec = parse_player_spec(text, cfg, settings.search, game=candidate.game)
-        opponents.append((spec.kind, spec))
+        if isinstance(baseline, Baseline):
+            opponents.append((baseline.kind, spec, baseline.games))
+        else:
+            opponents.append((spec.kind, spec, games_per_baseline))
     if best_path is not None:
         best = _on_device(parse_player_spec(str(best_path), cfg, settings.search, game=candidate.game), settings)
         if best.name != candidate.name:
-            opponents.append(("best", best))
+            opponents.append(("best", best, cfg.max_games_vs_best))
     registry = registry_db if isinstance(registry_db, ModelRegistry) else ModelRegistry(registry_db)
     match_id = uuid.uuid4().hex[:16]
     report = GauntletReport(match_id, candidate.name, candidate.sha256)
@@ -222,15 +244,16 @@ def run_gauntlet(
 
     executor = match_executor(workers)
     try:
-        for kind, spec in opponents:
+        for kind, spec, games in opponents:
             is_best = kind == "best"
-            games = cfg.max_games_vs_best if is_best else games_per_baseline
             result = OpponentResult(spec.name, kind)
             report.results.append(result)
             tasks = match_tasks(candidate, spec, games, settings, rng)
             _play_match(executor, tasks, result, settings, record_for(spec), is_best, workers, progress,
                         should_stop)
-        report.ratings = recompute_ratings(registry, cfg.net_simulations)
+        anchor = anchor_player(settings)
+        report.ratings = recompute_ratings(registry, cfg.net_simulations, anchor)
+        report.anchor = rated_anchor(report.ratings, anchor)
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
         if not isinstance(registry_db, ModelRegistry):
@@ -259,7 +282,7 @@ def format_table(report: GauntletReport) -> str:
             f"{r.sprt.decision.value} (LLR {r.sprt.llr:+.2f} in [{r.sprt.lower:.2f}, {r.sprt.upper:.2f}])")
         lines.append(f"{short_name(r.opponent):<28} {r.games:>5} {r.wins:>4} {r.draws:>4} {r.losses:>4} "
                      f"{r.score:>6.3f}  {r.stopped:<6} {sprt}")
-    lines += ["", "Elo (maximum likelihood over all recorded games, random = 0, 95 % interval)"]
+    lines += ["", f"Elo (maximum likelihood over all recorded games, {report.anchor} = 0, 95 % interval)"]
     header = f"{'player':<28} {'elo':>7} {'low':>7} {'high':>7} {'games':>6}"
     lines += [header, "-" * len(header)]
     for r in report.ratings:

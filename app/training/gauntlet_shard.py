@@ -85,17 +85,6 @@ class ShardResult:
                    tuple(ShardGame.from_json(g) for g in data["games"]), str(data.get("played_by", "")))
 
 
-def baseline_text(text: str, settings: Settings) -> str:
-    """A baseline with its parameters spelled out ('heuristic' -> 'heuristic:2'), so a node with
-    another config plays the same opponent."""
-    spec = parse_player_spec(text, settings.gauntlet, settings.search)
-    if spec.kind == "heuristic":
-        return f"heuristic:{spec.depth}"
-    if spec.kind == "rollout":
-        return f"rollout:{spec.simulations}"
-    return spec.kind
-
-
 def shard_players(candidate_path: str | Path, baseline: str, settings: Settings,
                   net_simulations: int) -> tuple[PlayerSpec, PlayerSpec]:
     """(candidate, baseline) specs; the claimant fixes the search budget so every node plays

@@ -19,7 +19,8 @@ from app.config import Settings
 from app.shared.manifests import verify_stored_model
 from app.config.pipeline import PromotionConfig
 from app.db.registry import ModelEntry, ModelRegistry, ModelStatus, RegistryError
-from app.training.gauntlet import GauntletReport, ProgressCallback, run_gauntlet
+from app.training.gauntlet import GauntletReport, ProgressCallback, registry_rating_order, run_gauntlet
+from app.training.gauntlet_baselines import planned_baselines
 from app.training.elo import chain_anchors
 from app.training.sprt import SprtDecision, SprtResult
 
@@ -203,8 +204,8 @@ def evaluate_candidate(
     if best is not None:
         verify_model_file(best)  # the match must be against the model the registry promoted
     report = run_gauntlet(
-        model_path, gates.baselines(), None if best is None else best.path, settings, registry,
-        workers=workers, seed=seed, progress=progress, games_per_baseline=games_per_baseline)
+        model_path, planned_baselines(gates.baselines(), settings, games_per_baseline),
+        None if best is None else best.path, settings, registry, workers=workers, seed=seed, progress=progress)
     decision = decide_promotion(report.results, gates, has_best=best is not None)
     if decision.promote:
         entry = promote_model(registry, entry.sha256, decision.summary())
@@ -213,28 +214,27 @@ def evaluate_candidate(
     return PromotionOutcome(registry.require(entry.sha256), decision, report)
 
 
-def model_anchors(registry: ModelRegistry) -> dict[str, str]:
-    """sha256 -> what its registry Elo is relative to ("random", "generation 1"), as
-    recompute_ratings anchors it: random where the games reach it, else the chain's earliest
-    generation."""
+def model_anchors(registry: ModelRegistry, anchor: str = "random") -> dict[str, str]:
+    """sha256 -> what its registry Elo is relative to ("heuristic-d2", "random", "generation 1"),
+    as recompute_ratings anchors it: `anchor` where the games reach it, else random, else the
+    chain's earliest generation."""
     generation = {m.sha256: m.generation for m in registry.models()}
     games = registry.match_results()
-    players = {p for row in games for p in row[:2]}
-    order = sorted(players, key=lambda p: (generation.get(model_sha_of_player(p) or "", 1 << 30), p))
     out: dict[str, str] = {}
-    for player, anchor in chain_anchors(games, order=order).items():
+    for player, relative_to in chain_anchors(games, anchor, registry_rating_order(registry, games)).items():
         sha = model_sha_of_player(player)
         if sha is None or sha in out:
             continue
-        anchor_sha = model_sha_of_player(anchor)
-        out[sha] = f"generation {generation[anchor_sha]}" if anchor_sha in generation else anchor
+        anchor_sha = model_sha_of_player(relative_to)
+        out[sha] = f"generation {generation[anchor_sha]}" if anchor_sha in generation else relative_to
     return out
 
 
-def progress_report(registry: ModelRegistry) -> dict:
+def progress_report(registry: ModelRegistry, anchor: str = "random") -> dict:
     """Elo by generation for operators (served as /progress). Shape (format 1):
 
-    {"format": 1, "anchor": what the Elo values are relative to ("random", "generation 1", or
+    {"format": 1, "anchor": what the Elo values are relative to (`anchor`: the fixed anchor
+     every gauntlet plays, e.g. "heuristic-d2"; "random" or "generation 1" for games without it; or
      several, comma separated, when the games form separate chains; null with no rated model),
      "current_best": sha256 | null,
      "models": [{"generation", "sha256", "status", "reason", "elo", "elo_low", "elo_high",
@@ -246,7 +246,7 @@ def progress_report(registry: ModelRegistry) -> dict:
     Elo values are null until the model has rated games.
     """
     best = registry.current_best()
-    anchors = model_anchors(registry)
+    anchors = model_anchors(registry, anchor)
     models = [{
         "generation": m.generation, "sha256": m.sha256, "status": m.status.value, "reason": m.reason,
         "elo": m.elo, "elo_low": m.elo_low, "elo_high": m.elo_high,

@@ -19,7 +19,7 @@ from app.config.base import ConfigError
 from app.coordination.p2p.decision import Stored, may_store
 from app.coordination.p2p.election import TERM_CEILING
 from app.coordination.p2p.schemas import MAX_TERM, QuorumCert
-from app.log import get_logger
+from app.log import get_logger, iso_timestamp
 
 log = get_logger(__name__)
 
@@ -206,7 +206,9 @@ class CommitStore:
 
 
 class HistoryLog:
-    """Append-only JSON lines of role and leader changes, read by the invariant checker."""
+    """Append-only JSON lines of role and leader changes, read by the invariant checker; each
+    stamped `timestamp` (ISO 8601, UTC) as every file the node writes (lines written before
+    carry an epoch `ts`: app.log.epoch_of reads both)."""
 
     def __init__(self, path: Path, node_id: str) -> None:
         self.path = path
@@ -215,7 +217,7 @@ class HistoryLog:
 
     def append(self, event: str, term: int, **fields: Any) -> None:
         line = json.dumps(
-            {"ts": time.time(), "node": self.node_id, "term": term, "event": event, **fields}
+            {"timestamp": iso_timestamp(time.time()), "node": self.node_id, "term": term, "event": event, **fields}
         )
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(line + "\n")

@@ -39,6 +39,7 @@ from app.coordination.pipeline.generation_elo import generation_anchors, rate_ge
 from app.db.engines import is_url
 from app.db.registry import ModelRegistry, RegistryError
 from app.log import get_logger
+from app.training.gauntlet_baselines import anchor_player
 from app.training.promotion import model_anchors
 from app.training.solved_accuracy import ACCURACY_FILE, AccuracyCache
 
@@ -160,7 +161,7 @@ class DashboardFeed:
         if self.pipe.cluster is None and registry_exists(paths.registry_db):
             try:
                 with ModelRegistry(paths.registry_db, create=False) as registry:
-                    anchors = model_anchors(registry)
+                    anchors = model_anchors(registry, anchor_player(self.pipe.settings))
                     cache.local_generations = [
                         _registry_generation({**m.to_json(), "elo_anchor": anchors.get(m.sha256)}, self.pipe.node_id)
                         for m in registry.models() if m.generation > 0 and m.status.value != "candidate"]
@@ -302,13 +303,14 @@ class DashboardFeed:
             return {}
         records = cluster.generations.records  # replaced, never changed in place, on every merge
         if self._record_elo[0] is not records:
+            anchor = anchor_player(self.pipe.settings)
             try:
-                rated = rate_generations(dict(records))
+                rated = rate_generations(dict(records), anchor)
             except ValueError as exc:  # a fit that did not converge: no cluster Elo until the next decision
                 log.warning("generation_elo_failed", error=str(exc))
                 rated = {}
             self._record_elo = (records, {g: [r.elo, r.low, r.high] for g, r in rated.items()})
-            self._record_anchors = generation_anchors(dict(records)) if rated else {}
+            self._record_anchors = generation_anchors(dict(records), anchor) if rated else {}
         return self._record_elo[1]
 
     def progress(self, base: dict[str, Any]) -> dict[str, Any]:

@@ -25,9 +25,12 @@ from app.coordination.sync import install_model, model_file
 from app.ai.players import net_spec
 from app.db.registry import ModelRegistry
 from app.log import get_logger
-from app.training.gauntlet import GauntletReport, GauntletStopped, OpponentResult, recompute_ratings, run_gauntlet
+from app.training.gauntlet import (
+    GauntletReport, GauntletStopped, OpponentResult, rated_anchor, recompute_ratings, run_gauntlet,
+)
+from app.training.gauntlet_baselines import Baseline, anchor_player
 from app.training.gauntlet_shard import (
-    MergedGauntlet, ShardResult, baseline_text, merge_shards, play_shard, shard_players, shard_refusal,
+    MergedGauntlet, ShardResult, merge_shards, play_shard, shard_players, shard_refusal,
 )
 
 if TYPE_CHECKING:
@@ -38,12 +41,14 @@ log = get_logger(__name__)
 POLL_S = 0.5
 
 
-def build_request(pipe: "PipelineContext", state: "PipelineState", baselines: list[str]) -> GauntletRequest:
+def build_request(pipe: "PipelineContext", state: "PipelineState", baselines: list[Baseline]) -> GauntletRequest:
+    """Each baseline with its own game count (gauntlet_baselines.planned_baselines: the gate's
+    and the fixed anchor's), so the shard plan cuts each match at its own size."""
     cfg = pipe.settings.gauntlet
     return GauntletRequest(
         generation=state.generation, candidate_sha256=str(state.candidate_sha256), claimant=pipe.node_id,
         net_simulations=cfg.net_simulations, shard_games=cfg.shard_games,
-        baselines={kind: (baseline_text(kind, pipe.settings), cfg.games_vs_baseline) for kind in baselines})
+        baselines={b.kind: (b.spec, b.games) for b in baselines if b.games > 0})
 
 
 class ShardCollector:
@@ -97,7 +102,7 @@ class ShardCollector:
                             [(self.shards[iid].kind, r) for iid, r in sorted(self.results.items())], best)
 
 
-async def spread_gauntlet(pipe: "PipelineContext", state: "PipelineState", baselines: list[str],
+async def spread_gauntlet(pipe: "PipelineContext", state: "PipelineState", baselines: list[Baseline],
                           workers: int, should_stop: Callable[[], bool]) -> GauntletReport:
     """The gauntlet of this node's trained candidate with its baseline games spread over the cluster."""
     started = time.monotonic()
@@ -124,7 +129,8 @@ async def spread_gauntlet(pipe: "PipelineContext", state: "PipelineState", basel
     pipe.cluster.gauntlet.set_request(None)  # every shard is in: the leader may drop its items
     played_by = sorted({r.played_by for r in collector.results.values()})
     log.info("gauntlet_merged", generation=state.generation, shards=len(collector.results), played_by=played_by)
-    report = GauntletReport(match_id, candidate.name, sha, merged.results, ratings)
+    report = GauntletReport(match_id, candidate.name, sha, merged.results, ratings,
+                            anchor=rated_anchor(ratings, anchor_player(pipe.settings)))
     report.elapsed_s = time.monotonic() - started
     return report
 
@@ -158,4 +164,4 @@ def _record(pipe: "PipelineContext", merged: MergedGauntlet, game: str) -> list:
     """Every shard game into this node's registry (idempotent by uid), then the Elo refit."""
     with ModelRegistry(pipe.paths.registry_db) as registry:
         registry.add_match_games(g.match_game(g.uid.rpartition("#")[0], game) for g in merged.games)
-        return recompute_ratings(registry, pipe.settings.gauntlet.net_simulations)
+        return recompute_ratings(registry, pipe.settings.gauntlet.net_simulations, anchor_player(pipe.settings))

@@ -30,6 +30,7 @@ from app.coordination.daemons.daemon_registry import DaemonContext
 from app.coordination.pipeline.context import PipelineContext
 from app.coordination.pipeline.feedback_apply import train_options
 from app.free_ports import free_port
+from app.shared.json_lines import output_line, parse_line, text_of
 from app.shared.launcher import JOIN_TIMEOUT_EXIT
 from app.coordination.pipeline.state import PipelineState
 
@@ -69,7 +70,8 @@ def launcher_command(pipe: PipelineContext, *, run_dir: Path, dataset_dir: str |
                      options: Mapping[str, float | int] | None = None) -> list[str]:
     """The launcher command line of one node's part of a training run (the whole run when alone);
     `options`: trainer options over the config's (`lr`, `batch_size`: the quality loop's)."""
-    cmd = [sys.executable, "-m", "app.shared.launcher", "--nproc", str(nproc), "--log-dir", str(run_dir / "logs")]
+    cmd = [sys.executable, "-m", "app.shared.launcher", "--nproc", str(nproc), "--log-dir", str(run_dir / "logs"),
+           "--log-format", "json"]
     if span is not None:
         cmd += ["--nnodes", str(span.nnodes), "--node-rank", str(span.node_rank), "--master-addr", span.master_addr,
                 "--master-port", str(span.master_port), "--join-timeout-s", str(span.join_timeout_s)]
@@ -93,13 +95,25 @@ def training_command(pipe: PipelineContext, state: PipelineState, nproc: int, sp
                             options=options)
 
 
+async def _copy_as_json_lines(stream: asyncio.StreamReader, log_file) -> None:  # type: ignore[no-untyped-def]
+    """The launcher's output into launcher.log: its JSON lines as they are, any other line (a
+    traceback of the launcher itself, an argument error) wrapped as one."""
+    while line := await stream.readline():
+        text = line.decode("utf-8", "replace").rstrip("\r\n")
+        log_file.write((text if parse_line(text) is not None else output_line(text, "launcher")) + "\n")
+        log_file.flush()
+
+
 async def run_launcher(cmd: list[str], run_dir: Path, ctx: DaemonContext) -> int:
     """Run the launcher until it ends or the daemon stops (SIGTERM, then SIGKILL after a grace);
-    its output is appended to `<run_dir>/launcher.log`. Returns its exit code."""
+    its output is appended to `<run_dir>/launcher.log` as JSON lines. Returns its exit code."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / "launcher.log", "ab") as log_file:
+    with open(run_dir / "launcher.log", "a", encoding="utf-8") as log_file:
         proc = await asyncio.create_subprocess_exec(
-            *cmd, stdout=log_file, stderr=asyncio.subprocess.STDOUT, preexec_fn=_die_with_parent)
+            *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, preexec_fn=_die_with_parent,
+            limit=1 << 20)
+        assert proc.stdout is not None
+        copy = asyncio.ensure_future(_copy_as_json_lines(proc.stdout, log_file))
         wait = asyncio.ensure_future(proc.wait())
         stop = asyncio.ensure_future(ctx.stopping.wait())
         try:
@@ -118,13 +132,20 @@ async def run_launcher(cmd: list[str], run_dir: Path, ctx: DaemonContext) -> int
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
+            try:
+                await asyncio.wait_for(copy, 5.0)  # the rest of its output (ranks' children may hold the pipe)
+            except (TimeoutError, ValueError):
+                copy.cancel()
     assert proc.returncode is not None
     return proc.returncode
 
 
 def launcher_log_tail(run_dir: Path, n: int = 4000) -> str:
+    """The last `n` characters of what launcher.log says, as text (one line per JSON line)."""
     path = run_dir / "launcher.log"
-    return path.read_text(errors="replace")[-n:] if path.exists() else ""
+    if not path.exists():
+        return ""
+    return "\n".join(text_of(line) for line in path.read_text(errors="replace")[-4 * n:].splitlines())[-n:]
 
 
 async def _train(pipe: PipelineContext, state: PipelineState, ctx: DaemonContext,

@@ -35,6 +35,7 @@ from app.db.replay_db import ReplayDB
 from app.training.dataset import MANIFEST_NAME
 from app.training.export import WindowGrowth, export_dataset
 from app.training.gauntlet import run_gauntlet
+from app.training.gauntlet_baselines import planned_baselines
 from app.training.promotion import Decision, Gates, register_candidate
 from app.training.selfplay import run_selfplay
 from app.training.selfplay_pool import WorkerPool
@@ -160,10 +161,11 @@ class GameSteps:
     async def evaluate(self, pipe: Pipe, state: ps.PipelineState, ctx: DaemonContext) -> Evaluation:
         """The gauntlet (raises GauntletStopped when the daemon is stopping)."""
         gates = generation_gates(pipe, state.generation)
+        baselines = planned_baselines(gates.baselines(), pipe.settings)  # the gate's and the fixed anchor
         report = await (spread_gauntlet(  # cluster: baseline games spread over the nodes
-            pipe, state, gates.baselines(), pipe.settings.gauntlet.workers, ctx.stopping.is_set,
+            pipe, state, baselines, pipe.settings.gauntlet.workers, ctx.stopping.is_set,
         ) if pipe.cluster is not None else asyncio.to_thread(
-            run_gauntlet, state.candidate_path, gates.baselines(), state.best_path, pipe.settings,
+            run_gauntlet, state.candidate_path, baselines, state.best_path, pipe.settings,
             self.paths.registry_db, workers=pipe.settings.gauntlet.workers, seed=state.generation,
             should_stop=ctx.stopping.is_set,
         ))
