@@ -43,7 +43,11 @@ async def test_a_default_node_charts_elo_and_solved_accuracy_after_three_promoti
 
         progress = wait_until(progress_complete, 90, interval=1.0, what="every promoted generation rated and scored")
         first = progress["generations"][0]
-        assert first["generation"] == 1 and first["elo"] == 0.0  # the chain's anchor
+        # rated against the fixed anchor every generation plays (gauntlet.anchor: the heuristic,
+        # pinned at 0), not against generation 1: generation 1 has an Elo of its own
+        assert first["generation"] == 1 and first["elo"] is not None and first["elo"] != 0.0
+        assert (progress["anchor"] or "").startswith("heuristic"), progress["anchor"]
+        assert all(g["elo_anchor"] == progress["anchor"] for g in progress["generations"][:PROMOTIONS])
         assert all(0.0 <= g["accuracy"]["exact"] <= g["accuracy"]["outcome"] <= 1.0
                    for g in progress["generations"][:PROMOTIONS])
         async with Browser(width=1280, height=1500) as browser:

@@ -21,7 +21,7 @@ def test_one_database_holds_all_three_stores(postgres_server) -> None:
         registry.register("ab" * 32, "/m.safetensors", 1)
         queue = WorkQueue(url, max_attempts=2, default_ttl=5.0)
         try:
-            queue.rebuild(2**40, [WorkSpec("demo", "a")], [], [], now=0.0)  # 64-bit terms
+            queue.rebuild(2**40, [WorkSpec("demo", "a")], [], now=0.0)  # 64-bit terms
             grant = queue.claim("w1", {}, None, term=2**40, now=1.0)
             assert grant is not None and grant.token.term == 2**40
         finally:

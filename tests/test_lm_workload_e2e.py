@@ -1,6 +1,6 @@
 """The language-model workload on the same orchestrator and mesh as Connect Four (issue 14):
-real nodes, real torchrun training, real rollout stores. GRPO runs online (the default, issue
-53): each generation's trainer generates its groups from its own newest weights.
+real nodes, real torchrun training, real rollout stores. GRPO runs online (configs/lm_copy.yaml,
+issue 53): each generation's trainer generates its groups from its own newest weights.
 
 - One node: kill -9 while it writes rollouts (nothing half-written, nothing twice), then it
   learns: generation 1 (SFT on the task's demonstrations) lifts held-out exact match from the
@@ -78,7 +78,7 @@ def _check_rollouts(files: NodeFiles, node_id: str) -> int:
 
 
 def _check_online_runs(files: NodeFiles) -> list[dict]:
-    """`lm.grpo.rollouts: online`, the default: every GRPO step of every generation trained the
+    """`lm.grpo.rollouts: online` (configs/lm_copy.yaml): every GRPO step of every generation trained the
     config's groups, none older than `lm.rollout.max_staleness` trainer steps (the last bucket
     of the step's staleness histogram), and no group uid twice in a run (its consumed record).
     Returns the runs' results."""

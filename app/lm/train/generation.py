@@ -9,7 +9,7 @@ first takes `lm.grpo.sft.steps` supervised steps on the task's demonstrations; t
 `lm.grpo.steps` GRPO steps on the groups of the exported rollout dataset (off-policy: against
 the log-probs stored with them): the one run of app/lm/train/sft_grpo.py, its rollouts drawn
 from the dataset (rollout_sources.StoredGroups) with `lm.grpo.rollouts: stored`. With
-`online` (the default) the GRPO steps train instead on groups each rank's in-process engine
+`online` (opt-in) the GRPO steps train instead on groups each rank's in-process engine
 generates from the trainer's own weights, synced after every step (rollout_sources.
 GeneratedGroups, as scripts/sft_rl.py runs), with the behaviour correction (`lm.grpo.tis_cap`)
 and the run's consumed record (consumed.py: a resumed run never trains a group twice); the

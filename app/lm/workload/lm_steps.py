@@ -7,7 +7,7 @@ daemons as Connect Four.
     export        the newest groups -> a dataset dir with a manifest (app/lm/rollout/rollout_dataset.py)
     train         GRPO under torchrun (app.lm.train.generation), generation 1 an SFT on the
                   task's demonstrations first when `lm.grpo.mode: sft+rl`; with
-                  `lm.grpo.rollouts: online` (the default) on groups the trainer generates
+                  `lm.grpo.rollouts: online` (opt-in) on groups the trainer generates
                   from its own newest weights each step (self-play's groups then only pace
                   the generations: it idles outside collecting), with `stored` on those groups
     evaluation    candidate and best greedy on the same held-out prompts, the paired gate
