@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.log import epoch_of  # noqa: E402
-from scripts.bench_cluster import stop_cluster  # noqa: E402 - needs ROOT on the path
+from scripts.bench_cluster import FULL, stop_cluster  # noqa: E402 - needs ROOT on the path
 
 PROBE = r'''
 import asyncio, json, sys, tempfile, time
@@ -136,14 +136,6 @@ CONFIG = {
     "gauntlet": {"games_vs_baseline": 8, "max_games_vs_best": 16, "net_simulations": 8},
     "promotion": {"min_score_vs_random": 0.5, "min_score_vs_heuristic": None},
 }
-FULL = {"daemons": {
-    "selfplay": {"critical": True, "stop_timeout_s": 15, "settings": {"batch_games": 16}},
-    "export": {"settings": {"min_new_games": 90, "poll_s": 0.5}},
-    "train": {"depends_on": ["export"], "settings": {"poll_s": 0.5}},
-    "gauntlet": {"depends_on": ["train"], "settings": {"poll_s": 0.5}},
-    "promote": {"depends_on": ["gauntlet"], "settings": {"poll_s": 0.5}},
-    "distribution": {"settings": {"poll_s": 0.5}},
-}}
 
 
 def _history(data: Path) -> list[dict]:
