@@ -198,7 +198,7 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
         rl_micro = max(1, -(-rank_share(g.groups_per_step, 0, env.world_size)[1] * lm.rollout.n // g.micro_batches))
         consumed = ConsumedGroups(run_dir, env.rank) if plan.save else None  # a spanned run restarts whole
         source: StoredGroups | GeneratedGroups = online_source(lm, task, tok, sampler, rewards, env, rl_micro,
-                                                               consumed)
+                                                               consumed, generation=args.generation)
         what_rl = f"groups generated online by the trainer's weights (in-process engine, max_staleness " \
                   f"{lm.rollout.max_staleness} steps)"
     else:
@@ -255,16 +255,19 @@ def heldout_line(env: DistContext, run_dir: Path, lm: LMConfig, task, tok, sourc
 
 
 def online_source(lm: LMConfig, task, tok, sampler, rewards, env: DistContext, micro: int,
-                  consumed: ConsumedGroups | None = None) -> GeneratedGroups:
+                  consumed: ConsumedGroups | None = None, generation: int = 0) -> GeneratedGroups:
     """`lm.grpo.rollouts: online`: each rank's in-process engine holds the trainer's weights,
     synced after every optimizer step with the step as their version; the rollout manager
     over-samples, filters and drops groups more than `lm.rollout.max_staleness` steps old, and
-    groups already in the run's consumed record (a resumed run's replay)."""
+    groups already in the run's consumed record (a resumed run's replay). The sampling seed moves
+    with the generation: a generation that starts again from the same best after a rejection must
+    not draw the same rollouts (and so train the same candidate and get the same verdict) again;
+    a resumed run of one generation keeps its seed."""
     from app.lm.rollout.engine import InProcessEngine
 
     g, r = lm.grpo, lm.rollout
     engine = InProcessEngine(sampler.to(env.device), tok, name="trainer")
-    return GeneratedGroups(engine, task, tok, train_prompts(task, lm.task), seed=g.seed,
+    return GeneratedGroups(engine, task, tok, train_prompts(task, lm.task), seed=g.seed * 1_000_003 + generation,
                            prompts_per_step=g.groups_per_step, rollout=rollout_settings(r),
                            filters=LoopFilters(r.oversample, r.zero_variance, r.max_staleness), rewards=rewards,
                            micro_batch_size=micro, scale_by_std=g.scale_by_std, rank=env.rank,
