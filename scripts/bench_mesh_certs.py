@@ -198,8 +198,8 @@ def bench_churn(profile: str, seconds: float) -> dict:
                                      "mean": round(statistics.fmean(x for _, x in loads), 2),
                                      "max": round(max(x for _, x in loads), 2), "samples": len(loads)},
             # each change: seconds after the first leader, the new leader, its term, and the load then
-            "changes": [{"t_s": round(e["ts"] - t0, 1), "node": e["node"], "term": e["term"],
-                         "load_1m": _load_at(loads, e["ts"] - t0)} for e in changes]}
+            "changes": [{"t_s": round(epoch_of(e) - t0, 1), "node": e["node"], "term": e["term"],
+                         "load_1m": _load_at(loads, epoch_of(e) - t0)} for e in changes]}
 
 
 def _sample_load(seconds: float, every_s: float = 30.0) -> list[tuple[float, float]]:
@@ -219,6 +219,12 @@ def _load_at(loads: list[tuple[float, float]], t: float) -> float:
     return round(next((x for at, x in loads if at >= t), loads[-1][1]), 2)
 
 
+def _partial(what: str, result: dict) -> None:
+    """Each part's result on stderr as soon as it is measured: a run of an hour must not lose
+    its first half to a failure in its second."""
+    print(f"{what}: {json.dumps(result)}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cert-rounds", type=int, default=3, help="interleaved rounds per tree and key mode (0: skip)")
@@ -231,7 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     out: dict = {"bench": "mesh_certs", "host_cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2)}
     if args.cert_rounds:
         out["certificates"] = bench_certificates(args.cert_rounds, args.decisions, args.idle_s, args.baseline)
-    out["churn"] = [bench_churn(profile, args.churn_seconds) for profile in args.churn.split(",") if profile]
+        _partial("certificates", out["certificates"])
+    out["churn"] = []
+    for profile in filter(None, args.churn.split(",")):
+        out["churn"].append(bench_churn(profile, args.churn_seconds))
+        _partial(f"churn {profile}", out["churn"][-1])
     print(json.dumps(out))
     return 0
 

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -221,3 +223,31 @@ def leader_of(nodes: list[NodeFiles]) -> str | None:
         if status and status.get("role") == "leader":
             return status["node_id"]
     return None
+
+
+# What a test about running nodes may raise while it waits on them: a state not reached, a node
+# not answering, a file read while it is being replaced, a record missing.
+NODE_FAILURES: tuple[type[BaseException], ...] = (AssertionError, OSError, ValueError, KeyError, StopIteration)
+
+
+@contextmanager
+def nodes_running(nodes: Iterable[NodeFiles], procs: Mapping[str, subprocess.Popen] | list[subprocess.Popen], *,
+                  stop_timeout: float = 30.0, kill: bool = False, tail_chars: int = 3000) -> Iterator[None]:
+    """The body of a test that runs nodes: on a failure every node's log tail is printed (a node
+    that never reached a state says why only there), and whatever happens every node is stopped
+    (drained with SIGTERM, or `kill`ed when draining would change what the test reads after).
+    `procs` is read when the block ends, so nodes the body restarts are stopped too."""
+    nodes = list(nodes)
+    try:
+        yield
+    except NODE_FAILURES:
+        for files in nodes:
+            print(f"--- {files.root.name}\n{tail(files, tail_chars)}")
+        raise
+    finally:
+        running = list(procs.values()) if isinstance(procs, Mapping) else list(procs)
+        if kill:
+            for proc in running:
+                kill_group(proc)
+        else:
+            stop_nodes(running, timeout=stop_timeout)

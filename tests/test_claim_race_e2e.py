@@ -37,9 +37,8 @@ from tests.orchestrator_helpers import (
     TINY_CONFIG,
     NodeFiles,
     leader_of,
+    nodes_running,
     start_node,
-    stop_nodes,
-    tail,
     tiny_selfplay,
     wait_until,
     write_node_files,
@@ -118,7 +117,8 @@ def test_a_lapsed_claimant_loses_the_race_and_generation_1_is_decided_once(tmp_p
     race = DecisionRace()
     procs: dict[str, subprocess.Popen] = {}
     paused: str | None = None
-    with LinkProxy({nid: f.mesh_port for nid, f in nodes.items()}, race.after, race.before) as proxy:
+    with LinkProxy({nid: f.mesh_port for nid, f in nodes.items()}, race.after, race.before) as proxy, \
+            nodes_running(nodes.values(), procs):
         try:
             for nid in IDS:  # n2 is the one voter, so it leads throughout
                 procs[nid] = start_node(nodes[nid], "--voters", LEADER, "--peers", proxy.peers_arg(nid),
@@ -149,16 +149,11 @@ def test_a_lapsed_claimant_loses_the_race_and_generation_1_is_decided_once(tmp_p
             wait_until(lambda: all(decided(f) for f in nodes.values()), 120, interval=0.5,
                        what="generation 1 on every node")
             wait_until(lambda: stage(nodes[c1]) != (1, "evaluated"), 60, what=f"{c1} dropping generation 1")
-        except (AssertionError, OSError, ValueError, KeyError, StopIteration):
-            for nid, files in nodes.items():
-                print(f"--- {nid}\n{tail(files, 3000)}")
-            raise
-        finally:
+        finally:  # before the nodes stop: a paused node cannot drain, a held request must not outlive the test
             if paused is not None:
                 os.killpg(procs[paused].pid, signal.SIGCONT)
             if race.release is not None:
-                proxy.call(race.release.set)  # a held request must not outlive the test
-            stop_nodes(procs.values(), timeout=30)
+                proxy.call(race.release.set)
 
     records = {nid: decided(f) for nid, f in nodes.items()}
     assert len({json.dumps(r, sort_keys=True) for r in records.values()}) == 1, records

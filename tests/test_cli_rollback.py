@@ -20,7 +20,7 @@ import urllib.request
 import pytest
 
 from tests.ops_cluster import IDS, make_nodes, seed_generations, start
-from tests.orchestrator_helpers import ROOT, stop_nodes, tail, wait_until
+from tests.orchestrator_helpers import ROOT, nodes_running, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -53,7 +53,7 @@ def test_rollback_is_a_quorum_decision_that_survives_a_leader_kill(tmp_path, mon
     sha_a, sha_b = seed_generations(nodes, tmp_path, 2).shas
     procs = {nid: start(files, i, nodes) for i, (nid, files) in enumerate(zip(IDS, nodes))}
     addr = {nid: f"127.0.0.1:{f.mesh_port}" for nid, f in zip(IDS, nodes)}
-    try:
+    with nodes_running(nodes, procs, stop_timeout=35, tail_chars=2500):
         wait_until(lambda: all(f.state().get("best_sha256") == sha_b for f in nodes), 90,
                    what="every node on generation 2")
         code, status = cli("status", "--node", addr["n0"])
@@ -103,9 +103,3 @@ def test_rollback_is_a_quorum_decision_that_survives_a_leader_kill(tmp_path, mon
         assert procs[leader].wait(timeout=60) == 0
         wait_until(lambda: _leader([f for nid, f in zip(IDS, nodes) if nid != leader]), 60,
                    what="another node leading")
-    except AssertionError:
-        for files in nodes:
-            print(f"--- {files.root.name}\n{tail(files, 2500)}")
-        raise
-    finally:
-        stop_nodes(procs.values(), timeout=35)

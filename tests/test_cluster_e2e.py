@@ -14,15 +14,14 @@ import pytest
 from app.db.replay_db import ReplayDB
 from tests.orchestrator_helpers import (
     BUSY_CPU_TIMING,
-    SELFPLAY_REST_S,
-    SMALL_CONFIG,
     SMALL_DAEMONS,
+    TINY_CONFIG,
     NodeFiles,
     get_json,
     leader_of,
+    nodes_running,
     start_voter,
-    stop_nodes,
-    tail,
+    tiny_selfplay,
     wait_until,
     write_node_files,
 )
@@ -30,12 +29,13 @@ from tests.orchestrator_helpers import (
 pytestmark = pytest.mark.slow
 
 IDS = ["n0", "n1", "n2"]
-CONFIG = {**SMALL_CONFIG, "search": {"simulations": 8}, "gauntlet": {**SMALL_CONFIG["gauntlet"], "net_simulations": 4},
-          "mesh": {"timing": BUSY_CPU_TIMING}}
+# The smallest generation (TINY_CONFIG): this test is about the mesh around a generation, and
+# each node's games, training and gauntlet were most of its CPU.
+CONFIG = {**TINY_CONFIG, "mesh": {"timing": BUSY_CPU_TIMING}}
 DAEMONS = {**SMALL_DAEMONS, "daemons": {
     **SMALL_DAEMONS["daemons"],
-    "selfplay": {"critical": True, "stop_timeout_s": 15, "settings": {"batch_games": 16, "simulations": 8, "rest_s": SELFPLAY_REST_S}},
-    "export": {"critical": True, "settings": {"min_new_games": 90, "poll_s": 0.5, "sync_budget_s": 20}},
+    "selfplay": tiny_selfplay(16),
+    "export": {"critical": True, "settings": {"min_new_games": 48, "poll_s": 0.5, "sync_budget_s": 20}},
 }}
 
 
@@ -52,7 +52,7 @@ def test_three_nodes_promote_through_a_leader_kill(tmp_path, monkeypatch) -> Non
     monkeypatch.setenv("MESH_SECRET", secrets.token_hex(16))
     nodes = [write_node_files(tmp_path / nid, nid, CONFIG, DAEMONS) for nid in IDS]
     procs = {nid: start_voter(nodes, IDS, i) for i, nid in enumerate(IDS)}
-    try:
+    with nodes_running(nodes, procs, stop_timeout=35):
         leader = wait_until(lambda: leader_of(nodes), 120, what="a leader")
         # Kill the leader once the cluster is working on its first generation.
         wait_until(lambda: any(f.state().get("stage", "collecting") != "collecting" for f in nodes), 600,
@@ -74,12 +74,6 @@ def test_three_nodes_promote_through_a_leader_kill(tmp_path, monkeypatch) -> Non
             return {f.state().get("best_sha256") for f in nodes} == {newest[1]}
 
         wait_until(all_on_newest, 300, interval=1.0, what="every node on the newest promoted model")
-    except AssertionError:
-        for files in nodes:
-            print(f"--- {files.root.name}\n{tail(files, 3000)}")
-        raise
-    finally:
-        stop_nodes(procs.values(), timeout=35)
 
     # Same promoted sha everywhere: one model per generation across the cluster.
     bests = {f.root.name: f.state()["best_sha256"] for f in nodes}

@@ -28,9 +28,8 @@ from tests.orchestrator_helpers import (
     SMALL_DAEMONS,
     TINY_CONFIG,
     NodeFiles,
+    nodes_running,
     start_node,
-    stop_nodes,
-    tail,
     tiny_selfplay,
     wait_until,
     write_node_files,
@@ -94,36 +93,30 @@ def test_a_new_leader_finishes_the_decision_its_predecessor_stored_but_never_ann
         return start_node(nodes[nid], "--voters", ",".join(IDS), "--peers", proxy.peers_arg(nid),
                           "--priority", str(i), "--profile", "wan", env=env)
 
-    with LinkProxy({nid: f.mesh_port for nid, f in nodes.items()}, hook) as proxy:
-        try:
-            for i, nid in enumerate(IDS):
-                procs[nid] = start(i, nid)
-                hook.pids[nid] = procs[nid].pid
-            assert hook.done.wait(800), "no leader stored generation 1 on a quorum"
-            leader = hook.killed
-            survivors = [nid for nid in IDS if nid != leader]
-            procs[leader].wait(timeout=30)
-            assert decided(nodes[leader]) is None  # it died knowing of no decision
-            assert not log_has(nodes[leader], "generation_committed")
+    with LinkProxy({nid: f.mesh_port for nid, f in nodes.items()}, hook) as proxy, \
+            nodes_running(nodes.values(), procs):
+        for i, nid in enumerate(IDS):
+            procs[nid] = start(i, nid)
+            hook.pids[nid] = procs[nid].pid
+        assert hook.done.wait(800), "no leader stored generation 1 on a quorum"
+        leader = hook.killed
+        survivors = [nid for nid in IDS if nid != leader]
+        procs[leader].wait(timeout=30)
+        assert decided(nodes[leader]) is None  # it died knowing of no decision
+        assert not log_has(nodes[leader], "generation_committed")
 
-            # The survivors elect a new leader that reads generation/1 from a quorum, finds the
-            # stored value and finishes it: the same record, on both survivors.
-            wait_until(lambda: all(decided(nodes[n]) for n in survivors), 120, interval=0.5,
-                       what="generation 1 decided on the survivors")
-            records = [decided(nodes[n]) for n in survivors]
-            assert records[0] == records[1] == hook.value, (records, hook.value)
+        # The survivors elect a new leader that reads generation/1 from a quorum, finds the
+        # stored value and finishes it: the same record, on both survivors.
+        wait_until(lambda: all(decided(nodes[n]) for n in survivors), 120, interval=0.5,
+                   what="generation 1 decided on the survivors")
+        records = [decided(nodes[n]) for n in survivors]
+        assert records[0] == records[1] == hook.value, (records, hook.value)
 
-            # The killed leader, back, learns the same record (it held the value only as stored).
-            hook.killed = None
-            procs[leader] = start(IDS.index(leader), leader)
-            wait_until(lambda: decided(nodes[leader]) == hook.value, 120, interval=0.5,
-                       what="the restarted leader holding the same record")
-        except (AssertionError, OSError, ValueError):
-            for nid, files in nodes.items():
-                print(f"--- {nid}\n{tail(files, 3000)}")
-            raise
-        finally:
-            stop_nodes(procs.values(), timeout=30)
+        # The killed leader, back, learns the same record (it held the value only as stored).
+        hook.killed = None
+        procs[leader] = start(IDS.index(leader), leader)
+        wait_until(lambda: decided(nodes[leader]) == hook.value, 120, interval=0.5,
+                   what="the restarted leader holding the same record")
 
     # One value for generation 1 everywhere, never contradicted (a second value would be refused
     # and logged as generation_record_refused).

@@ -40,8 +40,11 @@ pytestmark = pytest.mark.slow
 
 STAGES = ["collecting", "exported", "training", "trained", "evaluated"]
 DRAINED_AT = {"collecting", "training"}  # where SIGTERM's drain stops running work before the kill -9
-# Seven stops and eight starts: the smallest generation that still goes through every stage.
-CONFIG = TINY_CONFIG
+# Seven stops and eight starts: the smallest generation that still goes through every stage,
+# self-play inline (`selfplay.workers: 0`): a worker process per start would import torch and
+# load the search kernel eight times for a few dozen tiny games (tests/test_selfplay.py tests
+# the workers' own stops and orphan exits).
+CONFIG = {**TINY_CONFIG, "selfplay": {**TINY_CONFIG["selfplay"], "workers": 0}}
 # A held daemon leaves its hold as cancelled when the node drains (PipelineContext._test_hold),
 # so each stop takes what the production drain takes, not a stop timeout.
 DAEMONS = {**SMALL_DAEMONS, "daemons": {

@@ -23,10 +23,9 @@ from app.db.replay_db import GameRow, ReplayDB
 from tests.orchestrator_helpers import (
     NodeFiles,
     get_json,
-    kill_group,
+    nodes_running,
     signal_children,
     start_voter,
-    tail,
     wait_until,
     write_node_files,
 )
@@ -74,7 +73,8 @@ def test_a_node_killed_mid_self_play_loses_at_most_its_last_second_and_the_quiet
     began = time.time()
     reported = 0  # the victim's own games, as its /status said last before the kill
     first_game_at: float | None = None
-    try:
+    # killed, not drained: a paused batch must not add games now (each is stored whole or not at all)
+    with nodes_running(nodes, procs, kill=True):
         def playing_for_a_while() -> bool:
             nonlocal reported, first_game_at
             dead = [nid for nid, proc in procs.items() if proc.poll() is not None]
@@ -154,13 +154,6 @@ def test_a_node_killed_mid_self_play_loses_at_most_its_last_second_and_the_quiet
         assert rep["own_held_by"]["n1"] + rep["own_held_by"]["n2"] >= rep["own"]
         code, metrics = nodes[0].health("/metrics")
         assert code == 200 and b'mesh_games_under_replicated{node="n0"} 0.0' in metrics
-    except AssertionError:
-        for files in nodes:
-            print(f"--- {files.root.name}\n{tail(files, 3000)}")
-        raise
-    finally:  # killed, not drained: a paused batch must not add games now (each is stored whole or not at all)
-        for proc in procs.values():
-            kill_group(proc)
 
     # Each game once per node, every game of the cluster somewhere.
     union: set[str] = set()

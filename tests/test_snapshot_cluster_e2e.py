@@ -25,7 +25,7 @@ import pytest
 
 from app.cli.snapshot import summarize
 from tests.ops_cluster import IDS, make_nodes, seed_generations, start
-from tests.orchestrator_helpers import ROOT, stop_nodes, tail, wait_until
+from tests.orchestrator_helpers import ROOT, nodes_running, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +62,7 @@ def test_a_voter_restored_from_a_snapshot_rejoins_without_losing_a_decision(tmp_
     procs = {nid: start(files, i, nodes) for i, (nid, files) in enumerate(zip(IDS, nodes))}
     victim = nodes[2]
     archive = tmp_path / "n2.snap"
-    try:
+    with nodes_running(nodes, procs, stop_timeout=35, tail_chars=2500):
         wait_until(lambda: all(f.state().get("best_sha256") == sha_b for f in nodes), 90, what="every node on gen 2")
         wait_until(lambda: one_leader(nodes), 60, what="one leader")
         saved = cli("snapshot", "save", str(archive), "--config", str(victim.config))
@@ -115,9 +115,3 @@ def test_a_voter_restored_from_a_snapshot_rejoins_without_losing_a_decision(tmp_
             assert [(r["generation"], r["sha256"]) for r in decided] == [(1, sha_a), (2, sha_b)]
             assert not (files.data_dir / "rollbacks.json").exists()  # decided after the snapshot: lost with it
         assert one_leader(nodes) is not None  # the restored voters hold a quorum on the snapshot's term
-    except AssertionError:
-        for files in nodes:
-            print(f"--- {files.root.name}\n{tail(files, 2500)}")
-        raise
-    finally:
-        stop_nodes(procs.values(), timeout=35)

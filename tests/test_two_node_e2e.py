@@ -31,8 +31,8 @@ from tests.orchestrator_helpers import (
     SMALL_CONFIG,
     SMALL_DAEMONS,
     NodeFiles,
+    nodes_running,
     start_node,
-    stop_nodes,
     tail,
     wait_until,
     write_node_files,
@@ -106,7 +106,7 @@ def two_node_run(tmp_path_factory) -> TwoNodeRun:
             procs.append(start_node(files, "--voters", IDS[0], "--peers",
                                     f"{IDS[other]}@127.0.0.1:{nodes[other].mesh_port}", "--priority", str(i),
                                     "--profile", "fast"))
-    try:
+    with nodes_running(nodes, procs, tail_chars=4000):
         wait_until(lambda: all(decided(f) for f in nodes), 900, interval=0.5, what="generation 1 decided on both")
         record = decided(nodes[0])
         trainer = nodes[IDS.index(record["trained_by"])]
@@ -118,12 +118,7 @@ def two_node_run(tmp_path_factory) -> TwoNodeRun:
         for files, nid in ((trainer, record["trained_by"]), (peer, peer.root.name)):
             wait_until(lambda f=files, n=nid: plays_model(f, n, record["sha256"]), 400, interval=0.5,
                        what=f"{nid} storing games played with the promoted model")
-    except (AssertionError, StopIteration, OSError, KeyError):
-        for files in nodes:
-            print(f"--- {files.root.name}\n{tail(files, 4000)}")
-        stop_nodes(procs, timeout=30)
-        raise
-    stop_nodes(procs, timeout=30)  # everything below reads files of stopped nodes
+    # stopped: everything below reads files of stopped nodes
     return TwoNodeRun(record, trainer, peer)
 
 

@@ -13,6 +13,7 @@ receiver or its boot changed (a restart) refreshes that and retries once.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import ssl
 import time
@@ -32,6 +33,9 @@ from app.coordination.p2p.refusals import Refusals
 M = TypeVar("M", bound=BaseModel)
 RETRY_CODES = ("receiver", "boot")
 REFUSALS = UNSIGNED_REFUSALS  # answers that mean "your message was refused", not a protocol "no"
+# An answer this large (a page of games, a replica batch) is parsed in a worker thread: its
+# Python-level parsing then yields to the event loop, whose heartbeats must not wait for it.
+PARSE_IN_THREAD_BYTES = 256 * 1024
 
 
 class AnswerRefused(aiohttp.ClientError):
@@ -171,7 +175,8 @@ class MeshClient:
                 self.check(addr, headers, status, answer_headers, text, method=method,
                            path=yarl.URL(self.url(addr, path)).path)
             try:
-                data = parse_json(text) if text else None
+                data = None if not text else (await asyncio.to_thread(parse_json, text)
+                                              if len(text) >= PARSE_IN_THREAD_BYTES else parse_json(text))
             except BadJson:
                 data = text.decode(errors="replace")
             code = data.get("code") if isinstance(data, dict) else None

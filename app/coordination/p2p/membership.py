@@ -28,6 +28,7 @@ the single-process gossip simulation of `scripts/bench_mesh.py`.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -75,10 +76,20 @@ def _size(envelope: SignedState) -> int:
     return len(envelope.state) + len(envelope.sig) + len(envelope.cert or "") + 32
 
 
+@functools.lru_cache(maxsize=32)
+def _decoded(text: str) -> NodeState:
+    return NodeState.model_validate(parse_json(text))
+
+
 def decode(envelope: SignedState) -> NodeState:
-    """The state a signed envelope carries; ValueError when it is not a valid NodeState."""
+    """The state a signed envelope carries; ValueError when it is not a valid NodeState.
+
+    The same text arrives several times (checked by the gossip handler, then merged; relayed
+    by every peer until the owner's next version), so the last few decoded states are kept by
+    their text: parsing them was most of a loaded node's event loop. The states are read only
+    (every change is a `model_copy`), so sharing one object is safe. Failures are not kept."""
     try:
-        return NodeState.model_validate(parse_json(envelope.state))
+        return _decoded(envelope.state)
     except (BadJson, ValidationError) as exc:
         raise ValueError(f"malformed gossiped state: {str(exc)[:300]}") from None
 

@@ -182,8 +182,8 @@ class _Pull:
         while wanted:
             answer = await self.fetch(wanted)
             asked = set(wanted)
-            try:
-                records = [parse_game(g) for g in answer.games]
+            try:  # a page of games is checked off the event loop, as it is stored
+                records = await asyncio.to_thread(lambda: [parse_game(g) for g in answer.games])
             except ValueError as exc:
                 raise SyncError(f"{self.addr}: {exc}") from None
             strays = [r.uid for r in records if r.uid not in asked]
@@ -222,7 +222,7 @@ class _Pull:
     async def fetch(self, uids: list[str]) -> FetchAnswer:
         data = await self.call("POST", "/games/fetch", {"uids": uids})
         try:
-            return FetchAnswer.model_validate(data)
+            return await asyncio.to_thread(FetchAnswer.model_validate, data)
         except ValidationError as exc:
             raise SyncError(f"{self.addr}: malformed fetch answer: {exc.errors()[:2]}") from None
 

@@ -90,8 +90,8 @@ def replica_routes(name: str, store: ReplicatedStore, max_fetch_bytes: int = DEF
 
     async def push(request: web.Request) -> web.Response:
         """Records their origin just made: a node speaks for its own records only."""
-        try:
-            q = parse_body(request, ReplicaPushRequest)
+        try:  # a batch of records is parsed off the event loop (its heartbeats must not wait)
+            q = await asyncio.to_thread(parse_body, request, ReplicaPushRequest)
         except BadRequest as exc:
             return json_error(400, str(exc))
         sender = sender_of(request)

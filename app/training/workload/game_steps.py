@@ -43,19 +43,23 @@ from app.training.train import CANDIDATE_NAME, RESULT_NAME
 
 
 class GameItems:
-    """Self-play's games in the replay DB."""
+    """Self-play's games in the replay DB.
 
-    def __init__(self, paths: NodePaths) -> None:
+    The counts are read every few seconds (the node's status and gossip), so they go through
+    the node's one open handle (`db`, the game server's) rather than opening the database,
+    checking its schema and closing it each time: that was most of an idle node's CPU."""
+
+    def __init__(self, paths: NodePaths, db: Callable[[], ReplayDB]) -> None:
         self.games_db = paths.games_db
+        self.db = db
 
     def newest_id(self) -> int:
-        with ReplayDB(self.games_db) as db:
-            return db.max_id()
+        return self.db().max_id()
 
     def created_counts(self, node_id: str) -> CreatedCounts:
-        with ReplayDB(self.games_db) as db:
-            return {"games_created": db.count_by_node(node_id), "positions_created": db.count_positions(node_id),
-                    "games_max_id": db.max_id()}
+        db = self.db()
+        return {"games_created": db.count_by_node(node_id), "positions_created": db.count_positions(node_id),
+                "games_max_id": db.max_id()}
 
     def replica(self) -> tuple[str, ReplicatedStore]:
         """What the replication daemon keeps on `replication.factor` nodes: the games."""
@@ -102,10 +106,10 @@ class GameSteps:
 
     def __init__(self, settings: Settings) -> None:
         self.paths = NodePaths(Path(settings.node.data_dir), settings.node.db_url)
-        self.items = GameItems(self.paths)
+        self._games = GameSyncServer(self.paths.games_db)  # opens the replay DB on its first use
+        self.items = GameItems(self.paths, self._games.db)
         self.models = ModelFiles(self.paths)
         self._pool: WorkerPool | None = None  # self-play workers, kept from batch to batch
-        self._games = GameSyncServer(self.paths.games_db)  # opens the replay DB on its first request
 
     def export_threshold(self, export: ExportSettings) -> int:
         return export.min_new_games
@@ -183,7 +187,7 @@ class GameSteps:
         return [*self._games.routes(), *model_routes(self.paths.models_dir), *dataset_routes(self.paths.datasets_dir)]
 
     def close(self) -> None:
-        """The node stops: the game server's replay DB handle is closed."""
+        """The node stops: the replay DB handle (the game server's, the counts') is closed."""
         self._games.close()
 
 
