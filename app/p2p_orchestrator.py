@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--priority", type=int, help="bully-order priority of this node (higher leads)")
     p.add_argument("--profile", choices=["lan", "wan", "fast"], help="mesh timing profile")
     p.add_argument("--max-generations", type=int, default=0,
-                   help="stop after this many generations were promoted or rejected (0: run until stopped)")
+                   help="stop after this many generations were promoted or rejected (0: run until stopped); "
+                        "with several configs (configs:), once every config has decided this many of its own")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -182,9 +183,11 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
     several = len(configured) > 1
     metrics = Metrics(node=settings.node.node_id)
     lineages = [await build_lineage(args, entry, lsettings, daemons,
-                                    metrics if index == 0 else Metrics(node=settings.node.node_id),
+                                    metrics if index == 0 else Metrics(node=settings.node.node_id, node_wide=False),
                                     own_file=bool(settings.configs))
                 for index, (entry, lsettings) in enumerate(configured)]
+    if several:  # one /metrics for every config, each lineage's series labelled with its config
+        metrics.add_configs(lineages[0].entry.name, [(x.entry.name, x.metrics) for x in lineages[1:]])
     primary = lineages[0]
     pipe, manager, node, cluster, feed = primary.pipe, primary.manager, primary.node, primary.cluster, primary.feed
     gate = wire_gate(lineages, settings, metrics) if several else None
@@ -212,7 +215,7 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
         background += [asyncio.create_task(gate.run()), asyncio.create_task(gate.account_training()),
                        asyncio.create_task(_drain_with(manager, [x.manager for x in lineages[1:]]))]
     if args.max_generations:
-        background.append(asyncio.create_task(_stop_after(pipe, manager, args.max_generations)))
+        background.append(asyncio.create_task(_stop_after([x.pipe for x in lineages], manager, args.max_generations)))
     try:
         await asyncio.gather(*(x.manager.start() for x in lineages))
         await asyncio.gather(*(x.manager.wait_stopped() for x in lineages))
@@ -353,18 +356,24 @@ async def _teardown(lineages: list[Lineage], health: HealthServer) -> None:
     await health.stop()
 
 
-async def _stop_after(pipe: PipelineContext, manager: DaemonManager, generations: int) -> None:
-    """--max-generations: drain once that many generations have been decided and the last
-    promoted model is installed in the model store (so a restart plays with it)."""
+def generations_reached(pipe: PipelineContext, generations: int) -> bool:
+    """One lineage is done for --max-generations: that many generations decided and the last
+    promoted model installed in the model store (so a restart plays with it)."""
+    state = pipe.state
+    distributed = state.best_sha256 is None or state.best_path == str(pipe.steps.models.installed_path(state.best_sha256))
+    return pipe.decided_generations() >= generations and distributed
 
-    def done() -> bool:
-        state = pipe.state
-        distributed = state.best_sha256 is None or state.best_path == str(pipe.steps.models.installed_path(state.best_sha256))
-        return pipe.decided_generations() >= generations and distributed
 
-    while not done():
-        await pipe.wait_for_change(5.0)
-    log.info("max_generations_reached", decided=pipe.decided_generations())
+async def _stop_after(pipes: list[PipelineContext], manager: DaemonManager, generations: int) -> None:
+    """--max-generations: drain once every config's lineage reached it (an operator asking for
+    N generations of a cluster of configs expects N of each, not N of the first); the other
+    configs' daemons drain with the first's (_drain_with)."""
+    while True:
+        waiting = [p for p in pipes if not generations_reached(p, generations)]
+        if not waiting:
+            break
+        await waiting[0].wait_for_change(5.0)
+    log.info("max_generations_reached", decided={p.config_name or "default": p.decided_generations() for p in pipes})
     await manager.drain_and_stop(DRAIN_DEADLINE_S)
 
 

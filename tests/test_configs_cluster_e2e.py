@@ -4,7 +4,8 @@ generations; /progress, the dashboard and `app.cli progress --config` show both;
 killed and both configs go on deciding generations on the survivors (no config's claim lost);
 the scheduler's shares are its pure function of the recorded history (measured progress,
 staleness off here) and were recomputed at once on a promotion (ALLOCATION_CHANGED in the
-journal, the share gauge per config in /metrics)."""
+journal, the share gauge per config in /metrics); every config's own series (self-play,
+daemons) are on the node's one /metrics, labelled by config."""
 
 from __future__ import annotations
 
@@ -156,6 +157,12 @@ def test_two_configs_each_promote_through_a_leader_kill_and_the_shares_follow_pr
             text = resp.read().decode()
         shares = [line for line in text.splitlines() if line.startswith("mesh_config_share{")]
         assert all(any(f'config="{n}"' in line for line in shares) for n in NAMES), shares
+        # every config's own series on the one page, labelled by its config (its self-play, its daemons)
+        for n in NAMES:
+            played = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                      if line.startswith("mesh_selfplay_items_total{") and f'config="{n}"' in line]
+            assert played and played[0] > 0, (n, played)
+            assert any(line.startswith("mesh_daemon_state{") and f'config="{n}"' in line for line in text.splitlines())
         # each config's files in its own place: the default config's where one config's always were
         assert (files.data_dir / "games.db").exists() and (files.data_dir / "configs" / "small" / "games.db").exists()
         print(f"first promotions of both configs {first:.0f} s; both again after the leader kill {after_kill:.0f} s; "

@@ -88,3 +88,32 @@ def test_nodes_started_with_defaults_on_one_host_get_distinct_ids() -> None:
     ids = {node_settings(build_parser().parse_args(["--port", str(p)])).node.node_id for p in (8770, 8771, 8772)}
     assert ids == {host, f"{host}-8771", f"{host}-8772"}
     assert node_settings(build_parser().parse_args(["--port", "8771", "--node-id", "a"])).node.node_id == "a"
+
+
+async def test_max_generations_with_several_configs_stops_once_every_config_decided_that_many(tmp_path) -> None:
+    """Issue 52: `--max-generations N` on a node with `configs:` means N decided generations of
+    every config (not of the first): the node drains only when the last config gets there."""
+    import asyncio
+    from dataclasses import replace
+
+    from app.config.configs import lineage_settings
+    from app.coordination.daemons.daemon_registry import build_registry
+    from app.coordination.daemons.event_router import EventRouter
+    from app.coordination.daemons.manager import DaemonManager
+    from app.p2p_orchestrator import _stop_after, build_parser
+    from app.workloads import pipeline_context
+
+    path = tmp_path / "node.yaml"
+    path.write_text(yaml.safe_dump({"node": {"data_dir": str(tmp_path / "data")}, "configs": [
+        {"name": "c4", "game": "connect4"}, {"name": "small", "game": "connect4_5x4"}]}))
+    settings = load_settings(path)
+    pipes = [pipeline_context(s, config_path=None) for _, s in lineage_settings(settings)]
+    manager = DaemonManager(build_registry({"daemons": {}}, {}).select("all"), router=EventRouter(), settings=settings)
+    stopper = asyncio.create_task(_stop_after(pipes, manager, 1))
+    await pipes[0].update(lambda s: replace(s, rejected=1))  # the first config is there
+    await asyncio.sleep(0.5)
+    assert not stopper.done() and manager.readiness().reason != "draining"
+    await pipes[1].update(lambda s: replace(s, rejected=1))  # and now the second
+    await asyncio.wait_for(stopper, 10)
+    assert manager.readiness().reason == "draining"
+    assert "every config" in build_parser().format_help()

@@ -107,7 +107,9 @@ def held_rendezvous(inventory: Mapping[str, Any], claimed_item_ids: list[str]) -
         return None
     if rdzv["item_id"] not in claimed_item_ids:
         return None
-    return {k: rdzv[k] for k in RENDEZVOUS_KEYS}
+    options = rdzv.get("train_options")  # the quality loop's lr/batch (checked by each joiner)
+    return {**{k: rdzv[k] for k in RENDEZVOUS_KEYS},
+            **({"train_options": options} if isinstance(options, dict) and len(options) <= 2 else {})}
 
 
 def join_specs(nodes: list[NodeSummary], training: WorkSpec) -> list[WorkSpec]:
