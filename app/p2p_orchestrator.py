@@ -21,6 +21,7 @@ from aiohttp import web
 from app.atomic_files import atomic_write_text
 from app.config import ConfigError, Settings, load_settings
 from app.config.configs import LINEAGE_SETTINGS_FILE, ConfigEntry, lineage_settings
+from app.config.lm import SHARED_TRAIN_KEYS
 from app.config.node import default_node_id
 from app.coordination.daemons.manager import DaemonManager, Readiness
 from app.coordination.daemons.daemon_registry import build_registry, daemon_settings, read_daemons
@@ -138,6 +139,9 @@ class Lineage:
 async def build_lineage(args: argparse.Namespace, entry: ConfigEntry, settings: Settings, daemons: dict,
                         metrics: Metrics, own_file: bool) -> Lineage:
     export = daemon_settings(daemons, "export", ExportSettings, str(args.daemons))
+    if own_file and settings.workload == "lm":  # min_new_games counts the game configs' games; an lm
+        export = ExportSettings.model_validate(   # config starts a generation by its lm.export.min_new_groups
+            export.model_dump(include=export.model_fields_set - {"min_new_games"}))
     config_path = args.config.resolve() if args.config else None
     if own_file:  # `configs:` given: its torchrun reads this config's sections, not the node file's
         config_path = Path(settings.node.data_dir).resolve() / LINEAGE_SETTINGS_FILE
@@ -168,7 +172,14 @@ async def build_lineage(args: argparse.Namespace, entry: ConfigEntry, settings: 
 
 
 def lineage_yaml(settings: Settings) -> str:
-    """The sections a lineage's training run reads (no mesh secrets on disk)."""
+    """The sections a lineage's training run reads (no mesh secrets on disk): a game lineage's
+    game sections, an lm lineage's `lm:` as given (a task refuses keys it does not read) and the
+    train keys both trainers share (its file must load as an lm node's: no setting of the other
+    workload)."""
+    if settings.workload == "lm":
+        data = {"workload": "lm", "lm": settings.lm.model_dump(mode="json", exclude_unset=True)}
+        data["train"] = {k: v for k, v in settings.train.model_dump(mode="json").items() if k in SHARED_TRAIN_KEYS}
+        return yaml.safe_dump(data, sort_keys=True)
     data = settings.model_dump(mode="json", include={"workload", "model", "search", "selfplay", "export", "train",
                                                      "gauntlet", "promotion"})
     data["node"] = {"game": settings.node.game}
@@ -282,7 +293,8 @@ def _generations_of(lineage: Lineage) -> Callable[[], list[dict]]:
 
 def configs_view(lineages: list[Lineage], gate: LineageGate | None) -> dict:
     """/progress and the dashboard with several configs: each config's progress and the allocation."""
-    return {"configs": {x.entry.name: {"game": x.entry.game, "weight": x.entry.weight, **x.feed.config_progress()}
+    return {"configs": {x.entry.name: {"game": x.entry.label, "workload": x.entry.workload, "weight": x.entry.weight,
+                                       **x.feed.config_progress()}
                         for x in lineages},
             "allocation": gate.status() if gate is not None else None}
 

@@ -117,3 +117,32 @@ async def test_max_generations_with_several_configs_stops_once_every_config_deci
     await asyncio.wait_for(stopper, 10)
     assert manager.readiness().reason == "draining"
     assert "every config" in build_parser().format_help()
+
+
+def test_an_lm_config_beside_a_game_config_is_its_own_lm_lineage_and_mixing_is_refused(tmp_path) -> None:
+    """Issue 52 item 5: `configs:` may list an lm config (workload: lm, its `lm:` section) beside
+    the games; its lineage runs the lm workload in `configs/<name>/` on its own port, and the file
+    its torchrun reads loads as an lm node's (no game setting in it). A game section, `game` or a
+    game-only train key on an lm config, or `lm:` on a game config, is refused naming the config."""
+    from app.config.configs import lineage_settings
+    from app.p2p_orchestrator import lineage_yaml
+
+    lm = yaml.safe_load((ROOT / "configs" / "lm_copy.yaml").read_text())["lm"]
+    path = tmp_path / "node.yaml"
+    path.write_text(yaml.safe_dump({"node": {"data_dir": str(tmp_path / "data")}, "configs": [
+        {"name": "c4", "game": "connect4"}, {"name": "copy", "workload": "lm", "lm": lm, "train": {"nproc": 1}}]}))
+    (c4, game), (copy, lineage) = lineage_settings(load_settings(path))
+    assert (game.workload, lineage.workload, copy.label) == ("connect4", "lm", "lm")
+    assert lineage.node.data_dir == tmp_path / "data" / "configs" / "copy" and lineage.node.mesh_port == game.node.mesh_port + 100
+    own = tmp_path / "lineage.yaml"
+    own.write_text(lineage_yaml(lineage))
+    assert load_settings(own).lm == lineage.lm and load_settings(own).workload == "lm"
+    for bad, why in (({"game": "connect4"}, "not \\['game'\\]"), ({"search": {"simulations": 4}}, "search"),
+                     ({"train": {"lr": 0.1}}, "train.lr")):
+        path.write_text(yaml.safe_dump({"configs": [{"name": "c4", "game": "connect4"},
+                                                    {"name": "copy", "workload": "lm", "lm": lm, **bad}]}))
+        with pytest.raises(ConfigError, match=f"config copy: an lm config takes lm:.*{why}"):
+            load_settings(path)
+    path.write_text(yaml.safe_dump({"configs": [{"name": "c4", "game": "connect4", "lm": lm}]}))
+    with pytest.raises(ConfigError, match="config c4: lm: is for an lm config"):
+        load_settings(path)
