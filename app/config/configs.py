@@ -137,7 +137,8 @@ def lineage_settings(settings: Any) -> list[tuple[ConfigEntry, Any]]:
             sections.update(workload="lm", lm=type(settings.lm).model_validate(entry.lm))
         node = settings.node.model_copy(update={
             "game": entry.game or settings.node.game, "data_dir": lineage_dir(Path(settings.node.data_dir), entries, index),
-            "mesh_port": settings.node.mesh_port + offset})
+            # port 0 (any free port: a lone node, a benchmark) stays 0 for every config
+            "mesh_port": settings.node.mesh_port + offset if settings.node.mesh_port else 0})
         mesh = settings.mesh.model_copy(update={"peers": [shift_peer(p, offset) for p in settings.mesh.peers]})
         out.append((entry, settings.model_copy(update={**sections, "node": node, "mesh": mesh})))
     return out
