@@ -173,3 +173,42 @@ def test_two_configs_each_promote_through_a_leader_kill_and_the_shares_follow_pr
         raise
     finally:
         stop_nodes(procs.values(), timeout=35)
+
+
+@pytest.mark.timeout(600)
+def test_an_lm_config_and_a_game_config_each_promote_on_one_node_and_max_generations_waits_for_both(tmp_path) -> None:
+    """Issue 52 item 5, on one node (the cheap form; every node of a cluster runs every config
+    alike): a tiny language-model config (configs/lm_copy.yaml, smaller) beside a tiny Connect
+    Four config. `--max-generations 1` stops the node by itself only once each config decided a
+    generation; each promoted one, in its own lineage (the lm config's HF model directory in its
+    own lm_models/, the game's network in the data dir's models/)."""
+    from tests.test_lm_workload_e2e import lm_config
+
+    start = port_blocks(1)[0]
+    root = tmp_path / "solo"
+    root.mkdir()
+    data_dir = root / "data"
+    cfg = {**TINY_CONFIG, "node": {"node_id": "solo", "data_dir": str(data_dir), "health_port": start,
+                                   "mesh_port": start + 1},
+           "configs": [{"name": "c4", "game": "connect4"},
+                       {"name": "copy", "workload": "lm", "port_offset": 1, "lm": lm_config()["lm"]}]}
+    daemons = {**SMALL_DAEMONS, "daemons": {**SMALL_DAEMONS["daemons"], "selfplay": tiny_selfplay(16),
+                                            "export": {"critical": True, "settings": {"min_new_games": 32, "poll_s": 0.5}}}}
+    (root / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (root / "daemons.yaml").write_text(yaml.safe_dump(daemons))
+    files = NodeFiles(root, root / "config.yaml", root / "daemons.yaml", data_dir, start, start + 1)
+    proc = start_voter([files], ["solo"], 0, "--max-generations", "1")
+    try:
+        code = proc.wait(timeout=540)
+        assert code == 0, tail(files, 5000)
+        states = {name: json.loads((d / "pipeline_state.json").read_text())
+                  for name, d in (("c4", data_dir), ("copy", data_dir / "configs" / "copy"))}
+        assert all(s["promoted"] >= 1 for s in states.values()), states
+        assert states["copy"]["best_path"].startswith("lm_models/") and states["c4"]["best_path"].startswith("models/")
+        journal = (data_dir / "events.jsonl").read_text()
+        assert '"allocation_changed"' in journal  # one gate shares the node between the two
+    except (AssertionError, subprocess.TimeoutExpired):
+        print(tail(files, 5000))
+        raise
+    finally:
+        stop_nodes([proc], timeout=35)
