@@ -137,8 +137,9 @@ MESH_VIEW_LABELS = {"model_elo": "role"}
 
 
 # Series about the node process itself, not about one config's lineage: with several configs
-# (app/config/configs.py) they are exported once, without a `config` label.
-NODE_WIDE_PREFIXES = ("process_", "python_", f"{NAMESPACE}_build_info", f"{NAMESPACE}_worker_")
+# (app/config/configs.py) they are exported once, without a `config` label (the scheduler's
+# `mesh_config_*` carry their own where they are about one config).
+NODE_WIDE_PREFIXES = ("process_", "python_", f"{NAMESPACE}_build_info", f"{NAMESPACE}_worker_", f"{NAMESPACE}_config_")
 
 
 class Metrics:
