@@ -148,6 +148,7 @@ async def build_lineage(args: argparse.Namespace, entry: ConfigEntry, settings: 
         await asyncio.to_thread(atomic_write_text, config_path, lineage_yaml(settings))
     pipe = pipeline_context(settings, config_path=config_path, export=export)
     pipe.config_name = entry.name
+    pipe.requirements = entry.requires.work_requirements()  # who may claim this config's training
     await asyncio.to_thread(migrate_data_dir, pipe)
     dead_letters = DeadLetterStore(pipe.paths.dead_letters_db)
     router = EventRouter(metrics=metrics, dead_letters=dead_letters)

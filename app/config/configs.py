@@ -32,6 +32,19 @@ DEFAULT_PORT_STEP = 100
 LM_TRAIN_KEYS = SHARED_TRAIN_KEYS  # train keys an lm config may set: placement, shared by both trainers
 
 
+class ConfigRequires(StrictModel):
+    """What a node must offer to train this config (its training claims carry it: a node whose
+    gossiped capabilities do not fit never claims them; app/coordination/p2p/work_rules.fits)."""
+
+    needs_gpu: bool = False
+    min_memory_gb: float = Field(0.0, ge=0.0, le=100_000.0)
+    min_cpus: int = Field(0, ge=0, le=100_000)
+
+    def work_requirements(self) -> dict[str, Any]:
+        """The work item's requirements: only what is asked for."""
+        return {k: v for k, v in self.model_dump().items() if v}
+
+
 class ConfigEntry(StrictModel):
     """One config of the cluster; every node lists the same configs in the same order. A game
     config names its `game`; `workload: lm` makes a language-model lineage beside the games
@@ -42,6 +55,7 @@ class ConfigEntry(StrictModel):
     game: str | None = Field(None, min_length=1, max_length=200)
     weight: float = Field(1.0, gt=0.0, le=100.0)  # the operator's weight in the scheduler across configs
     port_offset: int | None = Field(None, ge=1, le=20000)  # None: DEFAULT_PORT_STEP x its index
+    requires: ConfigRequires = ConfigRequires()  # each node trains the configs its capabilities allow
     model: dict[str, Any] = {}
     search: dict[str, Any] = {}
     selfplay: dict[str, Any] = {}
