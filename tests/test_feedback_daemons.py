@@ -231,7 +231,8 @@ async def test_a_config_whose_elo_falls_below_its_peak_gets_a_boosted_share_unti
     allocation in /status says so; a fourth generation back at the peak ends the boost."""
     cfg_path, daemons_path = tmp_path / "node.yaml", tmp_path / "daemons.yaml"
     cfg_path.write_text(yaml.safe_dump({
-        "node": {"data_dir": str(tmp_path / "data"), "node_id": "n1"}, "model": {"channels": 8, "blocks": 1},
+        "node": {"data_dir": str(tmp_path / "data"), "node_id": "n1", "mesh_port": 0},  # any free port, each config
+        "model": {"channels": 8, "blocks": 1},
         "configs": [{"name": "a", "game": "connect4"}, {"name": "b", "game": "connect4_5x4"}],
         "scheduler": {"staleness_weight": 0.0, "interval_s": 0.5, "regression_margin_elo": 30.0,
                       "regression_boost": 3.0}}))
@@ -246,6 +247,8 @@ async def test_a_config_whose_elo_falls_below_its_peak_gets_a_boosted_share_unti
     gate = wire_gate(lineages, settings, metrics)
     a = lineages[0]
     changes = _collect(a.router, EventType.ALLOCATION_CHANGED)
+    for lineage in lineages:
+        await lineage.node.start()
     background = [asyncio.create_task(gate.run())]
     for lineage in lineages:
         background += [asyncio.create_task(lineage.feed.run(interval_s=0.2)),
@@ -281,5 +284,6 @@ async def test_a_config_whose_elo_falls_below_its_peak_gets_a_boosted_share_unti
         await asyncio.gather(*(x.manager.drain_and_stop(10) for x in lineages))
         await asyncio.gather(*starting, return_exceptions=True)
         for lineage in lineages:
+            await lineage.node.stop()
             lineage.pipe.steps.close()
             lineage.dead_letters.close()
