@@ -220,7 +220,10 @@ async def promote_daemon(pipe: PipelineContext, ctx: DaemonContext[Polled]) -> N
             if pipe.cluster is not None:
                 if decision.promote:  # installed first, so peers can fetch it once it is committed
                     await asyncio.to_thread(pipe.steps.models.install, path, sha)
-                loss = await asyncio.to_thread(feedback.final_loss, pipe, state.run_dir)
+                # the loss rides on the record only for the plateau loop (off by default): records stay
+                # byte for byte what a node of the previous version commits, so a rolling upgrade decides on
+                loss = (await asyncio.to_thread(feedback.final_loss, pipe, state.run_dir)
+                        if pipe.settings.feedback.plateau.enabled else None)
                 record = cluster_record(pipe, pipe.cluster, state, decision, loss)
                 committed, why = await pipe.cluster.propose(record)
                 if not committed:
