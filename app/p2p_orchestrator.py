@@ -21,6 +21,7 @@ from aiohttp import web
 from app.atomic_files import atomic_write_text
 from app.config import ConfigError, Settings, load_settings
 from app.config.configs import LINEAGE_SETTINGS_FILE, ConfigEntry, lineage_settings
+from app.config.lm import SHARED_TRAIN_KEYS
 from app.config.node import default_node_id
 from app.coordination.daemons.manager import DaemonManager, Readiness
 from app.coordination.daemons.daemon_registry import build_registry, daemon_settings, read_daemons
@@ -74,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--priority", type=int, help="bully-order priority of this node (higher leads)")
     p.add_argument("--profile", choices=["lan", "wan", "fast"], help="mesh timing profile")
     p.add_argument("--max-generations", type=int, default=0,
-                   help="stop after this many generations were promoted or rejected (0: run until stopped)")
+                   help="stop after this many generations were promoted or rejected (0: run until stopped); "
+                        "with several configs (configs:), once every config has decided this many of its own")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -137,12 +139,16 @@ class Lineage:
 async def build_lineage(args: argparse.Namespace, entry: ConfigEntry, settings: Settings, daemons: dict,
                         metrics: Metrics, own_file: bool) -> Lineage:
     export = daemon_settings(daemons, "export", ExportSettings, str(args.daemons))
+    if own_file and settings.workload == "lm":  # min_new_games counts the game configs' games; an lm
+        export = ExportSettings.model_validate(   # config starts a generation by its lm.export.min_new_groups
+            export.model_dump(include=export.model_fields_set - {"min_new_games"}))
     config_path = args.config.resolve() if args.config else None
     if own_file:  # `configs:` given: its torchrun reads this config's sections, not the node file's
         config_path = Path(settings.node.data_dir).resolve() / LINEAGE_SETTINGS_FILE
         await asyncio.to_thread(atomic_write_text, config_path, lineage_yaml(settings))
     pipe = pipeline_context(settings, config_path=config_path, export=export)
     pipe.config_name = entry.name
+    pipe.requirements = entry.requires.work_requirements()  # who may claim this config's training
     await asyncio.to_thread(migrate_data_dir, pipe)
     dead_letters = DeadLetterStore(pipe.paths.dead_letters_db)
     router = EventRouter(metrics=metrics, dead_letters=dead_letters)
@@ -167,7 +173,14 @@ async def build_lineage(args: argparse.Namespace, entry: ConfigEntry, settings: 
 
 
 def lineage_yaml(settings: Settings) -> str:
-    """The sections a lineage's training run reads (no mesh secrets on disk)."""
+    """The sections a lineage's training run reads (no mesh secrets on disk): a game lineage's
+    game sections, an lm lineage's `lm:` as given (a task refuses keys it does not read) and the
+    train keys both trainers share (its file must load as an lm node's: no setting of the other
+    workload)."""
+    if settings.workload == "lm":
+        data = {"workload": "lm", "lm": settings.lm.model_dump(mode="json", exclude_unset=True)}
+        data["train"] = {k: v for k, v in settings.train.model_dump(mode="json").items() if k in SHARED_TRAIN_KEYS}
+        return yaml.safe_dump(data, sort_keys=True)
     data = settings.model_dump(mode="json", include={"workload", "model", "search", "selfplay", "export", "train",
                                                      "gauntlet", "promotion"})
     data["node"] = {"game": settings.node.game}
@@ -182,9 +195,11 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
     several = len(configured) > 1
     metrics = Metrics(node=settings.node.node_id)
     lineages = [await build_lineage(args, entry, lsettings, daemons,
-                                    metrics if index == 0 else Metrics(node=settings.node.node_id),
+                                    metrics if index == 0 else Metrics(node=settings.node.node_id, node_wide=False),
                                     own_file=bool(settings.configs))
                 for index, (entry, lsettings) in enumerate(configured)]
+    if several:  # one /metrics for every config, each lineage's series labelled with its config
+        metrics.add_configs(lineages[0].entry.name, [(x.entry.name, x.metrics) for x in lineages[1:]])
     primary = lineages[0]
     pipe, manager, node, cluster, feed = primary.pipe, primary.manager, primary.node, primary.cluster, primary.feed
     gate = wire_gate(lineages, settings, metrics) if several else None
@@ -212,7 +227,7 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
         background += [asyncio.create_task(gate.run()), asyncio.create_task(gate.account_training()),
                        asyncio.create_task(_drain_with(manager, [x.manager for x in lineages[1:]]))]
     if args.max_generations:
-        background.append(asyncio.create_task(_stop_after(pipe, manager, args.max_generations)))
+        background.append(asyncio.create_task(_stop_after([x.pipe for x in lineages], manager, args.max_generations)))
     try:
         await asyncio.gather(*(x.manager.start() for x in lineages))
         await asyncio.gather(*(x.manager.wait_stopped() for x in lineages))
@@ -279,7 +294,8 @@ def _generations_of(lineage: Lineage) -> Callable[[], list[dict]]:
 
 def configs_view(lineages: list[Lineage], gate: LineageGate | None) -> dict:
     """/progress and the dashboard with several configs: each config's progress and the allocation."""
-    return {"configs": {x.entry.name: {"game": x.entry.game, "weight": x.entry.weight, **x.feed.config_progress()}
+    return {"configs": {x.entry.name: {"game": x.entry.label, "workload": x.entry.workload, "weight": x.entry.weight,
+                                       **x.feed.config_progress()}
                         for x in lineages},
             "allocation": gate.status() if gate is not None else None}
 
@@ -353,18 +369,24 @@ async def _teardown(lineages: list[Lineage], health: HealthServer) -> None:
     await health.stop()
 
 
-async def _stop_after(pipe: PipelineContext, manager: DaemonManager, generations: int) -> None:
-    """--max-generations: drain once that many generations have been decided and the last
-    promoted model is installed in the model store (so a restart plays with it)."""
+def generations_reached(pipe: PipelineContext, generations: int) -> bool:
+    """One lineage is done for --max-generations: that many generations decided and the last
+    promoted model installed in the model store (so a restart plays with it)."""
+    state = pipe.state
+    distributed = state.best_sha256 is None or state.best_path == str(pipe.steps.models.installed_path(state.best_sha256))
+    return pipe.decided_generations() >= generations and distributed
 
-    def done() -> bool:
-        state = pipe.state
-        distributed = state.best_sha256 is None or state.best_path == str(pipe.steps.models.installed_path(state.best_sha256))
-        return pipe.decided_generations() >= generations and distributed
 
-    while not done():
-        await pipe.wait_for_change(5.0)
-    log.info("max_generations_reached", decided=pipe.decided_generations())
+async def _stop_after(pipes: list[PipelineContext], manager: DaemonManager, generations: int) -> None:
+    """--max-generations: drain once every config's lineage reached it (an operator asking for
+    N generations of a cluster of configs expects N of each, not N of the first); the other
+    configs' daemons drain with the first's (_drain_with)."""
+    while True:
+        waiting = [p for p in pipes if not generations_reached(p, generations)]
+        if not waiting:
+            break
+        await waiting[0].wait_for_change(5.0)
+    log.info("max_generations_reached", decided={p.config_name or "default": p.decided_generations() for p in pipes})
     await manager.drain_and_stop(DRAIN_DEADLINE_S)
 
 

@@ -219,7 +219,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated variants run side by side at equal CPU (needs --cpu-minutes): off and "
                         "feedback loops (quality, plateau), each on alone over --config (scripts/bench_feedback.py)")
     p.add_argument("--loop-settings", default=None, help='with --loops: JSON over each loop\'s settings, e.g. {"quality": {"low": 0.8}}')
+    p.add_argument("--configs", default=None,
+                   help="comma-separated variants of a --config with several configs (needs --cpu-minutes): loops "
+                        "(the scheduler as configured), fixed (equal shares) (scripts/bench_configs.py)")
+    p.add_argument("--side-by-side", action="store_true", help="with --configs: run the variants together")
     args = p.parse_args(argv)
+    if args.configs:
+        from bench_configs import run_configs
+        return run_configs(args, ROOT / "scripts" / "bench_learning.py")
     if args.loops:
         from bench_feedback import run_variants
         return run_variants(args, ROOT / "scripts" / "bench_learning.py")

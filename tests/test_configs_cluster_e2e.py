@@ -4,7 +4,8 @@ generations; /progress, the dashboard and `app.cli progress --config` show both;
 killed and both configs go on deciding generations on the survivors (no config's claim lost);
 the scheduler's shares are its pure function of the recorded history (measured progress,
 staleness off here) and were recomputed at once on a promotion (ALLOCATION_CHANGED in the
-journal, the share gauge per config in /metrics)."""
+journal, the share gauge per config in /metrics); every config's own series (self-play,
+daemons) are on the node's one /metrics, labelled by config."""
 
 from __future__ import annotations
 
@@ -156,6 +157,12 @@ def test_two_configs_each_promote_through_a_leader_kill_and_the_shares_follow_pr
             text = resp.read().decode()
         shares = [line for line in text.splitlines() if line.startswith("mesh_config_share{")]
         assert all(any(f'config="{n}"' in line for line in shares) for n in NAMES), shares
+        # every config's own series on the one page, labelled by its config (its self-play, its daemons)
+        for n in NAMES:
+            played = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                      if line.startswith("mesh_selfplay_items_total{") and f'config="{n}"' in line]
+            assert played and played[0] > 0, (n, played)
+            assert any(line.startswith("mesh_daemon_state{") and f'config="{n}"' in line for line in text.splitlines())
         # each config's files in its own place: the default config's where one config's always were
         assert (files.data_dir / "games.db").exists() and (files.data_dir / "configs" / "small" / "games.db").exists()
         print(f"first promotions of both configs {first:.0f} s; both again after the leader kill {after_kill:.0f} s; "
@@ -166,3 +173,42 @@ def test_two_configs_each_promote_through_a_leader_kill_and_the_shares_follow_pr
         raise
     finally:
         stop_nodes(procs.values(), timeout=35)
+
+
+@pytest.mark.timeout(600)
+def test_an_lm_config_and_a_game_config_each_promote_on_one_node_and_max_generations_waits_for_both(tmp_path) -> None:
+    """Issue 52 item 5, on one node (the cheap form; every node of a cluster runs every config
+    alike): a tiny language-model config (configs/lm_copy.yaml, smaller) beside a tiny Connect
+    Four config. `--max-generations 1` stops the node by itself only once each config decided a
+    generation; each promoted one, in its own lineage (the lm config's HF model directory in its
+    own lm_models/, the game's network in the data dir's models/)."""
+    from tests.test_lm_workload_e2e import lm_config
+
+    start = port_blocks(1)[0]
+    root = tmp_path / "solo"
+    root.mkdir()
+    data_dir = root / "data"
+    cfg = {**TINY_CONFIG, "node": {"node_id": "solo", "data_dir": str(data_dir), "health_port": start,
+                                   "mesh_port": start + 1},
+           "configs": [{"name": "c4", "game": "connect4"},
+                       {"name": "copy", "workload": "lm", "port_offset": 1, "lm": lm_config()["lm"]}]}
+    daemons = {**SMALL_DAEMONS, "daemons": {**SMALL_DAEMONS["daemons"], "selfplay": tiny_selfplay(16),
+                                            "export": {"critical": True, "settings": {"min_new_games": 32, "poll_s": 0.5}}}}
+    (root / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (root / "daemons.yaml").write_text(yaml.safe_dump(daemons))
+    files = NodeFiles(root, root / "config.yaml", root / "daemons.yaml", data_dir, start, start + 1)
+    proc = start_voter([files], ["solo"], 0, "--max-generations", "1")
+    try:
+        code = proc.wait(timeout=540)
+        assert code == 0, tail(files, 5000)
+        states = {name: json.loads((d / "pipeline_state.json").read_text())
+                  for name, d in (("c4", data_dir), ("copy", data_dir / "configs" / "copy"))}
+        assert all(s["promoted"] >= 1 for s in states.values()), states
+        assert states["copy"]["best_path"].startswith("lm_models/") and states["c4"]["best_path"].startswith("models/")
+        journal = (data_dir / "events.jsonl").read_text()
+        assert '"allocation_changed"' in journal  # one gate shares the node between the two
+    except (AssertionError, subprocess.TimeoutExpired):
+        print(tail(files, 5000))
+        raise
+    finally:
+        stop_nodes([proc], timeout=35)

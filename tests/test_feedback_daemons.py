@@ -1,7 +1,8 @@
 """Each feedback loop driven through the real pipeline daemons of one node, in process (real
-replay DB, real export, a real torchrun training run, real self-play): its trigger, then its
-response: the event on the router, the metric, the decided value in the state file, and the
-next step using it."""
+replay DB, real export, a real torchrun training run, real self-play; for regression ->
+curriculum the orchestrator's own two-config lineages and their gate): its trigger, then its
+response: the event on the router, the metric, the decided value in the state file or the
+allocation, and the next step using it."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ import pytest
 import yaml
 
 from app.ai.model import Architecture, ModelMeta, new_model, save_model
+from app.ai.players import model_player_name
 from app.config import load_settings
-from app.coordination.daemons.daemon_registry import DaemonContext
+from app.config.configs import lineage_settings
+from app.coordination.daemons.daemon_registry import DaemonContext, read_daemons
 from app.coordination.daemons.event_router import Event, EventRouter
 from app.coordination.daemons.events import EventType
 from app.coordination.pipeline import state as ps
@@ -24,10 +27,14 @@ from app.coordination.pipeline.feedback_apply import feedback_status
 from app.coordination.pipeline.runner_settings import ExportSettings, Polled, SelfplaySettings, TrainSettings
 from app.coordination.pipeline.runners import export_daemon, promote_daemon, selfplay_daemon, train_daemon
 from app.coordination.pipeline.state import Stage
-from app.db.registry import ModelRegistry
+from app.coordination.daemons.metrics import Metrics
+from app.db.registry import MatchGame, ModelRegistry
 from app.db.replay_db import ReplayDB
 from app.games import get_game
 from app.log import get_logger
+from app.p2p_orchestrator import _show_local_status, build_lineage, build_parser, configs_view, node_settings, wire_gate
+from app.training.gauntlet import recompute_ratings
+from app.training.gauntlet_baselines import anchor_player
 from app.workloads import pipeline_context
 from tests.train_fixtures import synthetic_game
 
@@ -184,3 +191,99 @@ async def test_flat_losses_raise_the_noise_self_play_plays_with(tmp_path) -> Non
         games = db.games()
     assert games and {round(g.search["dirichlet_fraction"], 9) for g in games} == {0.35}
     assert {g.model_sha256 for g in games} == {pipe.state.best_sha256}  # the promoted model played
+
+
+async def _promoted_vs_anchor(lineage, record_games, g: int, wins: int, losses: int) -> None:
+    """Generation g of `lineage` trained and evaluated: its games against the fixed anchor in
+    the registry (as the gauntlet records them, ratings refitted), its results in the state;
+    the lineage's real promote daemon then decides it (no gate configured: promoted)."""
+    pipe = lineage.pipe
+    sha, path = _candidate(pipe, g)
+    record_games(pipe, sha, g, wins, losses)
+    result = {"opponent": anchor_player(pipe.settings), "kind": "anchor", "wins": wins, "draws": 0, "losses": losses,
+              "stopped": "fixed"}
+    await pipe.update(lambda s: ps.exported(s, str(tmp_dataset(pipe, g)), SHA, g))
+    await pipe.update(lambda s: ps.training_started(s, str(Path(path).parent)))
+    await pipe.update(lambda s: ps.trained(s, path, sha))
+    await pipe.update(lambda s: ps.evaluated(s, {"match_id": f"{g:016x}", "player": sha[:12], "results": [result]}))
+    await lineage.router.publish(EventType.EVALUATION_COMPLETED, {"generation": g, "candidate_sha256": sha,
+                                                                  "results": {}, "passed": True})
+    await _until(lambda: pipe.state.best_sha256 == sha, 30, f"generation {g} promoted")
+
+
+def _record_anchor_games(pipe, sha: str, g: int, wins: int, losses: int) -> None:
+    sims = pipe.settings.gauntlet.net_simulations
+    me, anchor = model_player_name(sha, sims), anchor_player(pipe.settings)
+    games = [MatchGame(f"{g:016x}-{i}", f"{g:016x}", "connect4", me, anchor, 0 if i < wins else 1, "")
+             for i in range(wins + losses)]
+    with ModelRegistry(pipe.paths.registry_db) as registry:
+        registry.add_match_games(games)
+        recompute_ratings(registry, sims, anchor_player(pipe.settings))
+
+
+async def test_a_config_whose_elo_falls_below_its_peak_gets_a_boosted_share_until_it_recovers(tmp_path) -> None:
+    """regression -> curriculum through the orchestrator's own lineages on one node with two
+    configs (build_lineage, wire_gate: their real promote daemons, routers, event journal,
+    dashboard feeds and the gate's loop): config `a` promotes two generations that beat the
+    fixed anchor, then a third that loses to it (promoted: no gate by default), so its Elo falls
+    below its peak. The gate publishes ALLOCATION_CHANGED with trigger `regression`, `a`'s share
+    is boosted over `b`'s, `mesh_config_regressing{config="a"}` is 1 on /metrics and the
+    allocation in /status says so; a fourth generation back at the peak ends the boost."""
+    cfg_path, daemons_path = tmp_path / "node.yaml", tmp_path / "daemons.yaml"
+    cfg_path.write_text(yaml.safe_dump({
+        "node": {"data_dir": str(tmp_path / "data"), "node_id": "n1", "mesh_port": 0},  # any free port, each config
+        "model": {"channels": 8, "blocks": 1},
+        "configs": [{"name": "a", "game": "connect4"}, {"name": "b", "game": "connect4_5x4"}],
+        "scheduler": {"staleness_weight": 0.0, "interval_s": 0.5, "regression_margin_elo": 30.0,
+                      "regression_boost": 3.0}}))
+    daemons_path.write_text(yaml.safe_dump({"daemons": {"promote": {"critical": True, "settings": {"poll_s": 0.5}}}}))
+    args = build_parser().parse_args(["--config", str(cfg_path), "--daemons", str(daemons_path)])
+    settings = node_settings(args)
+    daemons = read_daemons(daemons_path)
+    metrics = Metrics(node="n1")
+    lineages = [await build_lineage(args, entry, s, daemons, metrics if i == 0 else Metrics(node="n1", node_wide=False),
+                                    own_file=True) for i, (entry, s) in enumerate(lineage_settings(settings))]
+    metrics.add_configs("a", [("b", lineages[1].metrics)])
+    gate = wire_gate(lineages, settings, metrics)
+    a = lineages[0]
+    changes = _collect(a.router, EventType.ALLOCATION_CHANGED)
+    for lineage in lineages:
+        await lineage.node.start()
+    background = [asyncio.create_task(gate.run())]
+    for lineage in lineages:
+        background += [asyncio.create_task(lineage.feed.run(interval_s=0.2)),
+                       asyncio.create_task(_show_local_status(lineage.pipe, lineage.node, None, gate, interval_s=0.2))]
+    starting = [asyncio.create_task(x.manager.start()) for x in lineages]
+    try:
+        for g, (wins, losses) in enumerate(((6, 2), (7, 1)), 1):
+            await _promoted_vs_anchor(a, _record_anchor_games, g, wins, losses)
+        rated = lambda n: len([g for g in a.feed.config_progress()["generations"] if g.get("elo") is not None]) >= n  # noqa: E731
+        await _until(lambda: rated(2) and len(gate.cpu_hours_at["a"]) == 2, 30, "both generations rated and seen")
+        await gate.recompute("progress")
+        assert not gate.allocation.regressing and gate.allocation.shares["a"] == pytest.approx(0.5)
+        await _promoted_vs_anchor(a, _record_anchor_games, 3, 1, 7)  # falls far below its peak
+        await _until(lambda: any(e["trigger"] == "regression" for e in changes), 30, "ALLOCATION_CHANGED (regression)")
+        event = next(e for e in changes if e["trigger"] == "regression")
+        assert event["regressing"] == ["a"] and "regressing" in event["reasons"]["a"] and "boost x3" in event["reasons"]["a"]
+        assert event["shares"]["a"] == pytest.approx(0.05 + 0.9 * 3 / 4) and event["shares"]["b"] == pytest.approx(0.05 + 0.9 / 4)
+        journal = [json.loads(line) for line in (a.pipe.paths.events_file).read_text().splitlines()]
+        assert any(e["type"] == "allocation_changed" and e["payload"]["trigger"] == "regression" for e in journal)
+        text = metrics.render().decode()
+        assert 'mesh_config_regressing{config="a",node="n1"} 1.0' in text
+        assert 'mesh_config_regressing{config="b",node="n1"} 0.0' in text
+        await _until(lambda: (a.node.status()["inventory"].get("config_allocation") or {}).get("regressing") == ["a"],
+                     10, "the regression in /status")
+        assert configs_view(lineages, gate)["allocation"]["regressing"] == ["a"]  # /progress and the dashboard
+        await _promoted_vs_anchor(a, _record_anchor_games, 4, 7, 1)  # back at its peak: recovered
+        await _until(lambda: not gate.allocation.regressing, 30, "the boost ended")
+        assert gate.allocation.shares["a"] == pytest.approx(0.5)
+    finally:
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        await asyncio.gather(*(x.manager.drain_and_stop(10) for x in lineages))
+        await asyncio.gather(*starting, return_exceptions=True)
+        for lineage in lineages:
+            await lineage.node.stop()
+            lineage.pipe.steps.close()
+            lineage.dead_letters.close()

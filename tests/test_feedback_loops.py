@@ -108,6 +108,42 @@ def test_k_flat_generations_raise_the_noise_and_an_improvement_lowers_it() -> No
     assert d.fraction == pytest.approx(0.45)
 
 
+def test_the_plateau_decision_is_the_lineages_whichever_node_trained_each_generation() -> None:
+    """Issue 52: the noise follows the lineage's decided records (each with its loss and its
+    games vs the best), not the claiming node's own window: the same records give the same
+    decision on every node, equal to deciding generation by generation, whoever trained them."""
+    from app.coordination.pipeline.feedback_apply import lineage_history, record_vs_best
+    from app.coordination.pipeline.feedback_loops import exploration_of
+    from app.coordination.pipeline.generation_log import GenerationRecord
+
+    cfg = PlateauLoopConfig(enabled=True, generations=3, tolerance=0.02, step=0.1, max_fraction=0.45)
+    sha = {g: f"{g:x}" * 64 for g in range(1, 7)}
+
+    def record(g: int, loss: float | None, trainer: str, vs_best: tuple[int, int, int] | None = None) -> GenerationRecord:
+        results = [["random", 4, 0, 0]] + ([[f"model:{sha[g - 1]}:s8", *vs_best]] if vs_best else [])
+        return GenerationRecord(g, sha[g], True, 10 * g, trainer, loss=loss,
+                                matches={"player": f"model:{sha[g]}:s8", "results": results})
+
+    records = {1: record(1, 1.000, "n0"), 2: record(2, 1.004, "n1", (1, 0, 3)), 3: record(3, 0.998, "n2", (2, 0, 2))}
+    assert record_vs_best(records, 2) == 0.25 and record_vs_best(records, 1) is None
+    incremental = ExplorationDecision()
+    for d in lineage_history(records):
+        incremental = decide_exploration(incremental, d.loss, d.promoted, d.vs_best, d.generation, 0.25, cfg)
+    lineage = exploration_of(lineage_history(records), 0.25, cfg)
+    assert lineage == incremental and lineage.fraction == pytest.approx(0.35) and lineage.generation == 3
+    # any claimant: the same records trained by other nodes decide the same
+    swapped = {g: GenerationRecord(**{**r.__dict__, "trained_by": "n9"}) for g, r in records.items()}
+    assert exploration_of(lineage_history(swapped), 0.25, cfg) == lineage
+    # a generation that beat the best lowers it again; a record without a loss counts nothing
+    records[4] = record(4, None, "n0", (4, 0, 0))
+    assert exploration_of(lineage_history(records), 0.25, cfg).fraction == pytest.approx(0.25)
+    # the loss travels in the decided record (left out when unknown: older records unchanged)
+    assert GenerationRecord.from_value(records[3].to_value()).loss == 0.998
+    assert "loss" not in records[4].to_json()
+    with pytest.raises(ValueError, match="loss"):
+        GenerationRecord.from_value({**records[3].to_json(), "loss": "nan"})
+
+
 def test_self_play_settings_carry_the_decided_noise() -> None:
     base = Settings()
     assert explore_settings(base, None) is base and explore_settings(base, ExplorationDecision()) is base

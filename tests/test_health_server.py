@@ -159,3 +159,29 @@ async def test_dashboard_page_and_data_without_and_with_a_cluster_source():
     finally:
         await bare.stop()
         await with_source.stop()
+
+
+def test_several_configs_serve_one_metrics_page_each_lineage_series_labelled_by_its_config():
+    """Issue 52: a second config's daemon counters are on /metrics beside the first's, told
+    apart by `config`; the process-wide series once and unlabelled; one family per name (the
+    text format allows one), the scheduler's own `config` label kept."""
+    from prometheus_client import Gauge
+    from prometheus_client.parser import text_string_to_metric_families
+
+    first, second = Metrics(node="n1"), Metrics(node="n1", node_wide=False)
+    first.selfplay_items_total.inc(3)
+    second.selfplay_items_total.inc(5)
+    second.daemon_restarts_total.labels("selfplay").inc()
+    Gauge("mesh_config_share", "share", ["node", "config"], registry=first.registry).labels("n1", "small").set(0.4)
+    first.add_configs("c4", [("small", second)])
+    text = first.render().decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    type_lines = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
+    assert len(type_lines) == len(set(type_lines))
+    items = {s.labels["config"]: s.value for s in families["mesh_selfplay_items"].samples if s.name.endswith("_total")}
+    assert items == {"c4": 3.0, "small": 5.0}
+    restarts = [s for s in families["mesh_daemon_restarts"].samples if s.name.endswith("_total")]
+    assert [(s.labels["config"], s.labels["daemon"], s.value) for s in restarts] == [("small", "selfplay", 1.0)]
+    assert all("config" not in s.labels and s.labels["node"] == "n1" for s in families["mesh_build_info"].samples)
+    assert [s.labels["config"] for s in families["mesh_config_share"].samples] == ["small"]  # its own label kept
+    assert first.value("mesh_selfplay_items_total") == 3.0  # the registry itself is unchanged

@@ -88,3 +88,61 @@ def test_nodes_started_with_defaults_on_one_host_get_distinct_ids() -> None:
     ids = {node_settings(build_parser().parse_args(["--port", str(p)])).node.node_id for p in (8770, 8771, 8772)}
     assert ids == {host, f"{host}-8771", f"{host}-8772"}
     assert node_settings(build_parser().parse_args(["--port", "8771", "--node-id", "a"])).node.node_id == "a"
+
+
+async def test_max_generations_with_several_configs_stops_once_every_config_decided_that_many(tmp_path) -> None:
+    """Issue 52: `--max-generations N` on a node with `configs:` means N decided generations of
+    every config (not of the first): the node drains only when the last config gets there."""
+    import asyncio
+    from dataclasses import replace
+
+    from app.config.configs import lineage_settings
+    from app.coordination.daemons.daemon_registry import build_registry
+    from app.coordination.daemons.event_router import EventRouter
+    from app.coordination.daemons.manager import DaemonManager
+    from app.p2p_orchestrator import _stop_after, build_parser
+    from app.workloads import pipeline_context
+
+    path = tmp_path / "node.yaml"
+    path.write_text(yaml.safe_dump({"node": {"data_dir": str(tmp_path / "data")}, "configs": [
+        {"name": "c4", "game": "connect4"}, {"name": "small", "game": "connect4_5x4"}]}))
+    settings = load_settings(path)
+    pipes = [pipeline_context(s, config_path=None) for _, s in lineage_settings(settings)]
+    manager = DaemonManager(build_registry({"daemons": {}}, {}).select("all"), router=EventRouter(), settings=settings)
+    stopper = asyncio.create_task(_stop_after(pipes, manager, 1))
+    await pipes[0].update(lambda s: replace(s, rejected=1))  # the first config is there
+    await asyncio.sleep(0.5)
+    assert not stopper.done() and manager.readiness().reason != "draining"
+    await pipes[1].update(lambda s: replace(s, rejected=1))  # and now the second
+    await asyncio.wait_for(stopper, 10)
+    assert manager.readiness().reason == "draining"
+    assert "every config" in build_parser().format_help()
+
+
+def test_an_lm_config_beside_a_game_config_is_its_own_lm_lineage_and_mixing_is_refused(tmp_path) -> None:
+    """Issue 52 item 5: `configs:` may list an lm config (workload: lm, its `lm:` section) beside
+    the games; its lineage runs the lm workload in `configs/<name>/` on its own port, and the file
+    its torchrun reads loads as an lm node's (no game setting in it). A game section, `game` or a
+    game-only train key on an lm config, or `lm:` on a game config, is refused naming the config."""
+    from app.config.configs import lineage_settings
+    from app.p2p_orchestrator import lineage_yaml
+
+    lm = yaml.safe_load((ROOT / "configs" / "lm_copy.yaml").read_text())["lm"]
+    path = tmp_path / "node.yaml"
+    path.write_text(yaml.safe_dump({"node": {"data_dir": str(tmp_path / "data")}, "configs": [
+        {"name": "c4", "game": "connect4"}, {"name": "copy", "workload": "lm", "lm": lm, "train": {"nproc": 1}}]}))
+    (c4, game), (copy, lineage) = lineage_settings(load_settings(path))
+    assert (game.workload, lineage.workload, copy.label) == ("connect4", "lm", "lm")
+    assert lineage.node.data_dir == tmp_path / "data" / "configs" / "copy" and lineage.node.mesh_port == game.node.mesh_port + 100
+    own = tmp_path / "lineage.yaml"
+    own.write_text(lineage_yaml(lineage))
+    assert load_settings(own).lm == lineage.lm and load_settings(own).workload == "lm"
+    for bad, why in (({"game": "connect4"}, "not \\['game'\\]"), ({"search": {"simulations": 4}}, "search"),
+                     ({"train": {"lr": 0.1}}, "train.lr")):
+        path.write_text(yaml.safe_dump({"configs": [{"name": "c4", "game": "connect4"},
+                                                    {"name": "copy", "workload": "lm", "lm": lm, **bad}]}))
+        with pytest.raises(ConfigError, match=f"config copy: an lm config takes lm:.*{why}"):
+            load_settings(path)
+    path.write_text(yaml.safe_dump({"configs": [{"name": "c4", "game": "connect4", "lm": lm}]}))
+    with pytest.raises(ConfigError, match="config c4: lm: is for an lm config"):
+        load_settings(path)

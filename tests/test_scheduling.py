@@ -66,3 +66,20 @@ def test_log_persists_and_refuses_a_contradiction(tmp_path) -> None:
     again = GenerationLog(tmp_path / "generations.json")
     assert again.records == log.records and again.records[1].sha256 == SHA[0]
     assert GenerationRecord.from_value(record(3, SHA[1]).to_value()) == record(3, SHA[1])
+
+
+def test_a_configs_requirements_ride_on_its_training_items_so_only_fitting_nodes_claim_them() -> None:
+    """Issue 52 item 5: each node trains the configs its capabilities allow. A config's
+    `requires` (e.g. an lm config needing 8 GB and 2 cores) is on its training item and the join
+    items of a spanned run; a node whose gossiped capabilities do not fit never gets them."""
+    from app.config.configs import ConfigRequires
+    from app.coordination.p2p.work_rules import fits
+
+    asks = ConfigRequires(min_memory_gb=8, min_cpus=2).work_requirements()
+    assert asks == {"min_memory_gb": 8.0, "min_cpus": 2} and ConfigRequires().work_requirements() == {}
+    (spec,) = schedule(nodes(60, 60), {}, threshold=100, ttl=60, requirements=asks)
+    assert spec.requirements == asks
+    assert training_spec(nodes(60, 60, gpus=(1, 0)), {}, 100, 60, requirements=asks).requirements == {
+        "needs_gpu": True, **asks}
+    assert fits(spec.requirements, {"cpus": 2, "memory_gb": 16.0})
+    assert not fits(spec.requirements, {"cpus": 2, "memory_gb": 4.0}) and not fits(spec.requirements, {"cpus": 1, "memory_gb": 16.0})

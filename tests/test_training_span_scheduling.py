@@ -110,3 +110,57 @@ def test_only_a_multi_node_static_launch_gets_the_join_deadline(tmp_path) -> Non
     assert spanned[spanned.index("--node-rank") + 1] == "1" and spanned[spanned.index("--master-port") + 1] == "29555"
     alone = build_torchrun_argv(LaunchSpec(["-m", "x"], 1, tmp_path, join_timeout_s=7.5), 29555)
     assert "--rdzv-conf" not in alone
+
+
+def test_the_claimants_decided_lr_and_batch_reach_every_joiner_checked_against_its_bounds() -> None:
+    """Issue 52: a spanned run trains with the quality loop's decided options on every rank:
+    the claimant announces them in its rendezvous, the leader carries them into each join item,
+    and a joiner takes them only within what the loop could have decided (else refuses)."""
+    from app.config.pipeline import QualityLoopConfig, TrainConfig
+    from app.coordination.pipeline.feedback_loops import checked_options
+
+    options = {"lr": 0.001}
+    cluster = nodes(3, rendezvous={1: {**rdzv(nnodes=2), "train_options": options}})
+    _, join = schedule(cluster, {}, threshold=100, ttl=30, max_nodes=4, span_cpu_nodes=True)
+    assert join.payload["train_options"] == options
+    train, on = TrainConfig(lr=0.002, batch_size=64), QualityLoopConfig(enabled=True, min_scale=0.25)
+    assert checked_options(join.payload["train_options"], train, on) == {"lr": 0.001}
+    assert checked_options({"batch_size": 256}, train, on) == {"batch_size": 256}
+    assert checked_options(None, train, on) == {} and checked_options({}, train, QualityLoopConfig()) == {}
+    for bad in ({"lr": 0.0001}, {"lr": 0.01}, {"lr": float("nan")}, {"batch_size": 512}, {"batch_size": 32},
+                {"batch_size": 64.5}, {"epochs": 3}, ["lr"]):
+        with pytest.raises(ValueError):
+            checked_options(bad, train, on)
+    with pytest.raises(ValueError, match="quality is off"):
+        checked_options(options, train, QualityLoopConfig())
+
+
+def test_the_spanned_claimant_and_its_joiner_launch_with_the_same_decided_options(tmp_path) -> None:
+    """Both command lines of a spanned run carry the quality loop's decided lr (the claimant's
+    from its state, the joiner's from the join item)."""
+    from dataclasses import replace
+
+    import yaml
+
+    from app.config import load_settings
+    from app.coordination.pipeline.feedback_loops import Feedback, TrainingDecision
+    from app.coordination.pipeline.train_join import join_command
+    from app.coordination.pipeline.training_job import SpanArgs, rendezvous_record, training_command
+    from app.coordination.pipeline.feedback_apply import train_options
+    from app.workloads import pipeline_context
+
+    path = tmp_path / "node.yaml"
+    path.write_text(yaml.safe_dump({"node": {"data_dir": str(tmp_path / "data")}, "train": {"lr": 0.004},
+                                    "feedback": {"quality": {"enabled": True}}}))
+    pipe = pipeline_context(load_settings(path), config_path=path)
+    state = replace(pipe.state, generation=3, run_dir=str(tmp_path / "run"), dataset_dir=str(tmp_path / "ds"),
+                    feedback=Feedback(training=TrainingDecision(scale=0.5)).to_json())
+    assert train_options(pipe, state) == {"lr": 0.002}
+    span = SpanArgs(2, 0, "127.0.0.1", 29555, 5.0)
+    claimant = training_command(pipe, state, 1, span)
+    assert claimant[claimant.index("--lr") + 1] == "0.002"
+    payload = {**rendezvous_record(state, "training:generation-3", "127.0.0.1", 29555, 2, train_options(pipe, state)),
+               "claimant": "n0", "node_rank": 1}
+    joiner = join_command(pipe, payload, run_dir=tmp_path / "join", dataset_dir=tmp_path / "ds", parent=None,
+                          span=replace(span, node_rank=1))
+    assert joiner[joiner.index("--lr") + 1] == "0.002" and "--batch-size" not in joiner

@@ -44,7 +44,7 @@ class Settings(StrictModel):
     feedback: FeedbackConfig = FeedbackConfig()  # the quality and plateau loops (connect4 workload)
     replication: ReplicationConfig = ReplicationConfig()
     lm: LMConfig = LMConfig()
-    # several game configs on one cluster, each its own lineage (app/config/configs.py); empty:
+    # several configs on one cluster (games, or an lm config), each its own lineage (app/config/configs.py); empty:
     # one lineage of node.game, as before
     configs: list[ConfigEntry] = Field(default=[], max_length=16)
     scheduler: SchedulerConfig = SchedulerConfig()
@@ -55,7 +55,8 @@ class Settings(StrictModel):
             return self
         check_configs(self.configs)
         if self.workload == "lm":
-            raise ValueError("configs: lists game configs; an lm node runs one lineage")
+            raise ValueError("configs: an lm node runs one lineage; list an lm config (workload: lm) "
+                             "in the configs of a game node instead")
         if self.node.db_url and len(self.configs) > 1:
             raise ValueError("configs: several configs keep their lineages in files under the data dir; "
                              "node.db_url would put them in one database")

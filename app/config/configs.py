@@ -1,4 +1,5 @@
-"""Several game configs on one cluster (`configs:`): each a lineage of its own.
+"""Several configs on one cluster (`configs:`): each a lineage of its own, a game's or (`workload:
+lm`) a language model's.
 
 A config names a game with its variant (`connect4_6x5`, `othello`, a user's `pkg.mod:Class`),
 the sections where it differs from the node's (model, search, self-play, export, training,
@@ -17,25 +18,44 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from app.config.base import StrictModel
+from app.config.lm import SHARED_TRAIN_KEYS
 
 CONFIG_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 OVERRIDABLE = ("model", "search", "selfplay", "export", "train", "gauntlet", "promotion")
 LINEAGE_SETTINGS_FILE = "lineage_config.yaml"  # a lineage's effective settings, for its torchrun
 DEFAULT_PORT_STEP = 100
+LM_TRAIN_KEYS = SHARED_TRAIN_KEYS  # train keys an lm config may set: placement, shared by both trainers
+
+
+class ConfigRequires(StrictModel):
+    """What a node must offer to train this config (its training claims carry it: a node whose
+    gossiped capabilities do not fit never claims them; app/coordination/p2p/work_rules.fits)."""
+
+    needs_gpu: bool = False
+    min_memory_gb: float = Field(0.0, ge=0.0, le=100_000.0)
+    min_cpus: int = Field(0, ge=0, le=100_000)
+
+    def work_requirements(self) -> dict[str, Any]:
+        """The work item's requirements: only what is asked for."""
+        return {k: v for k, v in self.model_dump().items() if v}
 
 
 class ConfigEntry(StrictModel):
-    """One config of the cluster; every node lists the same configs in the same order."""
+    """One config of the cluster; every node lists the same configs in the same order. A game
+    config names its `game`; `workload: lm` makes a language-model lineage beside the games
+    (its settings in `lm:`, as an lm node's `lm:` section; no game sections, no `game`)."""
 
     name: str
-    game: str = Field(min_length=1, max_length=200)
+    workload: Literal["connect4", "lm"] = "connect4"
+    game: str | None = Field(None, min_length=1, max_length=200)
     weight: float = Field(1.0, gt=0.0, le=100.0)  # the operator's weight in the scheduler across configs
     port_offset: int | None = Field(None, ge=1, le=20000)  # None: DEFAULT_PORT_STEP x its index
+    requires: ConfigRequires = ConfigRequires()  # each node trains the configs its capabilities allow
     model: dict[str, Any] = {}
     search: dict[str, Any] = {}
     selfplay: dict[str, Any] = {}
@@ -43,6 +63,27 @@ class ConfigEntry(StrictModel):
     train: dict[str, Any] = {}
     gauntlet: dict[str, Any] = {}
     promotion: dict[str, Any] = {}
+    lm: dict[str, Any] = {}
+
+    @model_validator(mode="after")
+    def _one_workload(self) -> "ConfigEntry":
+        if self.workload == "lm":
+            given = [k for k in (*OVERRIDABLE, "game") if getattr(self, k) not in ({}, None)]
+            train_only = sorted(set(self.train) - LM_TRAIN_KEYS)
+            if given != ["train"] * bool(self.train) or train_only:
+                raise ValueError(f"config {self.name}: an lm config takes lm: (and train: {sorted(LM_TRAIN_KEYS)}), "
+                                 f"not {[k for k in given if k != 'train'] + [f'train.{k}' for k in train_only]}")
+        else:
+            if self.game is None:
+                raise ValueError(f"config {self.name}: a game config needs `game` (or workload: lm)")
+            if self.lm:
+                raise ValueError(f"config {self.name}: lm: is for an lm config (workload: lm)")
+        return self
+
+    @property
+    def label(self) -> str:
+        """What it plays: the game, or `lm`."""
+        return self.game if self.game is not None else "lm"
 
     @field_validator("name")
     @classmethod
@@ -104,11 +145,14 @@ def lineage_settings(settings: Any) -> list[tuple[ConfigEntry, Any]]:
     out = []
     for index, entry in enumerate(entries):
         offset = port_offset(entries, index)
-        sections = {name: section_with(getattr(settings, name), getattr(entry, name), f"configs[{index}].{name}")
-                    for name in OVERRIDABLE}
+        sections: dict[str, Any] = {name: section_with(getattr(settings, name), getattr(entry, name),
+                                                       f"configs[{index}].{name}") for name in OVERRIDABLE}
+        if entry.workload == "lm":  # its own lm section (a node's lm: is refused on a game node)
+            sections.update(workload="lm", lm=type(settings.lm).model_validate(entry.lm))
         node = settings.node.model_copy(update={
-            "game": entry.game, "data_dir": lineage_dir(Path(settings.node.data_dir), entries, index),
-            "mesh_port": settings.node.mesh_port + offset})
+            "game": entry.game or settings.node.game, "data_dir": lineage_dir(Path(settings.node.data_dir), entries, index),
+            # port 0 (any free port: a lone node, a benchmark) stays 0 for every config
+            "mesh_port": settings.node.mesh_port + offset if settings.node.mesh_port else 0})
         mesh = settings.mesh.model_copy(update={"peers": [shift_peer(p, offset) for p in settings.mesh.peers]})
         out.append((entry, settings.model_copy(update={**sections, "node": node, "mesh": mesh})))
     return out

@@ -136,12 +136,25 @@ MESH_VIEW_HELP = {
 MESH_VIEW_LABELS = {"model_elo": "role"}
 
 
-class Metrics:
-    """Attributes bind `node`; the pipeline and manager set them directly."""
+# Series about the node process itself, not about one config's lineage: with several configs
+# (app/config/configs.py) they are exported once, without a `config` label (the scheduler's
+# `mesh_config_*` carry their own where they are about one config).
+NODE_WIDE_PREFIXES = ("process_", "python_", f"{NAMESPACE}_build_info", f"{NAMESPACE}_worker_", f"{NAMESPACE}_config_")
 
-    def __init__(self, registry: CollectorRegistry | None = None, node: str = DEFAULT_NODE) -> None:
+
+class Metrics:
+    """Attributes bind `node`; the pipeline and manager set them directly.
+
+    With several configs each config's lineage counts into a Metrics of its own (its daemons,
+    events and mesh); the first config's object serves /metrics for all of them
+    (`add_configs`), every lineage series labelled with its `config`. `node_wide=False` leaves
+    out the process-wide collectors, which the first config's object already exports."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, node: str = DEFAULT_NODE, *,
+                 node_wide: bool = True) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.node = node
+        self._configs: list[tuple[str, CollectorRegistry]] = []  # (config, registry); empty: one config
         r = self.registry
         n = NAMESPACE
 
@@ -211,6 +224,8 @@ class Metrics:
             "dead_letters_abandoned", "Dead letters given up after the last retry.", "type")
         self._views = _Views(node)
         r.register(self._views)
+        if not node_wide:
+            return
         # What runs here: the build (a constant 1 with its version labels) and the process's own
         # CPU, memory and file descriptors (prometheus-client's collectors, on this registry).
         build = Gauge(f"{n}_build_info", "The program this node runs (always 1; see the labels).",
@@ -229,6 +244,12 @@ class Metrics:
         a series per value of the MESH_VIEW_LABELS label) at each scrape."""
         self._views.mesh_view = view
 
+    def add_configs(self, first: str, others: list[tuple[str, "Metrics"]]) -> None:
+        """Several configs: /metrics renders this object's series as config `first`'s and each
+        of `others`' as its config's (one family per name, a `config` label on every lineage
+        series; the node-wide ones, NODE_WIDE_PREFIXES, unlabelled)."""
+        self._configs = [(first, self.registry), *((name, m.registry) for name, m in others)]
+
     def value(self, name: str, **labels: str) -> float | None:
         """One sample of this node (`name` with its namespace), e.g. value("mesh_training_loss")."""
         return self.registry.get_sample_value(name, {"node": self.node, **labels})
@@ -236,6 +257,8 @@ class Metrics:
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric in this registry; series registered
         by other layers without a `node` label (the mesh's refusal counters) get this node's."""
+        if self._configs:
+            return generate_latest(_ConfigLabelled(self._configs, self.node))  # type: ignore[arg-type]
         return generate_latest(_NodeLabelled(self.registry, self.node))  # type: ignore[arg-type]
 
 
@@ -272,3 +295,26 @@ class _NodeLabelled:
             family.samples = [s if "node" in s.labels else s._replace(labels={**s.labels, "node": self.node})
                               for s in family.samples]
             yield family
+
+
+class _ConfigLabelled:
+    """Several configs' registries as one exposition: a family per name (the text format
+    allows one), each sample with `node` and, unless node-wide or already labelled (the
+    scheduler's `mesh_config_*` gauges), its lineage's `config`."""
+
+    def __init__(self, parts: list[tuple[str, CollectorRegistry]], node: str) -> None:
+        self.parts, self.node = parts, node
+
+    def collect(self) -> Iterable[Any]:
+        merged: dict[str, Any] = {}
+        for config, registry in self.parts:
+            for family in registry.collect():
+                node_wide = family.name.startswith(NODE_WIDE_PREFIXES)
+                extra = {"node": self.node} if node_wide else {"node": self.node, "config": config}
+                samples = [s._replace(labels={**extra, **s.labels}) for s in family.samples]
+                if family.name in merged:
+                    merged[family.name].samples.extend(samples)
+                else:
+                    family.samples = samples
+                    merged[family.name] = family
+        yield from merged.values()

@@ -164,7 +164,8 @@ class ClusterPipeline:
         train = self.pipe.settings.train
         return schedule(summarize(view.nodes, alive), self.effective_records(), self.pipe.export_threshold,
                         ttl=self.node.timing.claim_ttl, max_nodes=train.max_nodes,
-                        span_cpu_nodes=train.span_cpu_nodes) + gauntlet_specs(
+                        span_cpu_nodes=train.span_cpu_nodes,
+                        requirements=getattr(self.pipe, "requirements", None)) + gauntlet_specs(
             {nid: s.inventory for nid, s in view.nodes.items()}, alive, self.effective_records(),
             ttl=self.node.timing.claim_ttl)
 

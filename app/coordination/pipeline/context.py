@@ -55,6 +55,8 @@ class PipelineContext:
         # None with one config, where nothing waits on another lineage
         self.config_name: str | None = None
         self.gate: Any = None
+        # what a node must offer to claim this lineage's training (configs' `requires`; {}: any node)
+        self.requirements: dict[str, Any] = {}
 
     def save_state(self) -> None:
         """Write the state as it is (the start-up migration of an old data dir's paths)."""

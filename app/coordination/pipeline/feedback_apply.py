@@ -6,25 +6,34 @@ how the train and self-play steps read the decided values back.
 - quality -> training runs after each export (runners._export), on a workload that scores its
   data (`steps.ScoresData`: the game workload's manifest `quality`); the next training run of
   this node takes the decided lr or batch (training_job.training_command).
-- loss plateau -> exploration runs after each generation this node decides (runners.promote_daemon),
-  from its final training loss (the run's result.json) and its score against the best; the
-  next self-play batch plays with the decided noise (GameSteps.selfplay_batch).
+- loss plateau -> exploration: in a cluster, a function of the lineage's decided records
+  (each carries its final training loss and its gauntlet's games, so its score against the
+  best), so every node plays with the same noise and any claimant decides the same; the node
+  that decides a generation persists the result and publishes the event when that generation
+  moved it. A lone node is the lineage: it decides after each generation from its run's
+  result.json, kept in the state. The next self-play batch plays with the decided noise
+  (GameSteps.selfplay_batch).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import weakref
 from dataclasses import replace
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from app.coordination.daemons.daemon_registry import DaemonContext
 from app.coordination.daemons.events import EventType
 from app.coordination.pipeline import state as ps
+from app.ai.players import model_sha_of_player
 from app.coordination.pipeline.feedback_loops import (
-    PLATEAU, QUALITY, ExplorationDecision, Feedback, decide_exploration, decide_training, training_values,
+    PLATEAU, QUALITY, DecidedGeneration, ExplorationDecision, Feedback, decide_exploration, decide_training,
+    exploration_of, training_values,
 )
+from app.coordination.pipeline.generation_log import GenerationRecord
 from app.coordination.pipeline.steps import Pipe, ScoresData, WorkloadSteps
 
 
@@ -92,17 +101,69 @@ def vs_best_score(evaluation: dict) -> float | None:
     return None
 
 
-async def after_decision(pipe: Any, ctx: DaemonContext, closed: ps.PipelineState, promoted: bool) -> None:
+def record_vs_best(records: Mapping[int, GenerationRecord], generation: int) -> float | None:
+    """A decided generation's score against the best it played, from its record's games: the
+    row of the newest earlier promoted generation's model (None: no such row)."""
+    matches = records[generation].matches
+    if not matches:
+        return None
+    earlier = [records[g].sha256 for g in sorted(records, reverse=True) if g < generation and records[g].promoted]
+    rows = {model_sha_of_player(row[0]): row for row in matches["results"]}
+    for sha in earlier:
+        row = rows.get(sha)
+        if row is not None:
+            games = row[1] + row[2] + row[3]
+            return (row[1] + 0.5 * row[2]) / games if games else None
+    return None
+
+
+def lineage_history(records: Mapping[int, GenerationRecord]) -> list[DecidedGeneration]:
+    """The plateau loop's input from a lineage's decided records (pure)."""
+    return [DecidedGeneration(g, records[g].promoted, records[g].loss, record_vs_best(records, g))
+            for g in sorted(records)]
+
+
+# pipe -> (the records folded, the decision): folded again only when the records change
+_lineage_cache: weakref.WeakKeyDictionary[Any, tuple[Any, ExplorationDecision]] = weakref.WeakKeyDictionary()
+
+
+def lineage_exploration(pipe: Pipe) -> ExplorationDecision:
+    """The plateau loop's decision for this node: the lineage's (folded over the cluster's
+    decided records, again only when they change) in a cluster, the state's on a lone node."""
+    cluster = getattr(pipe, "cluster", None)
+    if cluster is None:
+        return feedback_of(pipe.state).exploration
+    records = cluster.generations.records  # replaced, never changed in place, on every merge
+    held = _lineage_cache.get(pipe)
+    if held is None or held[0] is not records:
+        settings = pipe.settings
+        decision = exploration_of(lineage_history(records), settings.search.dirichlet_fraction,
+                                  settings.feedback.plateau)
+        held = (records, decision)
+        _lineage_cache[pipe] = held
+    return held[1]
+
+
+async def after_decision(pipe: Any, ctx: DaemonContext, closed: ps.PipelineState, promoted: bool,
+                         record: GenerationRecord | None = None) -> None:
     """With the plateau loop on, decide self-play's noise from the generation just decided
-    (`closed`: the state as it was before the decision, with its run dir and evaluation)."""
+    (`closed`: the state as it was before the decision, with its run dir and evaluation; in a
+    cluster `record`, the committed record, and the decision is the lineage's)."""
     cfg = pipe.settings.feedback.plateau
     if not cfg.enabled:
         return
-    loss = await asyncio.to_thread(final_loss, pipe, closed.run_dir)
-    vs_best = vs_best_score(closed.evaluation)
     base = pipe.settings.search.dirichlet_fraction
-    before = feedback_of(pipe.state).exploration
-    decision = decide_exploration(before, loss, promoted, vs_best, closed.generation, base, cfg)
+    if record is not None and pipe.cluster is not None:
+        records = {**pipe.cluster.generations.records, record.generation: record}  # gossip may lag the commit
+        earlier = {g: r for g, r in records.items() if g < record.generation}
+        before = exploration_of(lineage_history(earlier), base, cfg)
+        decision = exploration_of(lineage_history(records), base, cfg)
+        loss, vs_best = record.loss, record_vs_best(records, record.generation)
+    else:
+        loss = await asyncio.to_thread(final_loss, pipe, closed.run_dir)
+        vs_best = vs_best_score(closed.evaluation)
+        before = feedback_of(pipe.state).exploration
+        decision = decide_exploration(before, loss, promoted, vs_best, closed.generation, base, cfg)
     await _persist(pipe, lambda fb: replace(fb, exploration=decision))
     previous = base if before.fraction is None else before.fraction
     ctx.metrics.selfplay_dirichlet_fraction.set(decision.fraction)
@@ -117,7 +178,7 @@ async def after_decision(pipe: Any, ctx: DaemonContext, closed: ps.PipelineState
 
 def exploration(pipe: Pipe) -> ExplorationDecision | None:
     """The noise decision self-play plays with (None when the loop is off)."""
-    return feedback_of(pipe.state).exploration if pipe.settings.feedback.plateau.enabled else None
+    return lineage_exploration(pipe) if pipe.settings.feedback.plateau.enabled else None
 
 
 def feedback_status(pipe: Pipe) -> dict[str, Any]:
@@ -125,6 +186,8 @@ def feedback_status(pipe: Pipe) -> dict[str, Any]:
     fb = feedback_of(pipe.state)
     settings = pipe.settings
     quality, plateau = settings.feedback.quality, settings.feedback.plateau
+    if plateau.enabled:
+        fb = replace(fb, exploration=lineage_exploration(pipe))
     return {
         QUALITY: {"enabled": quality.enabled, "knob": quality.knob, "scale": fb.training.scale,
                   "score": fb.training.score, "values": training_values(fb.training, settings.train, quality.knob),

@@ -4,7 +4,8 @@
   decisive results, policy-target entropy); a poor score makes the next training gentler (its
   learning rate scaled down, or its batch scaled up), a good one steps it back toward the
   configured value. A band between `low` and `high` holds the value still (hysteresis).
-- loss plateau -> exploration: after K decided generations whose final training losses are
+- loss plateau -> exploration: after K decided generations of the lineage (its recorded
+  history, whichever node trained them: `exploration_of`) whose final training losses are
   flat within a tolerance, self-play's root noise (search.dirichlet_fraction) rises by a step
   within bounds; an improvement (a loss clearly below the window's best, or a promotion that
   beat the best) lowers it by a step. A move restarts the count, so a raise needs K new flat
@@ -19,6 +20,7 @@ their metrics; the train and self-play steps read the decided values from the st
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -93,6 +95,35 @@ def training_values(decision: TrainingDecision, train: TrainConfig, knob: str) -
     return {"lr": train.lr * decision.scale}
 
 
+def checked_options(value: object, train: TrainConfig, cfg: QualityLoopConfig) -> dict[str, float | int]:
+    """The trainer options a spanned run's claimant announced (its rendezvous), checked against
+    what the quality loop could have decided from this node's settings: `lr` within
+    [lr x min_scale, lr], `batch_size` within [batch_size, batch_size / min_scale]. A joiner
+    trains with exactly these (every rank must derive the same schedule) or refuses to join:
+    raises ValueError saying which value is out of its bounds."""
+    if value is None or value == {}:
+        return {}
+    if not isinstance(value, dict) or not set(value) <= {"lr", "batch_size"}:
+        raise ValueError(f"train options must be a dict of lr and/or batch_size, got {str(value)[:100]}")
+    if not cfg.enabled:
+        raise ValueError("train options announced but feedback.quality is off on this node")
+    out: dict[str, float | int] = {}
+    if "lr" in value:
+        lr = value["lr"]
+        low = train.lr * cfg.min_scale
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) \
+                or not low * (1 - 1e-9) <= lr <= train.lr * (1 + 1e-9):
+            raise ValueError(f"train option lr {lr!r} outside [{low:g}, {train.lr:g}]")
+        out["lr"] = float(lr)
+    if "batch_size" in value:
+        batch = value["batch_size"]
+        top = round(train.batch_size / cfg.min_scale)
+        if isinstance(batch, bool) or not isinstance(batch, int) or not train.batch_size <= batch <= top:
+            raise ValueError(f"train option batch_size {batch!r} outside [{train.batch_size}, {top}]")
+        out["batch_size"] = batch
+    return out
+
+
 @dataclass(frozen=True)
 class ExplorationDecision:
     """loss plateau -> exploration: self-play's root noise share (None: search.dirichlet_fraction)
@@ -134,6 +165,26 @@ def decide_exploration(prev: ExplorationDecision, loss: float | None, promoted: 
                                    f"{len(history)} generations flat within {cfg.tolerance}: noise {current:.3f} -> {new:.3f}")
     return ExplorationDecision(current, history, generation,
                                f"noise held at {current:.3f} ({len(history)}/{cfg.generations} losses in the window)")
+
+
+@dataclass(frozen=True)
+class DecidedGeneration:
+    """What the plateau loop reads of one decided generation of the lineage."""
+
+    generation: int
+    promoted: bool
+    loss: float | None  # its final training loss (None: not recorded)
+    vs_best: float | None  # its score against the best it played (None: not played)
+
+
+def exploration_of(history: Sequence[DecidedGeneration], base: float, cfg: PlateauLoopConfig) -> ExplorationDecision:
+    """The lineage's noise decision: decide_exploration folded over its decided generations in
+    order. A function of the recorded history alone, so every node (whichever trained the
+    last generation, or a new claimant after a leader change) decides the same."""
+    decision = ExplorationDecision()
+    for g in sorted(history, key=lambda d: d.generation):
+        decision = decide_exploration(decision, g.loss, g.promoted, g.vs_best, g.generation, base, cfg)
+    return decision
 
 
 def explore_settings(settings: Settings, decision: ExplorationDecision | None) -> Settings:

@@ -38,8 +38,14 @@ class GenerationRecord:
     # [[opponent player, wins, draws, losses], ...]}, so every node rates every generation
     # from the same games (generation_elo.py), whichever node played them
     matches: dict | None = None
+    # the candidate's final training loss (the claimant's run), so the loss plateau -> exploration
+    # loop follows the lineage's recorded history whichever node trained (feedback_apply.py)
+    loss: float | None = None
 
     def __post_init__(self) -> None:
+        if self.loss is not None and (isinstance(self.loss, bool) or not isinstance(self.loss, (int, float))
+                                      or not math.isfinite(self.loss)):
+            raise ValueError(f"generation {self.generation}: loss must be a finite number")
         if self.matches is not None:
             _check_matches(self.generation, self.matches)
         if self.heldout is not None:  # a gossiped record is bounded like any message
@@ -58,7 +64,7 @@ class GenerationRecord:
         """The record's fields; `heldout` only where there is one (game records stay
         byte for byte what they were before the field existed)."""
         data = asdict(self)
-        for optional in ("heldout", "matches"):
+        for optional in ("heldout", "matches", "loss"):
             if data[optional] is None:
                 del data[optional]
         return data
@@ -74,7 +80,7 @@ class GenerationRecord:
             generation=int(data["generation"]), sha256=str(data["sha256"]), promoted=bool(data["promoted"]),
             games_mark=int(data["games_mark"]), trained_by=str(data["trained_by"]),
             reason=str(data.get("reason", "")), elo=data.get("elo"), heldout=data.get("heldout"),
-            matches=data.get("matches"),
+            matches=data.get("matches"), loss=data.get("loss"),
         )
 
 

@@ -12,6 +12,7 @@ a `torchrun` subprocess, so the event loop stays free for the mesh and health se
 from __future__ import annotations
 
 import asyncio
+import math
 import functools
 from pathlib import Path
 
@@ -219,7 +220,12 @@ async def promote_daemon(pipe: PipelineContext, ctx: DaemonContext[Polled]) -> N
             if pipe.cluster is not None:
                 if decision.promote:  # installed first, so peers can fetch it once it is committed
                     await asyncio.to_thread(pipe.steps.models.install, path, sha)
-                committed, why = await pipe.cluster.propose(cluster_record(pipe, pipe.cluster, state, decision))
+                # the loss rides on the record only for the plateau loop (off by default): records stay
+                # byte for byte what a node of the previous version commits, so a rolling upgrade decides on
+                loss = (await asyncio.to_thread(feedback.final_loss, pipe, state.run_dir)
+                        if pipe.settings.feedback.plateau.enabled else None)
+                record = cluster_record(pipe, pipe.cluster, state, decision, loss)
+                committed, why = await pipe.cluster.propose(record)
                 if not committed:
                     ctx.log.warning("decision_not_committed", generation=generation, why=why)
                     await asyncio.to_thread(_record_decision, pipe, sha, False, f"not committed: {why}")
@@ -227,7 +233,8 @@ async def promote_daemon(pipe: PipelineContext, ctx: DaemonContext[Polled]) -> N
                     continue
             await asyncio.to_thread(_record_decision, pipe, sha, decision.promote, decision.summary())
             await pipe.update(lambda s: ps.decided(s, decision.promote))
-            await feedback.after_decision(pipe, ctx, state, decision.promote)
+            await feedback.after_decision(pipe, ctx, state, decision.promote,
+                                          record if pipe.cluster is not None else None)
             if decision.promote:
                 ctx.metrics.promotions_total.inc()
                 ctx.metrics.generation.set(generation)
@@ -242,7 +249,7 @@ async def promote_daemon(pipe: PipelineContext, ctx: DaemonContext[Polled]) -> N
 
 
 def cluster_record(pipe: PipelineContext, cluster: Cluster, state: ps.PipelineState,
-                   decision: Verdict) -> GenerationRecord:
+                   decision: Verdict, loss: float | None = None) -> GenerationRecord:
     claim = cluster.current
     steps = pipe.steps
     return GenerationRecord(
@@ -251,6 +258,7 @@ def cluster_record(pipe: PipelineContext, cluster: Cluster, state: ps.PipelineSt
         reason=decision.summary()[:500],
         heldout=steps.heldout(state.evaluation) if isinstance(steps, ReportsStatus) else None,
         matches=match_summary(state.evaluation),
+        loss=loss if loss is not None and math.isfinite(loss) else None,
     )
 
 

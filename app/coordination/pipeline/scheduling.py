@@ -54,10 +54,11 @@ def games_created(nodes: list[NodeSummary]) -> int:
 
 def training_spec(
     nodes: list[NodeSummary], records: dict[int, GenerationRecord], threshold: int, ttl: float,
-    max_nodes: int = 1, span_cpu_nodes: bool = False,
+    max_nodes: int = 1, span_cpu_nodes: bool = False, requirements: Mapping[str, Any] | None = None,
 ) -> WorkSpec | None:
     """The training item for the next generation, or None while too few new games exist;
-    its payload's `nnodes` says how many nodes the claimant should span (span_nnodes)."""
+    its payload's `nnodes` says how many nodes the claimant should span (span_nnodes);
+    `requirements`: the config's own (configs' `requires`), over the GPU rule."""
     last = latest(records)
     mark = last.games_mark if last else 0
     total = games_created(nodes)
@@ -71,16 +72,16 @@ def training_spec(
         payload={"generation": generation, "games_mark": total,
                  "parent_sha256": best.sha256 if best else None,
                  "nnodes": span_nnodes(nodes, max_nodes, span_cpu_nodes)},
-        requirements={"needs_gpu": True} if needs_gpu else {},
+        requirements={**({"needs_gpu": True} if needs_gpu else {}), **(requirements or {})},
         priority=10, ttl=ttl,
     )
 
 
 def schedule(
     nodes: list[NodeSummary], records: dict[int, GenerationRecord], threshold: int, ttl: float,
-    max_nodes: int = 1, span_cpu_nodes: bool = False,
+    max_nodes: int = 1, span_cpu_nodes: bool = False, requirements: Mapping[str, Any] | None = None,
 ) -> list[WorkSpec]:
-    spec = training_spec(nodes, records, threshold, ttl, max_nodes, span_cpu_nodes)
+    spec = training_spec(nodes, records, threshold, ttl, max_nodes, span_cpu_nodes, requirements)
     return [] if spec is None else [spec, *join_specs(nodes, spec)]
 
 
@@ -107,7 +108,9 @@ def held_rendezvous(inventory: Mapping[str, Any], claimed_item_ids: list[str]) -
         return None
     if rdzv["item_id"] not in claimed_item_ids:
         return None
-    return {k: rdzv[k] for k in RENDEZVOUS_KEYS}
+    options = rdzv.get("train_options")  # the quality loop's lr/batch (checked by each joiner)
+    return {**{k: rdzv[k] for k in RENDEZVOUS_KEYS},
+            **({"train_options": options} if isinstance(options, dict) and len(options) <= 2 else {})}
 
 
 def join_specs(nodes: list[NodeSummary], training: WorkSpec) -> list[WorkSpec]:

@@ -30,6 +30,7 @@ from app.coordination.p2p.work_rules import TRAINING_JOIN_KIND
 from app.coordination.p2p.worker import Claim, WorkClient
 from app.coordination.daemons.events import EventType
 from app.coordination.pipeline.context import PipelineContext, wait_for_wake, wake_on
+from app.coordination.pipeline.feedback_loops import checked_options
 from app.coordination.pipeline.runner_settings import ClaimPolled
 from app.coordination.pipeline.training_job import SpanArgs, launcher_command, launcher_log_tail, run_launcher
 from app.coordination.pipeline.state import Stage
@@ -98,8 +99,7 @@ async def join_run(pipe: PipelineContext, ctx: DaemonContext, payload: dict[str,
     run_dir = join_run_dir(pipe, generation)
     span = SpanArgs(int(payload["nnodes"]), rank, str(payload["master_addr"]), int(payload["master_port"]),
                     float(pipe.settings.train.join_timeout_s))
-    cmd = launcher_command(pipe, run_dir=run_dir, dataset_dir=dataset_dir, generation=generation,
-                           parent=parent_path, nproc=int(pipe.settings.train.nproc), span=span)
+    cmd = join_command(pipe, payload, run_dir=run_dir, dataset_dir=dataset_dir, parent=parent_path, span=span)
     code = await run_launcher(cmd, run_dir, ctx)
     if code != 0:
         return f"launcher exit code {code}: {launcher_log_tail(run_dir)}"
@@ -107,6 +107,17 @@ async def join_run(pipe: PipelineContext, ctx: DaemonContext, payload: dict[str,
         "status": "completed", "generation": generation, "node_rank": rank, "nnodes": span.nnodes,
         "claimant": claimant, "run_id": payload.get("run_id"), "dataset_sha256": payload["dataset_sha256"]}, indent=2)
     return None
+
+
+def join_command(pipe: PipelineContext, payload: dict[str, Any], *, run_dir: Path, dataset_dir: str | Path,
+                 parent: str | Path | None, span: SpanArgs) -> list[str]:
+    """Rank k's launcher command: the claimant's trainer options (the quality loop's lr/batch
+    from its rendezvous), checked against this node's bounds, so every rank derives the same
+    schedule; out of bounds raises ValueError (the join claim fails, naming it)."""
+    settings = pipe.settings
+    options = checked_options(payload.get("train_options"), settings.train, settings.feedback.quality)
+    return launcher_command(pipe, run_dir=run_dir, dataset_dir=dataset_dir, generation=int(payload["generation"]),
+                            parent=parent, nproc=int(settings.train.nproc), span=span, options=options)
 
 
 async def _renew_loop(work: WorkClient, claim: Claim, ctx: DaemonContext) -> None:

@@ -87,12 +87,12 @@ def launcher_command(pipe: PipelineContext, *, run_dir: Path, dataset_dir: str |
 
 
 def training_command(pipe: PipelineContext, state: PipelineState, nproc: int, span: SpanArgs | None = None) -> list[str]:
-    """A lone run takes the quality loop's decided options; a spanned run keeps the config's,
-    which its joiners share (every rank must derive the same schedule)."""
-    options = train_options(pipe, state) if span is None else {}
+    """The claimant's part of a run, lone or spanned, with the quality loop's decided options;
+    a spanned run's joiners get the same options from its rendezvous (rendezvous_record), so
+    every rank derives the same schedule."""
     return launcher_command(pipe, run_dir=Path(state.run_dir), dataset_dir=state.dataset_dir,
                             generation=state.generation, parent=state.best_path, nproc=nproc, span=span,
-                            options=options)
+                            options=train_options(pipe, state))
 
 
 async def _copy_as_json_lines(stream: asyncio.StreamReader, log_file) -> None:  # type: ignore[no-untyped-def]
@@ -172,11 +172,13 @@ def claimed_nnodes(pipe: PipelineContext, state: PipelineState) -> int:
 
 
 def rendezvous_record(state: PipelineState, item_id: str, master_addr: str, master_port: int,
-                      nnodes: int) -> dict[str, Any]:
-    """What the claimant gossips as `train_rendezvous` (see scheduling.RENDEZVOUS_KEYS)."""
+                      nnodes: int, options: Mapping[str, float | int] | None = None) -> dict[str, Any]:
+    """What the claimant gossips as `train_rendezvous` (see scheduling.RENDEZVOUS_KEYS); the
+    quality loop's decided options, when any, as `train_options` for its joiners."""
     return {"generation": state.generation, "item_id": item_id, "master_addr": master_addr,
             "master_port": master_port, "nnodes": nnodes, "dataset_sha256": state.dataset_sha256,
-            "parent_sha256": state.best_sha256, "run_id": uuid.uuid4().hex}
+            "parent_sha256": state.best_sha256, "run_id": uuid.uuid4().hex,
+            **({"train_options": dict(options)} if options else {})}
 
 
 async def run_training(pipe: PipelineContext, state: PipelineState, ctx: DaemonContext) -> TrainingOutcome:
@@ -203,7 +205,7 @@ async def train_spanned(pipe: PipelineContext, state: PipelineState, ctx: Daemon
         ctx.log.warning("training_alone", generation=state.generation,
                         why=f"no port on {master_addr} for the rendezvous ({exc}): training on this node alone")
         return (await _train(pipe, state, ctx, None))[0]
-    announce(rendezvous_record(state, item_id, master_addr, port, nnodes))
+    announce(rendezvous_record(state, item_id, master_addr, port, nnodes, train_options(pipe, state)))
     ctx.log.info("training_rendezvous", generation=state.generation, nnodes=nnodes,
                  master=f"{master_addr}:{port}", join_timeout_s=timeout)
     try:
