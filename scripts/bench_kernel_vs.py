@@ -29,8 +29,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from app.ai.search_forest import SearchForest  # noqa: E402
-from app.ai.search_result import choose_action, temperature_for_ply  # noqa: E402
+from app.games.search.search_forest import SearchForest  # noqa: E402
+from app.games.search.search_result import choose_action, temperature_for_ply  # noqa: E402
 from app.config import Settings  # noqa: E402
 from app.games import get_game  # noqa: E402
 from bench_selfplay import FreeEvaluator  # noqa: E402

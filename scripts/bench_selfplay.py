@@ -14,7 +14,7 @@
   `--legacy` until its removal: docs/benchmarks/search_arrays.md);
 - what a selection level and a threat check would cost as whole-batch numpy calls (the
   measurement that made the search's steps compiled);
-- the shared network server (`--server-workers N`, app/ai/network_server.py): N search
+- the shared network server (`--server-workers N`, app/games/search/network_server.py): N search
   processes play self-play for `--server-seconds` against one network process (the GPU's
   stand-in on a CPU node): its evaluations/s, mean batch and each worker's share;
 - what making a leaf's network input costs, one state at a time against the game's batch form;
@@ -47,9 +47,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from app.ai.evaluators import NetworkEvaluator  # noqa: E402
-from app.ai.mcts import SearchForest, choose_action, temperature_for_ply  # noqa: E402
-from app.ai.model import Architecture, new_model, predict  # noqa: E402
+from app.games.search.evaluators import NetworkEvaluator  # noqa: E402
+from app.games.search.mcts import SearchForest, choose_action, temperature_for_ply  # noqa: E402
+from app.games.search.model import Architecture, new_model, predict  # noqa: E402
 from app.config import Settings  # noqa: E402
 from app.games import get_game  # noqa: E402
 from app.games.connect4_playouts import random_playouts  # noqa: E402
@@ -251,8 +251,8 @@ def shared_network(arch, workers: int, seconds: float, concurrent: int, sims: in
     import multiprocessing as mp
     import tempfile
 
-    from app.ai.model import ModelMeta, save_model
-    from app.ai.network_server import NetworkServer
+    from app.games.search.model import ModelMeta, save_model
+    from app.games.search.network_server import NetworkServer
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.safetensors"
@@ -298,7 +298,7 @@ def shared_network(arch, workers: int, seconds: float, concurrent: int, sims: in
 
 def _server_worker(address, authkey, name: str, seconds: float, concurrent: int, sims: int, done) -> None:
     torch.set_num_threads(1)
-    from app.ai.network_server import SharedNetworkClient
+    from app.games.search.network_server import SharedNetworkClient
 
     game = get_game("connect4")
     client = SharedNetworkClient.connect(address, authkey, "connect4", name)
@@ -429,8 +429,8 @@ def batch_start_up(batches: int, games: int, sims: int) -> dict:
     import os
     import tempfile
 
-    from app.training.selfplay import run_selfplay
-    from app.training.selfplay_pool import WorkerPool
+    from app.games.train.selfplay import run_selfplay
+    from app.games.train.selfplay_pool import WorkerPool
 
     tiny = Settings.model_validate({"model": {"channels": 8, "blocks": 1}, "selfplay": {"concurrent_games": games}})
     out: dict = {"batches": batches, "games_per_batch": games, "simulations": sims}
@@ -459,7 +459,7 @@ def kernel_start_up(game_name: str) -> dict:
     import tempfile
 
     code = ("import time; t = time.perf_counter(); import numpy as np; from app.games import get_game; "
-            "from app.ai.mcts import SearchForest; from app.ai.evaluators import UniformEvaluator; "
+            "from app.games.search.mcts import SearchForest; from app.games.search.evaluators import UniformEvaluator; "
             "from app.config import SearchConfig; g = get_game(%r); c = SearchConfig(); "
             "f = SearchForest.for_search(g, c); s = f.add(g.initial_state()); "
             "f.search([s], UniformEvaluator(g), 1, c, np.random.default_rng(0)); "

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from app.ai.model import Architecture, ModelMeta, new_model, save_model
+from app.games.search.model import Architecture, ModelMeta, new_model, save_model
 from app.config import load_settings
 from app.coordination.daemons.daemon_registry import DaemonContext
 from app.coordination.daemons.event_router import Event, EventRouter

@@ -1,4 +1,4 @@
-"""The one array search (app/ai/search_forest.py, compiled per game) on the two new games:
+"""The one array search (app/games/search/search_forest.py, compiled per game) on the two new games:
 Othello's passes and proofs against its exact endgame search, and the three-player game's
 vector values (each node choosing by its mover's entry)."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.ai.evaluators import RolloutEvaluator, UniformEvaluator
-from app.ai.search_forest import SearchForest
+from app.games.search.evaluators import RolloutEvaluator, UniformEvaluator
+from app.games.search.search_forest import SearchForest
 from app.config.pipeline import SearchConfig
 from app.games import get_game
 from app.games.othello import BLACK, WHITE

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from app.ai.model import Architecture, ModelMeta, new_model, save_model
+from app.games.search.model import Architecture, ModelMeta, new_model, save_model
 from app.config import load_settings
 from app.db.registry import ModelRegistry
-from app.training.gauntlet import OpponentResult
-from app.training.gauntlet_baselines import baseline_text
-from app.training.gauntlet_shard import ShardGame, ShardResult, merge_shards, play_shard, shard_refusal
+from app.games.train.gauntlet import OpponentResult
+from app.games.train.gauntlet_baselines import baseline_text
+from app.games.train.gauntlet_shard import ShardGame, ShardResult, merge_shards, play_shard, shard_refusal
 
 pytestmark = pytest.mark.timeout(60)
 ARCH = Architecture(8, 1, (3, 6, 7), 7)

@@ -20,20 +20,20 @@ pytestmark = pytest.mark.timeout(60)
 LAYERS: list[tuple[str, ...]] = [
     ("app.p2p_orchestrator", "app.cli"),
     ("app.workloads",),  # picks the configured workload's steps
-    ("app.training.workload", "app.lm.workload"),  # each workload's pipeline steps: the seam's two sides
+    ("app.games.workload", "app.lm.workload"),  # each workload's pipeline steps: the seam's two sides
     ("app.coordination.pipeline",),
     ("app.coordination.sync",),
     ("app.coordination.p2p",),
     ("app.coordination.daemons",),
-    ("app.training", "app.lm.train", "app.analyze"),
+    ("app.games.train", "app.lm.train", "app.analyze"),
     ("app.lm.rollout",),
-    ("app.ai", "app.lm"),
+    ("app.games.search", "app.lm"),
     ("app.shared",),  # what both workloads use: torchrun, process group, manifests
     ("app.games", "app.db", "app.config", "app.log", "app.atomic_files", "app.free_ports"),
 ]
 # The two workloads never import each other, at any layer.
-WORKLOADS = {"app.lm": ("app.training", "app.ai", "app.games", "app.analyze"),
-             "app.training": ("app.lm",), "app.ai": ("app.lm",), "app.games": ("app.lm",)}
+WORKLOADS = {"app.lm": ("app.games.train", "app.games.search", "app.games", "app.analyze"),
+             "app.games.train": ("app.lm",), "app.games.search": ("app.lm",), "app.games": ("app.lm",)}
 NAMESPACES = {"app", "app.coordination"}  # empty package files that only group the layers
 
 
@@ -149,7 +149,7 @@ def test_the_workloads_do_not_import_each_other() -> None:
 
 
 def test_no_two_modules_share_a_name() -> None:
-    """One name, one job: `app/ai/model.py` and an LM `model.py` read alike in a traceback.
+    """One name, one job: `app/games/search/model.py` and an LM `model.py` read alike in a traceback.
     Exceptions: app/config's settings modules (named after what they configure), and the leader's
     work queue, whose table (db/work_queue.py) and logic (p2p/work_queue.py) are one job."""
     seen: dict[str, list[str]] = {}
@@ -168,7 +168,7 @@ def test_the_checker_sees_circles_and_layers() -> None:
     """The rules themselves: a circle and an upward import are found, a clean graph passes."""
     assert find_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert find_circles({"a": {"b"}, "b": set()}) == []
-    assert layer_of("app.games.connect4")[0] > layer_of("app.ai.mcts")[0] > layer_of("app.training.train")[0]
+    assert layer_of("app.games.connect4")[0] > layer_of("app.games.search.mcts")[0] > layer_of("app.games.train.train")[0]
     assert layer_of("app.lm.tasks")[0] > layer_of("app.lm.rollout.engine")[0] > layer_of("app.lm.train.grpo")[0]
     assert layer_of("app.coordination.pipeline.runners")[0] > layer_of("app.lm.workload.lm_steps")[0]
     assert layer_of("app.coordination.p2p.node")[0] > layer_of("app.coordination.pipeline.cluster")[0]

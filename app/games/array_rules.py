@@ -1,7 +1,7 @@
 """The contract of a game's compiled node rules: what the array search is compiled against.
 
 A game names one module by its import path (`Game.rules_module`); the search
-(app/ai/search_kernel.py) is compiled once per game against it (numba, `cache=True`, the
+(app/games/search/search_kernel.py) is compiled once per game against it (numba, `cache=True`, the
 kernel's source written per game under the kernel cache directory and keyed by a hash of
 both sources, so an edit of either compiles afresh), and calls these functions inside its own
 compiled loop, one node at a time. The module defines, at top level:

@@ -10,7 +10,7 @@ A game is two things, and the search, self-play, training and the daemons see on
    `Game.words` uint64 words; the batch's network input and legal masks as numpy
    (`Game.words_planes`, `Game.words_legal_masks`); and the per-node rules as numba-compiled
    functions in one module (`Game.rules_module`) that the array search
-   (app/ai/search_kernel.py) is compiled against, once per game, cached on disk.
+   (app/games/search/search_kernel.py) is compiled against, once per game, cached on disk.
 
 Players and values. `num_players` seats, numbered 0..N-1; `GameState.to_move` is the seat
 that acts. At the end `GameState.returns()` gives each seat's result, a float vector of
@@ -195,7 +195,7 @@ class Game(ABC):
     words: int
     rules_module: str
     num_players: int = 2
-    # a file of solver-scored positions (app/training/solved_eval.py's format), relative to the
+    # a file of solver-scored positions (app/games/train/solved_eval.py's format), relative to the
     # directory that holds the repository; None: no solved-position panel for this game
     scored_positions: str | None = None
 
@@ -239,7 +239,7 @@ class Game(ABC):
     def heuristic_scores(self, state: GameState, depth: int) -> dict[int, float] | None:
         """A hand-written player's score of each legal move of `state` for its mover (higher
         is better; the gauntlet's middle rung plays the best, ties to the centre), searching
-        `depth` plies; None (the default): app/ai/heuristic.py's search over the state
+        `depth` plies; None (the default): app/games/search/heuristic.py's search over the state
         interface with terminal results only."""
         return None
 

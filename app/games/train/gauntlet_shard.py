@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.ai.players import PlayerSpec, net_spec, parse_player_spec
+from app.games.search.players import PlayerSpec, net_spec, parse_player_spec
 from app.config import Settings
 from app.db.registry import MatchGame, ModelRegistry
-from app.training.gauntlet import OpponentResult, play_fixed_match
-from app.training.match_games import GameOutcome, GameTask
+from app.games.train.gauntlet import OpponentResult, play_fixed_match
+from app.games.train.match_games import GameOutcome, GameTask
 
 MAX_MOVES_CHARS = 512  # a compact game record from gossip longer than this is refused
 

@@ -6,7 +6,7 @@ of a few plies and the candidate takes each seat once, the opponent every other 
 move moves, and a player moves in all of its games at once (`Player.select_moves`), so a
 search player's network call carries a leaf of every game still running instead of one
 position (`scripts/bench_gauntlet.py`: 4.45x on a 20-game match on one CPU core).
-`app/training/gauntlet.py` decides what is played and counts the results.
+`app/games/train/gauntlet.py` decides what is played and counts the results.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from app.ai.players import PlayerSpec, make_player
+from app.games.search.players import PlayerSpec, make_player
 from app.config import Settings
 from app.games import Game, get_game
 

@@ -1,4 +1,4 @@
-"""One array search per game: app/ai/search_kernel.py compiled against the game's node rules.
+"""One array search per game: app/games/search/search_kernel.py compiled against the game's node rules.
 
 numba compiles a function against the globals of its module, so each game gets a module of
 its own: the kernel's source with its RULES line bound to `import <Game.rules_module> as

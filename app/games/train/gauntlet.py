@@ -1,6 +1,6 @@
 """Gauntlet: a candidate plays the baselines and the current best; every game is recorded.
 
-Games are played by `app/training/match_games.py`: waves of a match's games in lock step, in
+Games are played by `app/games/train/match_games.py`: waves of a match's games in lock step, in
 worker processes (spawned, one torch thread each; `workers <= 1` plays in this process), each
 pair of games from its own random opening with the candidate on each side once, so no two
 games are the same game and neither colour is favoured. Against baselines a fixed number of
@@ -20,16 +20,16 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from app.ai.players import PlayerSpec, model_sha_of_player, parse_player_spec
+from app.games.search.players import PlayerSpec, model_sha_of_player, parse_player_spec
 from app.config import Settings
 from app.db.registry import MatchGame, ModelRegistry
-from app.training.elo import Rating, fit_elo_chains, rating_order
-from app.training.gauntlet_baselines import Baseline, anchor_player
-from app.training.match_games import (
+from app.games.train.elo import Rating, fit_elo_chains, rating_order
+from app.games.train.gauntlet_baselines import Baseline, anchor_player
+from app.games.train.match_games import (
     GameOutcome, GameTask, InlineExecutor, cut_waves, match_executor, match_tasks, run_wave,
 )
 from app.shared.process_group import network_device
-from app.training.sprt import SprtDecision, SprtResult, sprt_decision
+from app.games.train.sprt import SprtDecision, SprtResult, sprt_decision
 
 ProgressCallback = Callable[[dict], None]
 

@@ -1,11 +1,11 @@
 """The compiled steps of the array search over any game: every tree of a batch in one set of arrays.
 
-This file is a template: `app/ai/kernel_build.py` writes a copy of it per game, with the line
+This file is a template: `app/games/search/kernel_build.py` writes a copy of it per game, with the line
 marked RULES bound to the game's compiled node rules (`Game.rules_module`, the contract in
 app/games/array_rules.py), and imports that copy, so numba compiles these functions against
 that game's `play`, `to_move`, `terminal`, `legal` (and `threats`) and caches them on disk.
 
-Storage (T trees, C node slots a tree, A actions, NP seats; app/ai/search_forest.py owns the arrays):
+Storage (T trees, C node slots a tree, A actions, NP seats; app/games/search/search_forest.py owns the arrays):
 
     edges    float64 (T, C, 3, A)   N (visits), W (summed value), P (prior) of each edge
     child    int32   (T, C, A)      node an edge leads to, -1 until selection first takes it
