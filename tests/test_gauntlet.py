@@ -78,6 +78,28 @@ def test_every_game_is_recorded_with_colours_alternated(tmp_path: Path) -> None:
     assert report.ratings[0].player == "heuristic-d1" and report.ratings[0].elo > 0
 
 
+def test_a_three_player_gauntlet_stores_every_seat_and_rates_from_seat_pairs(tmp_path: Path) -> None:
+    """mnk3: the candidate takes each seat in turn against the field; a game is stored with each
+    seat's player and return and counted as the candidate's two seat pairs, by the tally and by
+    the Elo fit alike (before: one candidate-vs-field result a game, and a game the candidate
+    lost to one seat while level with the other was counted nowhere)."""
+    settings = load_settings(None, node={"game": "mnk3"},
+                             gauntlet={"opening_plies_min": 1, "opening_plies_max": 2})
+    with ModelRegistry(tmp_path / "reg.sqlite") as registry:
+        report = run_gauntlet("heuristic:1", ["random"], None, settings, registry, workers=1, seed=3,
+                              games_per_baseline=6)
+        games = sorted(registry.match_games(report.match_id), key=lambda g: int(g.uid.rsplit("-", 1)[1]))
+        pairs = registry.match_results()
+    [result] = report.results
+    assert len(games) == 6 and result.games == 12  # every game, two seat pairs each
+    assert all(len(g.seats) == 3 and {p for p, _ in g.seats} == {"heuristic-d1", "random"} for g in games)
+    assert [[p for p, _ in g.seats].index("heuristic-d1") for g in games] == [0, 1, 2] * 2
+    assert len(pairs) == 12 and all({a, b} == {"heuristic-d1", "random"} for a, b, _ in pairs)
+    points = sum(s if a == "heuristic-d1" else 1.0 - s for a, _, s in pairs)
+    assert result.wins + 0.5 * result.draws == pytest.approx(points)
+    assert {r.player: r.games for r in report.ratings}["heuristic-d1"] == 12
+
+
 def test_sprt_stops_a_lopsided_match_early(tmp_path: Path) -> None:
     settings = fast_settings(max_games_vs_best=200, sprt_elo0=0.0, sprt_elo1=35.0)
     report = run_gauntlet("heuristic:2", [], "random", settings, tmp_path / "reg.sqlite", workers=1, seed=1)
