@@ -27,6 +27,7 @@ B = "tests.user_games.broken_games"
     (f"{B}:ReturnsEarly", "returns() answered before the end"),
     (f"{B}:RaisesOnLegal", "legal action 4 raised RuntimeError"),
     (f"{B}:TooShort", "MAX_PLIES is 9, the game says 5"),
+    (f"{B}:ProofsNotZeroSum", "solver_proofs on a two-seat game whose returns do not cancel"),
 ])
 def test_a_bad_game_is_one_line_naming_the_key(spec: str, says: str) -> None:
     with pytest.raises(GameError) as err:

@@ -18,7 +18,8 @@ length N (Connect Four: +1 / -1 / 0; a three-seat game e.g. +1 for the winner an
 the others). A search node chooses by its mover's entry (max^n); a game with
 `two_player_zero_sum` (N = 2, returns always summing to 0) is searched as negamax, its
 network has one value output (the mover's) and the MCTS-solver proves positions; any other
-game's network has N value outputs, entry k for seat (to_move + k) % N, and proofs are off.
+game's network has N value outputs, entry k for seat (to_move + k) % N, and proofs are off
+unless the game says its results allow them (`solver_proofs`).
 
 Nothing above this package imports a concrete game except through `app.games.get_game`
 (a registered name or a user's `"package.module:Class"`).
@@ -214,8 +215,13 @@ class Game(ABC):
 
     @property
     def solver_proofs(self) -> bool:
-        """Whether the search's MCTS-solver may prove positions (and use the rules' threat
-        hook): only for two-player zero-sum games."""
+        """Whether the search's MCTS-solver may prove positions: on for two-player zero-sum
+        games (with the rules' threat hook), off for any other unless the game turns it on.
+        An N > 2 game may when its results allow them: no seat's return exceeds a win's (+1),
+        and a win on the spot gives every other seat one same result, so a child that wins at
+        once is its mover's best and its returns are the node's; a node whose children are all
+        proven takes the best for its mover (ties by move order, max^n's usual rule). A game
+        of two seats whose returns do not cancel cannot (app.games.checks refuses it)."""
         return self.two_player_zero_sum
 
     @abstractmethod

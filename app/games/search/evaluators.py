@@ -17,7 +17,7 @@ search values those exactly itself).
 - `UniformEvaluator(game)`: uniform prior, value 0 -- the bootstrap before any model exists;
   the search then learns only from terminal states it reaches.
 - `RolloutEvaluator(game, rollouts_per_leaf, rng)`: uniform prior, value = mean of random
-  playouts: the game's own (`Game.playout_values`) or the search kernel's, compiled over the
+  playouts: the game's own (`Game.playout_values`) or playout_kernel.py's, compiled over the
   game's node rules.
 - `SharedNetworkClient` (app/games/search/network_server.py): the same answers from a network served
   to several search processes at once.
@@ -107,9 +107,9 @@ class RolloutEvaluator(_FromStates):
         self.game = game
         self._kernel = None
         if type(game).playout_values is Game.playout_values:  # no playouts of its own: the compiled ones
-            from app.games.search.kernel_build import kernel_for
+            from app.games.search.kernel_build import playouts_for
 
-            self._kernel = kernel_for(game)
+            self._kernel = playouts_for(game)
             if not self._kernel.HAS_PLY_OF:
                 raise ValueError(f"{game.name}: random playouts need Game.playout_values or the rules' ply_of")
         self.rollouts_per_leaf = rollouts_per_leaf
