@@ -7,6 +7,7 @@ too: a type-only circle is still two modules that cannot be understood one witho
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -55,10 +56,16 @@ def all_modules() -> dict[str, Path]:
     return {module_name(p): p for p in APP.rglob("*.py")}
 
 
+@cache
+def parsed(path: Path) -> ast.Module:
+    """Each file parsed once for all the tests here (read-only use)."""
+    return ast.parse(path.read_text(), filename=str(path))
+
+
 def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
     """The app modules `path` imports; `from pkg import name` counts as pkg.name when that is a module."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.startswith("app"):
             for alias in node.names:
                 sub = f"{node.module}.{alias.name}"
@@ -72,7 +79,7 @@ def libraries_of(path: Path) -> set[str]:
     """Top-level names of every module `path` imports (``torch`` for ``torch.nn``), and app.db's
     modules as ``app.db``."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(parsed(path)):
         names = [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else (
             [a.name for a in node.names] if isinstance(node, ast.Import) else [])
         for name in names:
