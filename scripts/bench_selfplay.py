@@ -108,7 +108,11 @@ class FreeEvaluator:
         self.game = game
         self.positions = 0
         self._priors = np.full((1, game.num_actions), 1.0 / game.num_actions)
-        self._values = np.zeros(1)
+        self._values = self._zeros(1)
+
+    def _zeros(self, n: int) -> np.ndarray:
+        """Values shaped as the game's network answers: (n,) or (n, N) for N > 2 seats."""
+        return np.zeros(n if self.game.value_size == 1 else (n, self.game.value_size))
 
     def evaluate_batch(self, words):
         return self._answer(len(words))
@@ -116,7 +120,7 @@ class FreeEvaluator:
     def _answer(self, n: int):
         if n > len(self._values):
             self._priors = np.full((2 * n, self._priors.shape[1]), self._priors[0, 0])
-            self._values = np.zeros(2 * n)
+            self._values = self._zeros(2 * n)
         self.positions += n
         return self._priors[:n], self._values[:n]
 
