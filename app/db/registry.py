@@ -248,7 +248,7 @@ class ModelRegistry:
 
     def promote(self, sha256: str, reason: str) -> ModelEntry:
         """Make a candidate the current best. The caller checks the file's sha256 first
-        (app.training.promotion.promote_model does); this only guards the state machine and
+        (app.games.train.promotion.promote_model does); this only guards the state machine and
         the one-promoted-model-per-generation rule."""
         now = time.time()
         with Session(self.engine) as session, session.begin():
