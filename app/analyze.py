@@ -39,9 +39,9 @@ from typing import TextIO
 import numpy as np
 import torch
 
-from app.ai.evaluators import NetworkEvaluator
-from app.ai.mcts import SearchResult, search
-from app.ai.model import ModelFormatError, load_model
+from app.games.search.evaluators import NetworkEvaluator
+from app.games.search.mcts import SearchResult, search
+from app.games.search.model import ModelFormatError, load_model
 from app.config import ConfigError, load_settings
 from app.config.pipeline import SearchConfig
 from app.games import Game, GameError, get_game

@@ -48,8 +48,8 @@ from app.db.dead_letters import DeadLetterStore
 from app.db.engines import check_reachable
 from app.db.registry import ModelRegistry
 from app.log import configure_logging, get_logger
-from app.training.gauntlet_baselines import anchor_player
-from app.training.promotion import progress_report
+from app.games.train.gauntlet_baselines import anchor_player
+from app.games.train.promotion import progress_report
 
 DEFAULT_DAEMONS_FILE = Path(__file__).resolve().parent.parent / "daemons.yaml"
 DRAIN_DEADLINE_S = 25.0  # daemons drain within this; the mesh and health server then get

@@ -16,7 +16,7 @@ from app.config import ConfigError, Settings
 from app.coordination.pipeline.context import PipelineContext
 from app.coordination.pipeline.runner_settings import ExportSettings
 from app.coordination.pipeline.steps import WorkloadSteps
-from app.training.workload.game_steps import GameSteps
+from app.games.workload.game_steps import GameSteps
 
 
 def pipeline_context(settings: Settings, config_path: Path | None = None,

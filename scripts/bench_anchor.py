@@ -3,7 +3,7 @@ alternated in one process; prints ONE JSON object.
 
 A generation's gauntlet with the default settings (no promotion gate) plays the candidate
 against the current best (SPRT, up to `max_games_vs_best`) and, by default, a few games against
-the fixed anchor (`gauntlet.anchor`, `games_vs_anchor`: app/training/gauntlet_baselines.py).
+the fixed anchor (`gauntlet.anchor`, `games_vs_anchor`: app/games/train/gauntlet_baselines.py).
 This plays that gauntlet as a lone node does (`run_gauntlet`, one inline worker, one torch
 thread, a fresh registry each time) with the anchor off and on, alternated round by round so
 the shared machine's load falls on both alike, and reports wall and CPU seconds of each.
@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from app.config import load_settings  # noqa: E402
-from app.training.gauntlet import run_gauntlet  # noqa: E402
-from app.training.gauntlet_baselines import planned_baselines  # noqa: E402
+from app.games.train.gauntlet import run_gauntlet  # noqa: E402
+from app.games.train.gauntlet_baselines import planned_baselines  # noqa: E402
 from scripts.bench_gauntlet import untrained  # noqa: E402
 
 

@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 
 from app.db.replay_db import GameRecord, MoveRecord, ReplayDB  # noqa: E402
 from app.games import get_game  # noqa: E402
-from app.training.export import export_dataset, game_samples  # noqa: E402
+from app.games.train.export import export_dataset, game_samples  # noqa: E402
 
 GAME = get_game("connect4")
 

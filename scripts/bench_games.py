@@ -34,9 +34,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.ai.evaluators import NetworkEvaluator, RolloutEvaluator, UniformEvaluator  # noqa: E402
-from app.ai.model import Architecture, new_model  # noqa: E402
-from app.ai.search_forest import SearchForest  # noqa: E402
+from app.games.search.evaluators import NetworkEvaluator, RolloutEvaluator, UniformEvaluator  # noqa: E402
+from app.games.search.model import Architecture, new_model  # noqa: E402
+from app.games.search.search_forest import SearchForest  # noqa: E402
 from app.config.pipeline import SearchConfig  # noqa: E402
 from app.games import Game, GameState, get_game  # noqa: E402
 

@@ -3,7 +3,7 @@ prints ONE JSON object.
 
 With no gate configured, a generation's gauntlet is 20 games of the candidate against the best
 at the gauntlet's search budget. One game at a time, every network call is a batch of one
-position; a wave (`app/training/match_games.py`, `play_games`) plays all of a worker's games in
+position; a wave (`app/games/train/match_games.py`, `play_games`) plays all of a worker's games in
 lock step, so a call carries a leaf of every game still running. This plays the same games
 (the same openings, colours and players) both ways in one process, alternated, and checks
 that they end alike.
@@ -29,11 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from app.ai.model import Architecture, ModelMeta, new_model, save_model  # noqa: E402
-from app.ai.players import make_player, net_spec  # noqa: E402
+from app.games.search.model import Architecture, ModelMeta, new_model, save_model  # noqa: E402
+from app.games.search.players import make_player, net_spec  # noqa: E402
 from app.config import load_settings  # noqa: E402
 from app.games import get_game  # noqa: E402
-from app.training.match_games import match_tasks, play_games  # noqa: E402
+from app.games.train.match_games import match_tasks, play_games  # noqa: E402
 
 GAME = get_game("connect4")
 

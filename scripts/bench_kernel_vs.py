@@ -1,7 +1,7 @@
 """The per-game search kernel against an earlier revision's, side by side in one run; prints
 ONE JSON object.
 
-The earlier revision's `app/ai/search_kernel.py` and `app/ai/search_forest.py` (the kernel
+The earlier revision's `search_kernel.py` and `search_forest.py` (`OLD_HOME` there; the kernel
 compiled against the default game alone) are read from git into a temporary package and
 run beside today's forest on the same self-play loop: `--concurrent` games, `--sims`
 simulations a move with root noise, the free evaluator of bench_selfplay.py (so only the
@@ -29,11 +29,14 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from app.ai.search_forest import SearchForest  # noqa: E402
-from app.ai.search_result import choose_action, temperature_for_ply  # noqa: E402
+from app.games.search.search_forest import SearchForest  # noqa: E402
+from app.games.search.search_result import choose_action, temperature_for_ply  # noqa: E402
 from app.config import Settings  # noqa: E402
 from app.games import get_game  # noqa: E402
 from bench_selfplay import FreeEvaluator  # noqa: E402
+
+
+OLD_HOME = "app/ai"  # the search's folder at --rev (before #51 moved it to app/games/search)  move: keep
 
 
 def load_old_forest(rev: str, into: Path):
@@ -42,9 +45,11 @@ def load_old_forest(rev: str, into: Path):
     (package / "__init__.py").write_text("")
     show = lambda path: subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, check=True,  # noqa: E731
                                        capture_output=True, text=True).stdout
-    (package / "old_kernel.py").write_text(show("app/ai/search_kernel.py"))
-    (package / "old_forest.py").write_text(show("app/ai/search_forest.py").replace(
-        "from app.ai import search_kernel as K", "from old_search import old_kernel as K"))
+    (package / "old_kernel.py").write_text(show(f"{OLD_HOME}/search_kernel.py"))
+    # the old forest's other imports go to today's search package, wherever that lives
+    (package / "old_forest.py").write_text(show(f"{OLD_HOME}/search_forest.py").replace(
+        "from app.ai import search_kernel as K", "from old_search import old_kernel as K").replace(  # move: keep
+        "from app.ai.", f"from {SearchForest.__module__.rpartition('.')[0]}."))  # move: keep
     sys.path.insert(0, str(into))
     from old_search.old_forest import SearchForest as Old
 

@@ -33,13 +33,13 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from app.ai.model import Architecture, load_model, new_model  # noqa: E402
+from app.games.search.model import Architecture, load_model, new_model  # noqa: E402
 from app.atomic_files import atomic_write_json  # noqa: E402
 from app.config import load_settings  # noqa: E402
 from app.db.registry import ModelRegistry, ModelStatus  # noqa: E402
 from app.games import get_game  # noqa: E402
 from app.shared.process_group import DEVICE_CHOICES, network_device  # noqa: E402
-from app.training.solved_eval import (  # noqa: E402
+from app.games.train.solved_eval import (  # noqa: E402
     SolvedEvalError, default_positions_path, load_positions, random_mover_accuracy, score_model,
 )
 from bench_loop import final_scores, game_counts, pipeline_history, run_loop, stage_shares  # noqa: E402

@@ -37,7 +37,7 @@ from app.db.registry import ModelRegistry, ModelStatus  # noqa: E402
 from app.log import epoch_of  # noqa: E402
 from app.db.replay_db import ReplayDB  # noqa: E402
 from app.db.rollout_store import RolloutStore  # noqa: E402
-from app.training.gauntlet import run_gauntlet  # noqa: E402
+from app.games.train.gauntlet import run_gauntlet  # noqa: E402
 
 
 def stage_shares(history: list[dict], started: float, ended: float) -> dict[str, float]:

@@ -12,22 +12,16 @@
   (`search.threat_check`; aim <= 5 us with it, on one core);
 - (the per-tree search this replaced was measured beside it by the same script with
   `--legacy` until its removal: docs/benchmarks/search_arrays.md);
-- what a selection level and a threat check would cost as whole-batch numpy calls (the
-  measurement that made the search's steps compiled);
-- the shared network server (`--server-workers N`, app/ai/network_server.py): N search
-  processes play self-play for `--server-seconds` against one network process (the GPU's
-  stand-in on a CPU node): its evaluations/s, mean batch and each worker's share;
-- what making a leaf's network input costs, one state at a time against the game's batch form;
-- random playouts/s of the vectorised engine vs a pure-Python loop of `state.play`, and of
-  open_spiel's connect_four when it is importable;
-- what a batch of small games costs with a worker spawned for it vs a worker kept in a
-  `selfplay_pool.WorkerPool` (the self-play daemon's way): wall and CPU seconds per batch.
+- what a leaf's network input costs, one state at a time against the game's batch form;
+- around the search, for the default game (bench_selfplay_engine.py): whole-batch numpy steps
+  (why the search is compiled), the shared network server (`--server-workers N`), random
+  playouts/s of the bitboard engine, and a batch's worker spawned vs kept in a pool.
 
 - with `--game G` (any game `node.game` takes: a registered name or "pkg.module:Class"): the
   search's cost a simulation and its share of the network for that game, and the first-run
   compile time of the game's search kernel (a fresh kernel cache directory) against its
-  cached start, each in a new process; the parts written for the default game's bitboards
-  (numpy steps, playouts, the shared server, worker start-up) run for the default game only.
+  cached start, each in a new process; the parts around the search (bench_selfplay_engine.py)
+  run for the default game only.
 
     python scripts/bench_selfplay.py [--game G] [--concurrent 64] [--sims 64] [--moves 6] [--device cuda]
 """
@@ -43,18 +37,19 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from app.ai.evaluators import NetworkEvaluator  # noqa: E402
-from app.ai.mcts import SearchForest, choose_action, temperature_for_ply  # noqa: E402
-from app.ai.model import Architecture, new_model, predict  # noqa: E402
+from app.games.search.evaluators import NetworkEvaluator  # noqa: E402
+from app.games.search.mcts import SearchForest, choose_action, temperature_for_ply  # noqa: E402
+from app.games.search.model import Architecture, new_model, predict  # noqa: E402
 from app.config import Settings  # noqa: E402
 from app.games import get_game  # noqa: E402
-from app.games.connect4_playouts import random_playouts  # noqa: E402
 from app.log import configure_logging  # noqa: E402
 from app.shared.process_group import DEVICE_CHOICES, network_device  # noqa: E402
+from bench_selfplay_engine import batch_start_up, numpy_step_cost, playout_speed, shared_network  # noqa: E402
 
 
 def ceiling(net, states, windows: int = 3, seconds: float = 1.0) -> float:
@@ -113,7 +108,11 @@ class FreeEvaluator:
         self.game = game
         self.positions = 0
         self._priors = np.full((1, game.num_actions), 1.0 / game.num_actions)
-        self._values = np.zeros(1)
+        self._values = self._zeros(1)
+
+    def _zeros(self, n: int) -> np.ndarray:
+        """Values shaped as the game's network answers: (n,) or (n, N) for N > 2 seats."""
+        return np.zeros(n if self.game.value_size == 1 else (n, self.game.value_size))
 
     def evaluate_batch(self, words):
         return self._answer(len(words))
@@ -121,7 +120,7 @@ class FreeEvaluator:
     def _answer(self, n: int):
         if n > len(self._values):
             self._priors = np.full((2 * n, self._priors.shape[1]), self._priors[0, 0])
-            self._values = np.zeros(2 * n)
+            self._values = self._zeros(2 * n)
         self.positions += n
         return self._priors[:n], self._values[:n]
 
@@ -243,214 +242,6 @@ def search_cost(games_cls, game, concurrent: int, sims: int, moves: int, setting
     return out
 
 
-def shared_network(arch, workers: int, seconds: float, concurrent: int, sims: int, device: str) -> dict:
-    """`workers` self-play processes against one network server process (the stand-in for a
-    GPU on a CPU node) for `seconds`: the server's evaluations/s, mean batch, each worker's
-    share; beside it the raw network's rate at that mean batch, in the server's process kind
-    (one torch thread)."""
-    import multiprocessing as mp
-    import tempfile
-
-    from app.ai.model import ModelMeta, save_model
-    from app.ai.network_server import NetworkServer
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "bench.safetensors"
-        meta = save_model(new_model(arch, seed=0), ModelMeta(arch, "connect4"), path)
-        server = NetworkServer(path, meta.sha256, "connect4", device)
-        ctx = mp.get_context("spawn")
-        done = ctx.Queue()
-        procs = [ctx.Process(target=_server_worker, args=(server.address, server.authkey, f"worker-{i}", seconds,
-                                                          concurrent, sims, done)) for i in range(workers)]
-        for p in procs:
-            p.start()
-        reports = [done.get(timeout=seconds + 300) for _ in procs]
-        for p in procs:
-            p.join(30)
-        stats = server.stats()
-        server.close()
-    busy = max(r["seconds"] for r in reports)
-    mean_batch = stats["evaluations"] / max(1, stats["batches"])
-    # the raw network at the server's mean batch, on the server's device, one torch thread
-    net = new_model(arch, seed=0).to(network_device(device)).eval()
-    game, rng = get_game("connect4"), random.Random(1)
-    states = []
-    while len(states) < max(1, round(mean_batch)):
-        state = game.initial_state()
-        for _ in range(rng.randrange(4, 12)):
-            state = state.play(rng.choice(state.legal_moves()))
-            if state.is_terminal:
-                break
-        if not state.is_terminal:
-            states.append(state)
-    ceiling_rate = ceiling(net, states)
-    return {
-        "workers": workers, "concurrent_games_per_worker": concurrent, "simulations": sims,
-        "server_evals_per_s": round(stats["evaluations"] / busy, 1),
-        "server_mean_batch": round(mean_batch, 1),
-        "ceiling_at_mean_batch": round(ceiling_rate, 1),
-        "server_over_ceiling": round(stats["evaluations"] / busy / ceiling_rate, 3),
-        "worker_shares": {name: round(n / max(1, stats["evaluations"]), 3) for name, n in sorted(stats["clients"].items())},
-        "workers_sims_per_s": [r["sims_per_s"] for r in reports],
-        "workers_positions_per_s": round(sum(r["positions_per_s"] for r in reports), 2),
-    }
-
-
-def _server_worker(address, authkey, name: str, seconds: float, concurrent: int, sims: int, done) -> None:
-    torch.set_num_threads(1)
-    from app.ai.network_server import SharedNetworkClient
-
-    game = get_game("connect4")
-    client = SharedNetworkClient.connect(address, authkey, "connect4", name)
-    settings = Settings()
-    games = ForestGames(game, settings, concurrent)
-    rng = np.random.default_rng(hash(name) % 2**32)
-    plies = [0] * concurrent
-    played = 0
-    start = time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        for i, result in enumerate(games.search(client, sims, rng, True)):
-            action = choose_action(result.visits, temperature_for_ply(plies[i], settings.search.temperature_moves), rng)
-            plies[i] = 0 if games.play(i, action) else plies[i] + 1
-            played += 1
-    elapsed = time.perf_counter() - start
-    client.close()
-    done.put({"name": name, "seconds": elapsed, "sims_per_s": round(played * sims / elapsed, 1),
-              "positions_per_s": round(played / elapsed, 2)})
-
-
-def numpy_step_cost(concurrent: int, repeats: int = 300) -> dict:
-    """Why the search's steps are compiled: what one level of a selection and one node's
-    threat check cost as whole-batch numpy calls over `concurrent` trees (the numpy form a
-    vectorised search would take: gather each tree's edge rows, PUCT, argmax, follow the
-    child; the bitboard tests of `connect4.winning_cells` for both sides). A simulation
-    descends several levels and creates a node, so numpy's per-call cost is paid ~10x a
-    simulation, against ~3 us for the whole compiled simulation (`search_us_per_sim`)."""
-    rng = np.random.default_rng(0)
-    t, nodes, a = concurrent, 512, 7
-    n = rng.integers(0, 20, (t, nodes, a)).astype(np.float64)
-    w = rng.standard_normal((t, nodes, a))
-    p = rng.random((t, nodes, a))
-    child = rng.integers(0, nodes, (t, nodes, a))
-    legal = rng.random((t, nodes, a)) < 0.9
-    at = rng.integers(0, nodes, t)
-    rows = np.arange(t)
-
-    def select_level() -> np.ndarray:
-        nn, ww, pp, ll = n[rows, at], w[rows, at], p[rows, at], legal[rows, at]
-        total = np.where(ll, nn, 0.0).sum(axis=1, keepdims=True)
-        q = np.divide(ww, nn, out=np.zeros_like(ww), where=nn > 0)
-        score = np.where(ll, q + 1.5 * np.sqrt(total + 1.0) * pp / (1.0 + nn), -np.inf)
-        return child[rows, at, score.argmax(axis=1)]
-
-    from app.games.connect4_arrays import _BOARD, _BOTTOM_ROW
-
-    position = rng.integers(0, 2**48, t, dtype=np.uint64) & _BOARD
-    mask = position | (rng.integers(0, 2**48, t, dtype=np.uint64) & _BOARD)
-
-    def winning_cells(stones: np.ndarray) -> np.ndarray:
-        u = np.uint64
-        cells = (stones << u(1)) & (stones << u(2)) & (stones << u(3))
-        for shift in (u(7), u(6), u(8)):
-            pair = (stones << shift) & (stones << (shift + shift))
-            cells |= pair & (stones << (shift * u(3)))
-            cells |= pair & (stones >> shift)
-            pair = (stones >> shift) & (stones >> (shift + shift))
-            cells |= pair & (stones << shift)
-            cells |= pair & (stones >> (shift * u(3)))
-        return cells & (_BOARD ^ mask)
-
-    def threat_check() -> np.ndarray:
-        playable = (mask + _BOTTOM_ROW) & _BOARD
-        wins = winning_cells(position) & playable
-        threats = winning_cells(position ^ mask)
-        forced = playable & threats
-        return np.where(forced != 0, forced, playable) & ~(threats >> np.uint64(1)) | wins
-
-    out = {}
-    for name, step in (("select_level_us", select_level), ("threat_check_us", threat_check)):
-        step()
-        start = time.perf_counter()
-        for _ in range(repeats):
-            step()
-        out[name] = round((time.perf_counter() - start) / repeats * 1e6, 1)
-    out["trees"] = t
-    out["per_tree_per_simulation_us_at_depth_8"] = round((8 * out["select_level_us"] + out["threat_check_us"]) / t, 2)
-    return out
-
-
-def playout_speed(games: int, repeats: int) -> dict:
-    rng = np.random.default_rng(0)
-    zeros = np.zeros(games, dtype=np.uint64)
-    random_playouts(zeros, zeros, rng)  # warm-up
-    start = time.perf_counter()
-    for _ in range(repeats):
-        outcome = random_playouts(zeros, zeros, rng)
-    numpy_rate = games * repeats / (time.perf_counter() - start)
-
-    game = get_game("connect4")
-    pyrng = random.Random(0)
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < 1.0:
-        state = game.initial_state()
-        while not state.is_terminal:
-            state = state.play(pyrng.choice(state.legal_moves()))
-        n += 1
-    python_rate = n / (time.perf_counter() - start)
-
-    out = {
-        "numpy_games_per_s": round(numpy_rate),
-        "python_loop_games_per_s": round(python_rate),
-        "first_player_win_rate": round(float((outcome == 1).mean()), 4),
-        "draw_rate": round(float((outcome == 0).mean()), 4),
-        "batch": games,
-    }
-    try:
-        import pyspiel  # type: ignore[import-not-found]
-    except ImportError:
-        out["open_spiel"] = "absent (pyspiel not importable)"
-        return out
-    sp_game = pyspiel.load_game("connect_four")
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < 1.0:
-        st = sp_game.new_initial_state()
-        while not st.is_terminal():
-            st.apply_action(pyrng.choice(st.legal_actions()))
-        n += 1
-    sp_rate = n / (time.perf_counter() - start)
-    out["open_spiel_games_per_s"] = round(sp_rate)
-    out["numpy_over_open_spiel"] = round(numpy_rate / sp_rate, 2)
-    return out
-
-
-def batch_start_up(batches: int, games: int, sims: int) -> dict:
-    """Wall and CPU seconds per batch of `games` small games on one worker process, spawned
-    per batch vs kept in a pool. The workers' CPU is counted once they are reaped."""
-    import os
-    import tempfile
-
-    from app.training.selfplay import run_selfplay
-    from app.training.selfplay_pool import WorkerPool
-
-    tiny = Settings.model_validate({"model": {"channels": 8, "blocks": 1}, "selfplay": {"concurrent_games": games}})
-    out: dict = {"batches": batches, "games_per_batch": games, "simulations": sims}
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in ("spawned_per_batch", "kept_in_pool"):
-            pool = WorkerPool(1) if name == "kept_in_pool" else None
-            t0, c0 = time.perf_counter(), os.times()
-            for b in range(batches):
-                run_selfplay(games=games, simulations=sims, db_path=Path(tmp) / f"{name}.db", workers=1, seed=b,
-                             node_id="bench", settings=tiny, pool=pool)
-            if pool is not None:
-                pool.close()
-            t1, c1 = time.perf_counter(), os.times()
-            cpu = (c1.user - c0.user) + (c1.system - c0.system) + (c1.children_user - c0.children_user) + (
-                c1.children_system - c0.children_system)
-            out[name] = {"wall_s_per_batch": round((t1 - t0) / batches, 3), "cpu_s_per_batch": round(cpu / batches, 3)}
-    out["cpu_ratio"] = round(out["spawned_per_batch"]["cpu_s_per_batch"] / out["kept_in_pool"]["cpu_s_per_batch"], 1)
-    return out
-
-
 def kernel_start_up(game_name: str) -> dict:
     """Seconds from a new process's first `get_game` to its first search of one simulation:
     with an empty kernel cache (numba compiles the game's kernel) and again with that cache."""
@@ -459,7 +250,7 @@ def kernel_start_up(game_name: str) -> dict:
     import tempfile
 
     code = ("import time; t = time.perf_counter(); import numpy as np; from app.games import get_game; "
-            "from app.ai.mcts import SearchForest; from app.ai.evaluators import UniformEvaluator; "
+            "from app.games.search.mcts import SearchForest; from app.games.search.evaluators import UniformEvaluator; "
             "from app.config import SearchConfig; g = get_game(%r); c = SearchConfig(); "
             "f = SearchForest.for_search(g, c); s = f.add(g.initial_state()); "
             "f.search([s], UniformEvaluator(g), 1, c, np.random.default_rng(0)); "

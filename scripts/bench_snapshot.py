@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from app.ai.model import Architecture, ModelMeta, new_model, save_model  # noqa: E402
+from app.games.search.model import Architecture, ModelMeta, new_model, save_model  # noqa: E402
 from app.cli.snapshot import restore, save  # noqa: E402
 from app.config.paths import NodePaths  # noqa: E402
 from app.coordination.sync import install_model  # noqa: E402

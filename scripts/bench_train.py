@@ -4,7 +4,7 @@
     python scripts/bench_train.py [--channels 64 --blocks 5 --batch 256 --steps 20 --rounds 3] [--device cuda]
 
 Prints ONE JSON object:
-- `step_loop`: samples/s of `app.training.trainer.Trainer.train_step` (1 rank, DDP over gloo,
+- `step_loop`: samples/s of `app.games.train.trainer.Trainer.train_step` (1 rank, DDP over gloo,
   or NCCL with `--device cuda`)
   and of a bare loop (same model weights, batches, AdamW, loss) run alternately in this
   process, and their ratio (target >= 0.9);
@@ -33,15 +33,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from app.ai.model import Architecture, PolicyValueNet, new_model  # noqa: E402
+from app.games.search.model import Architecture, PolicyValueNet, new_model  # noqa: E402
 from app.db.replay_db import GameRecord, MoveRecord, ReplayDB  # noqa: E402
 from app.games import get_game  # noqa: E402
-from app.training.dataset import Arrays, load_dataset  # noqa: E402
-from app.training.export import export_dataset  # noqa: E402
+from app.games.train.dataset import Arrays, load_dataset  # noqa: E402
+from app.games.train.export import export_dataset  # noqa: E402
 from app.shared.launcher import LaunchSpec, launch  # noqa: E402
 from app.shared.process_group import DEVICE_CHOICES, init_distributed, network_device, shutdown, visible_gpus  # noqa: E402
-from app.training.train_task import PolicyValueTask  # noqa: E402
-from app.training.trainer import Trainer  # noqa: E402
+from app.games.train.train_task import PolicyValueTask  # noqa: E402
+from app.games.train.trainer import Trainer  # noqa: E402
 
 
 def random_games_dataset(directory: Path, games: int, seed: int = 0) -> Path:
@@ -178,7 +178,7 @@ def bench_torchrun(dataset: Path, work: Path, args: argparse.Namespace) -> dict:
     for nproc in rank_counts:
         run_dir = work / f"run{nproc}"
         t0 = time.time()
-        launch(LaunchSpec(target=["-m", "app.training.train", "--dataset", str(dataset), "--run-dir", str(run_dir),
+        launch(LaunchSpec(target=["-m", "app.games.train.train", "--dataset", str(dataset), "--run-dir", str(run_dir),
                                   "--channels", str(args.channels), "--blocks", str(args.blocks),
                                   "--batch-size", str(args.batch), "--micro-batches", "2", "--epochs", "1000",
                                   "--max-steps", str(args.torchrun_steps), "--log-every", "5",

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Export replay DBs to an NPZ training dataset (thin CLI over app.training.export).
+"""Export replay DBs to an NPZ training dataset (thin CLI over app.games.train.export).
 
     python scripts/export_replay_dataset.py --db data/games.db [--db peer.db] --out data/datasets/d1 \
         [--config node.yaml] [--window 20000] [--holdout-fraction 0.05] [--no-augment] [--overwrite]
@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.config import ConfigError, load_settings  # noqa: E402
-from app.training.export import ExportError, WindowGrowth, export_dataset  # noqa: E402
+from app.games.train.export import ExportError, WindowGrowth, export_dataset  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,7 @@
 #   grpo      bench_grpo.py --device cuda --backend fsdp: the language-model GRPO loop with FSDP2
 #             on NCCL (one rank per GPU)
 #   selfplay  bench_selfplay.py on the 96x8 net, its leaves evaluated on the GPU by the array search
-#             (app/ai/search_forest.py), then 12 search processes sharing one network server on the
+#             (app/games/search/search_forest.py), then 12 search processes sharing one network server on the
 #             GPU (selfplay.shared_network: its evaluations/s over the GPU's ceiling at its batch),
 #             then the search on one core
 #   gauntlet  bench_gauntlet.py on the GPU: a 20-game match of two 96x8 nets at 64 simulations,

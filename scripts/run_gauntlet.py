@@ -20,13 +20,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from app.ai.model import ModelFormatError  # noqa: E402
-from app.ai.players import PlayerSpecError  # noqa: E402
+from app.games.search.model import ModelFormatError  # noqa: E402
+from app.games.search.players import PlayerSpecError  # noqa: E402
 from app.config import ConfigError, load_settings  # noqa: E402
 from app.config.paths import NodePaths
 from app.db.registry import ModelRegistry, RegistryError  # noqa: E402
 from app.games import GameError  # noqa: E402
-from app.training.gauntlet import format_table, run_gauntlet  # noqa: E402
+from app.games.train.gauntlet import format_table, run_gauntlet  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

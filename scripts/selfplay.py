@@ -42,11 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     # Imported after parsing, so a usage error answers at once instead of after torch loads.
     import torch
 
-    from app.ai.model import ModelFormatError
+    from app.games.search.model import ModelFormatError
     from app.config import ConfigError, load_settings
     from app.db.replay_db import ReplayDBError
     from app.log import configure_logging
-    from app.training.selfplay import SelfplayError, run_selfplay
+    from app.games.train.selfplay import SelfplayError, run_selfplay
 
     torch.set_num_threads(1)
     try:

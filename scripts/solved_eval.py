@@ -24,10 +24,10 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from app.ai.model import ModelFormatError, load_model  # noqa: E402
+from app.games.search.model import ModelFormatError, load_model  # noqa: E402
 from app.config import ConfigError, load_settings  # noqa: E402
-from app.training.dataset import DatasetError, load_dataset  # noqa: E402
-from app.training.solved_eval import (  # noqa: E402
+from app.games.train.dataset import DatasetError, load_dataset  # noqa: E402
+from app.games.train.solved_eval import (  # noqa: E402
     SolvedEvalError, coverage, default_positions_path, load_positions, network_choices, random_mover_accuracy,
     score_model, seen_in,
 )

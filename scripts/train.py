@@ -5,7 +5,7 @@
         [--config node.yaml] [--nproc 2] [--resume auto] [--nnodes 2 --node-rank 0 --rdzv-endpoint h:29400]
         [-- EXTRA TRAINER ARGS, e.g. --epochs 2 --max-steps 500]
 
-Runs `app.training.train` under torchrun via `app.shared.launcher` (per-rank logs in
+Runs `app.games.train.train` under torchrun via `app.shared.launcher` (per-rank logs in
 <run-dir>/logs). On success prints ONE JSON object, <run-dir>/result.json (candidate path and
 sha256, steps, holdout loss), and exits 0; a failed rank -> exit 1 with the rank, its exit code
 and its last log lines on stderr.
@@ -40,14 +40,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--master-port", type=int)
     p.add_argument("--timeout-s", type=float)
     p.add_argument("--quiet", action="store_true", help="do not echo rank output")
-    p.add_argument("extra", nargs=argparse.REMAINDER, help="-- then extra app.training.train arguments")
+    p.add_argument("extra", nargs=argparse.REMAINDER, help="-- then extra app.games.train.train arguments")
     args = p.parse_args(argv)
     try:
         settings = load_settings(args.config)
     except ConfigError as exc:
         print(f"train failed: {exc}", file=sys.stderr)
         return 2
-    target = ["-m", "app.training.train", "--dataset", str(args.dataset), "--run-dir", str(args.run_dir)]
+    target = ["-m", "app.games.train.train", "--dataset", str(args.dataset), "--run-dir", str(args.run_dir)]
     if args.config:
         target += ["--config", str(args.config)]
     if args.parent:

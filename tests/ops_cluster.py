@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.ai.model import Architecture, ModelMeta, new_model, save_model
+from app.games.search.model import Architecture, ModelMeta, new_model, save_model
 from app.coordination.pipeline.generation_log import GenerationRecord
 from app.coordination.sync import install_model
 from app.db.registry import ModelRegistry

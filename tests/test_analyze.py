@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.ai.model import Architecture, ModelMeta, new_model, save_model
+from app.games.search.model import Architecture, ModelMeta, new_model, save_model
 from app.config import SearchConfig
 from app.games import get_game, result_scale
 from tests.conftest import REPO
@@ -121,7 +121,7 @@ def test_sims_zero_is_the_raw_network(model_path: Path) -> None:
         # ... and it is the network's own output: a forward pass here, softmax over legal columns
         import torch
 
-        from app.ai.model import load_model
+        from app.games.search.model import load_model
         net, _ = load_model(model_path)
         state = get_game("connect4").parse("444444")
         with torch.inference_mode():
@@ -139,8 +139,8 @@ def test_sims_zero_is_the_raw_network(model_path: Path) -> None:
 
 @pytest.mark.timeout(60)
 def test_search_answer_shows_the_raw_network_beside_it(model_path: Path) -> None:
-    from app.ai.evaluators import NetworkEvaluator
-    from app.ai.model import load_model
+    from app.games.search.evaluators import NetworkEvaluator
+    from app.games.search.model import load_model
 
     engine = Engine("--model", str(model_path), "--sims", "64")
     try:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from app.ai.model import Architecture, ModelMeta, new_model, save_model
+from app.games.search.model import Architecture, ModelMeta, new_model, save_model
 from app.db.registry import MatchGame, ModelRegistry
 from app.games import get_game
-from app.training.gauntlet import recompute_ratings
+from app.games.train.gauntlet import recompute_ratings
 from tests.mesh_helpers import free_ports
 from tests.ops_cluster import LIGHT_DAEMONS
 from tests.orchestrator_helpers import SMALL_CONFIG, get_json, start_node, stop_nodes, tail, wait_until, write_node_files

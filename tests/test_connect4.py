@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from app.games import IllegalMoveError, ParseError, get_game
 from app.games.base import GameState as GameStateRules
 from app.games.connect4 import Connect4State, has_four
-from app.training.solved_eval import load_positions
+from app.games.train.solved_eval import load_positions
 
 # OEIS A212693: number of distinct Connect Four positions after n plies.
 A212693 = [1, 7, 49, 238, 1120, 4263, 16422, 54859, 184275]

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.ai.evaluators import UniformEvaluator
-from app.ai.heuristic import heuristic_move
-from app.ai.mcts import SearchForest
+from app.games.search.evaluators import UniformEvaluator
+from app.games.search.heuristic import heuristic_move
+from app.games.search.mcts import SearchForest
 from app.config import SearchConfig
 from app.games import GameError, get_game
 from app.games.checks import check_game

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.ai.model import Architecture, ModelMeta, new_model, save_model
+from app.games.search.model import Architecture, ModelMeta, new_model, save_model
 from app.config import load_settings
 from app.coordination.p2p.node import MeshNode
 from app.coordination.pipeline import state as ps
@@ -19,8 +19,8 @@ from app.coordination.sync import install_model
 from app.db.registry import MatchGame, ModelRegistry
 from app.db.replay_db import GameRecord, MoveRecord, ReplayDB
 from app.games import get_game
-from app.training.gauntlet import recompute_ratings
-from app.training.solved_accuracy import ACCURACY_FILE, AccuracyCache
+from app.games.train.gauntlet import recompute_ratings
+from app.games.train.solved_accuracy import ACCURACY_FILE, AccuracyCache
 from tests.mesh_helpers import free_ports
 
 pytestmark = pytest.mark.timeout(120)

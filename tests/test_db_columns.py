@@ -95,7 +95,7 @@ def test_every_bounded_column_is_as_wide_as_what_is_stored_there() -> None:
 
 
 def test_gauntlet_games_and_ratings_with_real_player_names_are_stored(db_target) -> None:
-    """The uid and player names the gauntlet really writes (app/training/gauntlet.py), on both backends."""
+    """The uid and player names the gauntlet really writes (app/games/train/gauntlet.py), on both backends."""
     best, candidate = f"model:{SHA}:s32", f"model:{SHA[::-1]}:s32"
     uid = f"{'f' * 16}-{best}-12"
     assert len(uid) > 90

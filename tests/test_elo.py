@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.training.elo import fit_elo, fit_elo_chains, pair_counts
+from app.games.train.elo import fit_elo, fit_elo_chains, pair_counts
 
 TRUE = {"random": 0.0, "weak": 150.0, "mid": 400.0, "strong": 650.0}
 
@@ -139,7 +139,7 @@ def test_a_match_summary_fits_like_its_games() -> None:
 
 
 def test_chain_anchors_name_what_each_rating_is_relative_to() -> None:
-    from app.training.elo import chain_anchors
+    from app.games.train.elo import chain_anchors
 
     games = [("a", "random", 1.0), ("b", "a", 0.5), ("c", "d", 1.0), ("e", "d", 0.0)]
     anchors = chain_anchors(games, order=["d", "c", "e"])

@@ -14,8 +14,8 @@ from hypothesis import given, settings, strategies as st
 
 from app.db.replay_db import GameRecord, MoveRecord, ReplayDB
 from app.games import GameError, get_game
-from app.training.dataset import DatasetError, dataset_sha256, load_dataset
-from app.training.export import (
+from app.games.train.dataset import DatasetError, dataset_sha256, load_dataset
+from app.games.train.export import (
     ExportError, export_dataset, game_samples, holdout_score, is_holdout, outcome_for, select_window,
 )
 from tests.train_fixtures import make_db

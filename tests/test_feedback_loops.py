@@ -15,7 +15,7 @@ from app.coordination.pipeline.feedback_loops import (
     explore_settings, training_values,
 )
 from app.db.replay_db import GameRecord, MoveRecord
-from app.training.data_quality import data_quality
+from app.games.train.data_quality import data_quality
 
 quality_configs = st.builds(
     lambda low, width, step, floor: QualityLoopConfig(enabled=True, low=low, high=min(1.0, low + width), step=step,

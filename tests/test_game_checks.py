@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.ai.evaluators import UniformEvaluator
-from app.ai.mcts import SearchForest
+from app.games.search.evaluators import UniformEvaluator
+from app.games.search.mcts import SearchForest
 from app.config import SearchConfig
 from app.games import GameError, get_game
 from app.games.checks import check_game
@@ -27,6 +27,7 @@ B = "tests.user_games.broken_games"
     (f"{B}:ReturnsEarly", "returns() answered before the end"),
     (f"{B}:RaisesOnLegal", "legal action 4 raised RuntimeError"),
     (f"{B}:TooShort", "MAX_PLIES is 9, the game says 5"),
+    (f"{B}:ProofsNotZeroSum", "solver_proofs on a two-seat game whose returns do not cancel"),
 ])
 def test_a_bad_game_is_one_line_naming_the_key(spec: str, says: str) -> None:
     with pytest.raises(GameError) as err:

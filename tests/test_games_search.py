@@ -1,4 +1,4 @@
-"""The one array search (app/ai/search_forest.py, compiled per game) on the two new games:
+"""The one array search (app/games/search/search_forest.py, compiled per game) on the two new games:
 Othello's passes and proofs against its exact endgame search, and the three-player game's
 vector values (each node choosing by its mover's entry)."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.ai.evaluators import RolloutEvaluator, UniformEvaluator
-from app.ai.search_forest import SearchForest
+from app.games.search.evaluators import RolloutEvaluator, UniformEvaluator
+from app.games.search.search_forest import SearchForest
 from app.config.pipeline import SearchConfig
 from app.games import get_game
 from app.games.othello import BLACK, WHITE
@@ -47,6 +47,13 @@ def test_three_player_search_takes_a_win_and_values_by_seat() -> None:
     [result] = best_by_search(game, [state], 400)
     assert int(np.argmax(result.counts)) == game.cell_of("d1")
     assert result.root_value > 0.5  # the mover's entry of the vector: a win is +1
+    assert result.proven is None  # N > 2: no proofs unless the game says its results allow them
+    # a game that says so (the same rules and compiled search): the win on the spot is proven,
+    # the root taking the winning child's vector, so the mover's entry is exactly a win's
+    proving = type("ProvingMNK3", (type(game),), {"solver_proofs": True})()
+    [proved] = best_by_search(proving, [state], 400)
+    assert int(np.argmax(proved.counts)) == game.cell_of("d1")
+    assert proved.proven == 1.0 and proved.child_proven[game.cell_of("d1")] == 1.0
 
 
 def test_random_playouts_give_values_in_the_networks_convention() -> None:
@@ -62,3 +69,28 @@ def test_random_playouts_give_values_in_the_networks_convention() -> None:
     won = mnk3.parse("a1 a2 a3 b1 b2 b3 c1 c2 c3 d1")
     _, values = RolloutEvaluator(mnk3, 3, rng).evaluate([won])
     assert values.shape == (1, 3) and list(values[0]) == [-0.5, -0.5, 1.0]
+
+
+def test_old_kernel_files_are_pruned_and_recent_or_other_games_kept(tmp_path) -> None:
+    """A game's compiled module under an old hash goes once unused for PRUNE_AFTER_S (with
+    numba's cache files of it); a recent one (another program version may use it), the current
+    one and another game's whose module name extends this one's stay."""
+    import os
+    import time
+
+    from app.games.search.kernel_build import PRUNE_AFTER_S, prune_old
+
+    prefix = "search_kernel_app_games_mnk3_arrays_"
+    (tmp_path / "__pycache__").mkdir()
+    names = {"current": prefix + "0" * 16, "old": prefix + "1" * 16, "recent": prefix + "2" * 16,
+             "other game": prefix + "x_" + "3" * 16}
+    for name in names.values():
+        (tmp_path / f"{name}.py").write_text("")
+        (tmp_path / "__pycache__" / f"{name}.select-212.py311.nbi").write_text("")
+    long_ago = time.time() - PRUNE_AFTER_S - 60
+    for key in ("current", "old", "other game"):
+        os.utime(tmp_path / f"{names[key]}.py", (long_ago, long_ago))
+    assert prune_old(tmp_path, prefix, names["current"]) == [names["old"]]
+    left = sorted(p.name.split(".")[0] for p in tmp_path.glob("*.py"))
+    assert left == sorted(n for k, n in names.items() if k != "old")
+    assert sorted(p.name.split(".")[0] for p in (tmp_path / "__pycache__").iterdir()) == left

@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.ai.model import Architecture, ModelMeta, new_model, save_model
+from app.games.search.model import Architecture, ModelMeta, new_model, save_model
 from app.config import load_settings
 from app.db.registry import ModelRegistry
 from app.games import get_game
-from app.training.gauntlet import format_table, run_gauntlet
-from app.training.match_games import make_openings
+from app.games.train.gauntlet import format_table, run_gauntlet
+from app.games.train.match_games import make_openings
 
 REPO = Path(__file__).resolve().parent.parent
 GAME = get_game("connect4")
@@ -76,6 +76,28 @@ def test_every_game_is_recorded_with_colours_alternated(tmp_path: Path) -> None:
     names = {r.player for r in report.ratings}
     assert names == {"heuristic-d1", "random"} == {r.player for r in stored}
     assert report.ratings[0].player == "heuristic-d1" and report.ratings[0].elo > 0
+
+
+def test_a_three_player_gauntlet_stores_every_seat_and_rates_from_seat_pairs(tmp_path: Path) -> None:
+    """mnk3: the candidate takes each seat in turn against the field; a game is stored with each
+    seat's player and return and counted as the candidate's two seat pairs, by the tally and by
+    the Elo fit alike (before: one candidate-vs-field result a game, and a game the candidate
+    lost to one seat while level with the other was counted nowhere)."""
+    settings = load_settings(None, node={"game": "mnk3"},
+                             gauntlet={"opening_plies_min": 1, "opening_plies_max": 2})
+    with ModelRegistry(tmp_path / "reg.sqlite") as registry:
+        report = run_gauntlet("heuristic:1", ["random"], None, settings, registry, workers=1, seed=3,
+                              games_per_baseline=6)
+        games = sorted(registry.match_games(report.match_id), key=lambda g: int(g.uid.rsplit("-", 1)[1]))
+        pairs = registry.match_results()
+    [result] = report.results
+    assert len(games) == 6 and result.games == 12  # every game, two seat pairs each
+    assert all(len(g.seats) == 3 and {p for p, _ in g.seats} == {"heuristic-d1", "random"} for g in games)
+    assert [[p for p, _ in g.seats].index("heuristic-d1") for g in games] == [0, 1, 2] * 2
+    assert len(pairs) == 12 and all({a, b} == {"heuristic-d1", "random"} for a, b, _ in pairs)
+    points = sum(s if a == "heuristic-d1" else 1.0 - s for a, _, s in pairs)
+    assert result.wins + 0.5 * result.draws == pytest.approx(points)
+    assert {r.player: r.games for r in report.ratings}["heuristic-d1"] == 12
 
 
 def test_sprt_stops_a_lopsided_match_early(tmp_path: Path) -> None:
@@ -138,8 +160,8 @@ def test_cli_bad_input_is_a_clear_error(tmp_path: Path, capsys) -> None:
 
 
 def test_should_stop_ends_the_gauntlet_between_rounds_keeping_finished_games(tmp_path: Path) -> None:
-    from app.training.gauntlet import GauntletStopped
-    from app.training.match_games import MAX_WAVE
+    from app.games.train.gauntlet import GauntletStopped
+    from app.games.train.match_games import MAX_WAVE
 
     calls = []
 
@@ -160,7 +182,7 @@ def test_should_stop_ends_the_gauntlet_between_rounds_keeping_finished_games(tmp
 def test_a_match_is_played_in_waves_whose_network_calls_are_batches(tmp_path: Path) -> None:
     """One worker plays all of a small match's games in lock step: each network call carries a
     leaf of every game still running, not one position. The SPRT still counts every game."""
-    from app.training import match_games
+    from app.games.train import match_games
 
     arch = Architecture(8, 1, GAME.plane_shape, GAME.num_actions)
     candidate, best = tmp_path / "candidate.safetensors", tmp_path / "best.safetensors"
@@ -186,8 +208,8 @@ def test_a_match_is_played_in_waves_whose_network_calls_are_batches(tmp_path: Pa
 
 
 def test_waves_keep_opening_pairs_together_and_split_over_workers() -> None:
-    from app.training.match_games import MAX_WAVE, GameTask, cut_waves
-    from app.ai.players import PlayerSpec
+    from app.games.train.match_games import MAX_WAVE, GameTask, cut_waves
+    from app.games.search.players import PlayerSpec
 
     spec = PlayerSpec("random")
     tasks = [GameTask(i, spec, spec, i % 2, (), i) for i in range(40)]
@@ -206,7 +228,7 @@ def test_a_one_worker_gauntlet_plays_on_one_torch_thread(tmp_path: Path) -> None
         f"sys.path.insert(0, {str(REPO)!r})\n"
         "torch.set_num_threads(3)\n"
         "from app.config import load_settings\n"
-        "from app.training.gauntlet import run_gauntlet\n"
+        "from app.games.train.gauntlet import run_gauntlet\n"
         "settings = load_settings(None, gauntlet={'opening_plies_min': 2, 'opening_plies_max': 4})\n"
         f"run_gauntlet('heuristic:1', ['random'], None, settings, {str(tmp_path / 'reg.sqlite')!r},"
         " workers=1, seed=1, games_per_baseline=2)\n"
@@ -222,7 +244,7 @@ def test_a_chain_of_best_matches_rates_every_generation(tmp_path: Path) -> None:
     best. Every generation still gets an Elo with its interval, the first at 0, from the
     games recorded in the registry."""
     from app.db.registry import MatchGame
-    from app.training.gauntlet import recompute_ratings
+    from app.games.train.gauntlet import recompute_ratings
 
     shas = [f"{g:064x}" for g in (1, 2, 3)]
     player = lambda sha: f"model:{sha}:s4"  # noqa: E731

@@ -10,8 +10,8 @@ import pytest
 from app.config import ConfigError, load_settings
 from app.coordination.pipeline.gauntlet_plan import GauntletRequest, shards_of
 from app.db.registry import ModelRegistry
-from app.training.gauntlet import format_table, run_gauntlet
-from app.training.gauntlet_baselines import Baseline, anchor_player, planned_baselines
+from app.games.train.gauntlet import format_table, run_gauntlet
+from app.games.train.gauntlet_baselines import Baseline, anchor_player, planned_baselines
 
 
 def test_the_anchor_is_played_by_default_with_its_own_small_count() -> None:

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from app.ai.model import Architecture, ModelMeta, new_model, save_model
+from app.games.search.model import Architecture, ModelMeta, new_model, save_model
 from app.config import load_settings
 from app.db.registry import ModelRegistry
-from app.training.gauntlet import OpponentResult
-from app.training.gauntlet_baselines import baseline_text
-from app.training.gauntlet_shard import ShardGame, ShardResult, merge_shards, play_shard, shard_refusal
+from app.games.train.gauntlet import OpponentResult
+from app.games.train.gauntlet_baselines import baseline_text
+from app.games.train.gauntlet_shard import ShardGame, ShardResult, merge_shards, play_shard, shard_refusal
 
 pytestmark = pytest.mark.timeout(60)
 ARCH = Architecture(8, 1, (3, 6, 7), 7)
@@ -36,9 +36,11 @@ def game(uid: str, winner: int | None, cand_first: bool = True) -> ShardGame:
 
 
 def shard(shard_id: str, games: list[ShardGame], sha: str = "a" * 64) -> ShardResult:
-    wins = sum(g.candidate_score("cand") == 1.0 for g in games)
-    draws = sum(g.winner is None for g in games)
-    return ShardResult(shard_id, sha, "random", wins, draws, len(games) - wins - draws, tuple(games), "n2")
+    tally = OpponentResult("random", "random")
+    for g in games:
+        for score in g.pair_scores("cand"):
+            tally.add(score)
+    return ShardResult(shard_id, sha, "random", tally.wins, tally.draws, tally.losses, tuple(games), "n2")
 
 
 def test_a_played_shard_is_recorded_and_published_with_colours_alternating(tmp_path: Path, model) -> None:
@@ -91,6 +93,28 @@ def test_merging_counts_each_shard_once_even_if_seen_twice() -> None:
     assert (heuristic.kind, heuristic.opponent, heuristic.losses, heuristic.games) == ("heuristic", "heuristic-d2", 2, 2)
     assert best_out is best
     assert sorted(g.uid for g in merged.games) == ["h0#0", "h0#1", "r0#0", "r0#1", "r1#0", "r1#1"]
+
+
+def test_three_seat_games_travel_with_their_seats_and_count_by_seat_pairs(tmp_path: Path) -> None:
+    # an opponent's seat won: the candidate lost to it and drew the other loser; then it won
+    lost = ShardGame("t#0", "cand", "random", 1, "a1", 0, (("random", -0.5), ("random", 1.0), ("cand", -0.5)))
+    won = ShardGame("t#1", "cand", "random", 0, "a1", 0, (("cand", 1.0), ("random", -0.5), ("random", -0.5)))
+    assert lost.pair_scores("cand") == [0.5, 0.0] and won.pair_scores("cand") == [1.0, 1.0]
+    assert ShardGame.from_json(lost.to_json()) == lost and "s" not in game("u", 0).to_json()
+    three = shard("t", [lost, won])
+    assert (three.wins, three.draws, three.losses) == (2, 1, 1)
+    assert shard_refusal(three, "cand", "a" * 64, "random", 2) is None
+    stranger = replace(three, games=(replace(lost, seats=(("x", -0.5), ("random", 1.0), ("cand", -0.5))), won))
+    assert "seats" in shard_refusal(stranger, "cand", "a" * 64, "random", 2)
+    merged = merge_shards("cand", [("random", "random")], [("random", three), ("random", three)])
+    assert [(r.wins, r.draws, r.losses) for r in merged.results] == [(2, 1, 1)]
+    with ModelRegistry(tmp_path / "registry.db") as registry:
+        assert registry.add_match_games(g.match_game("t", "mnk3") for g in merged.games) == 2
+        assert [g.seats for g in registry.match_games("t")] == [lost.seats, won.seats]
+    for bad in ([["a", 1.0], ["b", -1.0]], [["a", float("nan")], ["b", 0], ["c", 0]],
+                [["a", "1"], ["b", 0], ["c", 0]], "abc"):
+        with pytest.raises(ValueError, match="seat"):
+            ShardGame.from_json({**won.to_json(), "s": bad})
 
 
 def test_recording_merged_games_twice_adds_them_once(tmp_path: Path) -> None:

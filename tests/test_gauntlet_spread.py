@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from app.ai.model import Architecture, ModelMeta, new_model, save_model
+from app.games.search.model import Architecture, ModelMeta, new_model, save_model
 from app.config import load_settings
 from app.coordination.pipeline.cluster import ClusterPipeline
 from app.coordination.pipeline.gauntlet_plan import RESULTS_KEY
@@ -19,8 +19,8 @@ from app.coordination.pipeline.gauntlet_spread import build_request, spread_gaun
 from app.coordination.p2p.node import MeshNode
 from app.workloads import pipeline_context
 from app.db.registry import ModelRegistry
-from app.training.gauntlet_baselines import planned_baselines
-from app.training.gauntlet_shard import ShardGame, ShardResult, play_shard
+from app.games.train.gauntlet_baselines import planned_baselines
+from app.games.train.gauntlet_shard import ShardGame, ShardResult, play_shard
 from app.coordination.pipeline.state import PipelineState, Stage
 from app.coordination.pipeline.runner_settings import ExportSettings
 from tests.mesh_helpers import free_ports, wait_for

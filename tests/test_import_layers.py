@@ -7,6 +7,7 @@ too: a type-only circle is still two modules that cannot be understood one witho
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -16,24 +17,33 @@ APP = Path(__file__).resolve().parents[1] / "app"
 pytestmark = pytest.mark.timeout(60)
 
 # Layers, top first. A module may import its own layer (without circles) and any layer below.
-# Packages on one row stand side by side and do not import each other.
+# Packages on one row stand side by side and do not import each other. Each workload has one
+# home (app/games, app/lm) whose subpackages sit on different rows: workload/ above the
+# daemons, train/ below them, then search/ or rollout/, then the home's own core modules.
 LAYERS: list[tuple[str, ...]] = [
     ("app.p2p_orchestrator", "app.cli"),
     ("app.workloads",),  # picks the configured workload's steps
-    ("app.training.workload", "app.lm.workload"),  # each workload's pipeline steps: the seam's two sides
+    ("app.games.workload", "app.lm.workload"),  # each workload's pipeline steps: the seam's two sides
     ("app.coordination.pipeline",),
     ("app.coordination.sync",),
     ("app.coordination.p2p",),
     ("app.coordination.daemons",),
-    ("app.training", "app.lm.train", "app.analyze"),
+    ("app.games.train", "app.lm.train", "app.analyze"),
     ("app.lm.rollout",),
-    ("app.ai", "app.lm"),
+    ("app.games.search", "app.lm"),
     ("app.shared",),  # what both workloads use: torchrun, process group, manifests
     ("app.games", "app.db", "app.config", "app.log", "app.atomic_files", "app.free_ports"),
 ]
 # The two workloads never import each other, at any layer.
-WORKLOADS = {"app.lm": ("app.training", "app.ai", "app.games", "app.analyze"),
-             "app.training": ("app.lm",), "app.ai": ("app.lm",), "app.games": ("app.lm",)}
+WORKLOADS = {"app.lm": ("app.games", "app.analyze"), "app.games": ("app.lm",), "app.analyze": ("app.lm",)}
+# Each workload's pipeline steps are reached through the seam only: app/workloads.py picks them.
+STEPS_PACKAGES = ("app.games.workload", "app.lm.workload")
+STEPS_IMPORTERS = ("app.workloads",)
+# Third-party packages a part of the game home must not use (docs/ARCHITECTURE.md): the rules
+# load no torch (app/config imports them), the search no database, neither talks HTTP.
+FORBIDDEN_LIBRARIES = {"app.games": ("torch", "sqlalchemy", "aiohttp", "app.db"),
+                       "app.games.search": ("sqlalchemy", "aiohttp", "app.db"),
+                       "app.games.train": ("aiohttp",)}
 NAMESPACES = {"app", "app.coordination"}  # empty package files that only group the layers
 
 
@@ -46,16 +56,34 @@ def all_modules() -> dict[str, Path]:
     return {module_name(p): p for p in APP.rglob("*.py")}
 
 
+@cache
+def parsed(path: Path) -> ast.Module:
+    """Each file parsed once for all the tests here (read-only use)."""
+    return ast.parse(path.read_text(), filename=str(path))
+
+
 def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
     """The app modules `path` imports; `from pkg import name` counts as pkg.name when that is a module."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.startswith("app"):
             for alias in node.names:
                 sub = f"{node.module}.{alias.name}"
                 found.add(sub if sub in modules else node.module)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("app"))
+    return found
+
+
+def libraries_of(path: Path) -> set[str]:
+    """Top-level names of every module `path` imports (``torch`` for ``torch.nn``), and app.db's
+    modules as ``app.db``."""
+    found: set[str] = set()
+    for node in ast.walk(parsed(path)):
+        names = [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else (
+            [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+        for name in names:
+            found.add("app.db" if name == "app.db" or name.startswith("app.db.") else name.split(".")[0])
     return found
 
 
@@ -148,8 +176,28 @@ def test_the_workloads_do_not_import_each_other() -> None:
     assert not bad, "imports between the workloads:\n" + "\n".join(sorted(bad))
 
 
+def test_only_the_workload_picker_imports_a_workloads_steps() -> None:
+    bad = [f"{module} -> {target}" for module, targets in import_graph().items() for target in targets
+           for steps in STEPS_PACKAGES
+           if (target == steps or target.startswith(steps + ".")) and module not in STEPS_IMPORTERS
+           and not (module == steps or module.startswith(steps + "."))]
+    assert not bad, "a workload's steps imported around the seam:\n" + "\n".join(sorted(bad))
+
+
+def test_the_game_home_uses_no_forbidden_library() -> None:
+    bad = []
+    for name, path in all_modules().items():
+        if not (name == "app.games" or name.startswith("app.games.")):
+            continue
+        part = layer_of(name)[1]
+        for library in FORBIDDEN_LIBRARIES.get(part, ()):
+            if library in libraries_of(path):
+                bad.append(f"{name} imports {library}")
+    assert not bad, "\n".join(sorted(bad))
+
+
 def test_no_two_modules_share_a_name() -> None:
-    """One name, one job: `app/ai/model.py` and an LM `model.py` read alike in a traceback.
+    """One name, one job: `app/games/search/model.py` and an LM `model.py` read alike in a traceback.
     Exceptions: app/config's settings modules (named after what they configure), and the leader's
     work queue, whose table (db/work_queue.py) and logic (p2p/work_queue.py) are one job."""
     seen: dict[str, list[str]] = {}
@@ -168,7 +216,12 @@ def test_the_checker_sees_circles_and_layers() -> None:
     """The rules themselves: a circle and an upward import are found, a clean graph passes."""
     assert find_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert find_circles({"a": {"b"}, "b": set()}) == []
-    assert layer_of("app.games.connect4")[0] > layer_of("app.ai.mcts")[0] > layer_of("app.training.train")[0]
+    assert layer_of("app.games.connect4")[0] > layer_of("app.games.search.mcts")[0] > layer_of("app.games.train.train")[0] \
+        > layer_of("app.coordination.pipeline.runners")[0] > layer_of("app.games.workload.game_steps")[0]
+    assert layer_of("app.games.workload.game_steps")[0] == layer_of("app.lm.workload.lm_steps")[0]
+    assert layer_of("app.games.train.gauntlet")[0] == layer_of("app.lm.train.grpo")[0]
+    assert "torch" in libraries_of(APP / "games" / "train" / "train.py")
+    assert "app.db" in libraries_of(APP / "games" / "train" / "selfplay.py")
     assert layer_of("app.lm.tasks")[0] > layer_of("app.lm.rollout.engine")[0] > layer_of("app.lm.train.grpo")[0]
     assert layer_of("app.coordination.pipeline.runners")[0] > layer_of("app.lm.workload.lm_steps")[0]
     assert layer_of("app.coordination.p2p.node")[0] > layer_of("app.coordination.pipeline.cluster")[0]

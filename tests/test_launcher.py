@@ -48,12 +48,12 @@ print("worker done", flush=True)
 
 
 def test_argv_single_node_uses_static_port_and_rank_entry():
-    spec = LaunchSpec(target=["-m", "app.training.train", "--x", "1"], nproc=3, log_dir=Path("/tmp/l"))
+    spec = LaunchSpec(target=["-m", "app.games.train.train", "--x", "1"], nproc=3, log_dir=Path("/tmp/l"))
     argv = build_torchrun_argv(spec, 29555)
     assert argv[1:3] == ["-m", "torch.distributed.run"]
     joined = " ".join(argv)
     assert "--nproc-per-node 3" in joined and "--master-port 29555" in joined and "--master-addr 127.0.0.1" in joined
-    assert argv[-6:] == ["-m", "app.shared.rank_entry", "-m", "app.training.train", "--x", "1"]
+    assert argv[-6:] == ["-m", "app.shared.rank_entry", "-m", "app.games.train.train", "--x", "1"]
     assert "--rdzv-endpoint" not in argv
 
 

@@ -11,16 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.ai.evaluators import UniformEvaluator
-from app.ai.mcts import SearchForest
+from app.games.search.evaluators import UniformEvaluator
+from app.games.search.mcts import SearchForest
 from app.config import Settings
 from app.config.pipeline import ExportConfig, SearchConfig, SelfplayConfig
 from app.db.replay_db import GameRecord, MoveRecord, ReplayDB
 from app.games import GameError, get_game
-from app.training.dataset import load_dataset
-from app.training.export import ExportError, WindowGrowth, export_dataset, game_samples, value_target
-from app.training.selfplay import play_games, search_budgets
-from app.training.selfplay_games import random_opening
+from app.games.train.dataset import load_dataset
+from app.games.train.export import ExportError, WindowGrowth, export_dataset, game_samples, value_target
+from app.games.train.selfplay import play_games, search_budgets
+from app.games.train.selfplay_games import random_opening
 
 GAME = get_game("connect4")
 

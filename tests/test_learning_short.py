@@ -23,15 +23,15 @@ import numpy as np
 import pytest
 import torch
 
-from app.ai.evaluators import RolloutEvaluator
-from app.ai.model import load_model, new_model
+from app.games.search.evaluators import RolloutEvaluator
+from app.games.search.model import load_model, new_model
 from app.config import Settings
 from app.db.replay_db import ReplayDB
 from app.games import get_game
-from app.training.export import export_dataset
+from app.games.train.export import export_dataset
 from app.shared.launcher import LaunchSpec, launch
-from app.training.selfplay import play_games
-from app.training.solved_eval import default_positions_path, load_positions, random_mover_accuracy, score_model
+from app.games.train.selfplay import play_games
+from app.games.train.solved_eval import default_positions_path, load_positions, random_mover_accuracy, score_model
 from tests.conftest import REPO
 
 GAMES = 60
@@ -55,7 +55,7 @@ def test_a_briefly_trained_network_beats_its_untrained_self(tmp_path: Path) -> N
     export = export_dataset([tmp_path / "games.db"], tmp_path / "ds", window_games=GAMES, holdout_fraction=0.0)
     run_dir = tmp_path / "run"
     launch(LaunchSpec(
-        target=["-m", "app.training.train", "--dataset", str(tmp_path / "ds"), "--run-dir", str(run_dir),
+        target=["-m", "app.games.train.train", "--dataset", str(tmp_path / "ds"), "--run-dir", str(run_dir),
                 "--channels", "16", "--blocks", "2", "--batch-size", "128", "--lr", "0.005", "--epochs", "3",
                 "--eval-every", "100000", "--log-every", "50", "--seed", "1"],
         nproc=1, log_dir=run_dir / "logs", timeout_s=360, status_every_s=0), out=io.StringIO())

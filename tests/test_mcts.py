@@ -1,5 +1,5 @@
 """PUCT search on real positions: wins, blocks, terminal states, noise, reuse, batching
-(the array search, app/ai/search_forest.py; its equality with the per-tree search it replaced:
+(the array search, app/games/search/search_forest.py; its equality with the per-tree search it replaced:
 tests/test_search_equivalence.py)."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from app.ai.evaluators import NetworkEvaluator, RolloutEvaluator, UniformEvaluator
-from app.ai.mcts import SearchForest, SearchResult, choose_action, search, temperature_for_ply
-from app.ai.model import Architecture, new_model
+from app.games.search.evaluators import NetworkEvaluator, RolloutEvaluator, UniformEvaluator
+from app.games.search.mcts import SearchForest, SearchResult, choose_action, search, temperature_for_ply
+from app.games.search.model import Architecture, new_model
 from app.config import SearchConfig
 from app.games import IllegalMoveError, get_game, result_scale
-from app.training.solved_eval import ScoredPosition, load_positions
+from app.games.train.solved_eval import ScoredPosition, load_positions
 from tests.conftest import PONS_DIR
 
 GAME = get_game("connect4")

@@ -133,7 +133,7 @@ def test_self_play_stores_three_player_games_with_every_seat_winning(tmp_path) -
     win is tallied, seat 2's too (a two-seat tally once crashed the self-play daemon on it)."""
     from app.config import Settings
     from app.db.replay_db import ReplayDB
-    from app.training.selfplay import run_selfplay
+    from app.games.train.selfplay import run_selfplay
 
     base = Settings()
     settings = base.model_copy(update={"node": base.node.model_copy(update={"game": "mnk3"}),

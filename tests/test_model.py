@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from app.ai.model import (
+from app.games.search.model import (
     Architecture, ModelFormatError, ModelMeta, file_sha256, load_model, new_model, predict, read_meta, save_model,
 )
 

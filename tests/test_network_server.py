@@ -1,4 +1,4 @@
-"""One network process serving several search processes (app/ai/network_server.py): answers
+"""One network process serving several search processes (app/games/search/network_server.py): answers
 equal to the network's own, each client's share counted, a wrong key refused, a promotion
 loaded in place, and self-play's workers wired to it by `selfplay.shared_network`."""
 
@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.ai.evaluators import NetworkEvaluator
-from app.ai.model import Architecture, ModelMeta, new_model, save_model
-from app.ai.network_server import NetworkServer, SharedNetworkClient
+from app.games.search.evaluators import NetworkEvaluator
+from app.games.search.model import Architecture, ModelMeta, new_model, save_model
+from app.games.search.network_server import NetworkServer, SharedNetworkClient
 from app.config import Settings
 from app.db.replay_db import ReplayDB
 from app.games import get_game
-from app.training.selfplay import run_selfplay
-from app.training.selfplay_pool import WorkerPool
+from app.games.train.selfplay import run_selfplay
+from app.games.train.selfplay_pool import WorkerPool
 
 GAME = get_game("connect4")
 ARCH = Architecture(8, 1, GAME.plane_shape, GAME.num_actions)

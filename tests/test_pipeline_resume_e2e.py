@@ -21,7 +21,7 @@ import pytest
 from app.coordination.pipeline.context import TEST_HOLD_ENV
 from app.db.registry import ModelRegistry
 from app.db.replay_db import ReplayDB
-from app.training.dataset import dataset_sha256
+from app.games.train.dataset import dataset_sha256
 from tests.orchestrator_helpers import (
     SMALL_DAEMONS,
     TINY_CONFIG,

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.ai.model import Architecture, ModelFormatError, ModelMeta, new_model, save_model
-from app.ai.players import (
+from app.games.search.model import Architecture, ModelFormatError, ModelMeta, new_model, save_model
+from app.games.search.players import (
     HeuristicPlayer, NetMCTSPlayer, PlayerSpec, PlayerSpecError, RandomPlayer, RolloutMCTSPlayer,
     make_player, model_player_name, model_sha_of_player, parse_player_spec,
 )
@@ -126,7 +126,7 @@ def test_select_moves_keeps_one_tree_a_game_and_answers_as_one_game_at_a_time(ti
 
 
 def test_net_player_with_zero_simulations_plays_the_policy_argmax(tiny_model: Path) -> None:
-    from app.ai.model import load_model, predict
+    from app.games.search.model import load_model, predict
 
     net, meta = load_model(tiny_model)
     state = GAME.parse("44")
@@ -166,7 +166,7 @@ def test_specs_parse_and_build(tiny_model: Path) -> None:
 
 
 def test_heuristic_generic_path_uses_only_the_state_interface() -> None:
-    from app.ai.heuristic import heuristic_move
+    from app.games.search.heuristic import heuristic_move
 
     rng = np.random.default_rng(0)
     assert heuristic_move(GAME.parse("121212"), 2, rng, game_name="generic") == 0  # take the win

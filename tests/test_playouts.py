@@ -102,7 +102,7 @@ def test_playout_values_shape_and_range() -> None:
 
 
 def test_the_rollout_evaluator_values_a_position_as_a_python_loop_of_playouts() -> None:
-    from app.ai.evaluators import RolloutEvaluator
+    from app.games.search.evaluators import RolloutEvaluator
 
     state = random_state(99, 12)
     evaluator = RolloutEvaluator(GAME, rollouts_per_leaf=1500, rng=np.random.default_rng(5))

@@ -57,7 +57,7 @@ def test_trainer_refuses_cuda_without_a_gpu_with_exit_2_and_a_reason(tmp_path) -
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     proc = subprocess.run(
-        [sys.executable, "-m", "app.training.train", "--dataset", str(tmp_path / "ds"), "--run-dir",
+        [sys.executable, "-m", "app.games.train.train", "--dataset", str(tmp_path / "ds"), "--run-dir",
          str(tmp_path / "run"), "--device", "cuda"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr

@@ -16,18 +16,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.ai.heuristic import heuristic_move
-from app.ai.model import Architecture, ModelMeta, new_model, save_model
+from app.games.search.heuristic import heuristic_move
+from app.games.search.model import Architecture, ModelMeta, new_model, save_model
 from app.config import load_settings
 from app.config.pipeline import PromotionConfig
 from app.db.registry import ModelRegistry, ModelStatus
 from app.games import get_game
-from app.training.gauntlet import OpponentResult
-from app.training.promotion import (
+from app.games.train.gauntlet import OpponentResult
+from app.games.train.promotion import (
     Gates, PromotionError, decide_promotion, evaluate_candidate, progress_report, promote_model,
     register_candidate, rollback_model,
 )
-from app.training.sprt import SprtDecision, SprtResult
+from app.games.train.sprt import SprtDecision, SprtResult
 
 REPO = Path(__file__).resolve().parent.parent
 GAME = get_game("connect4")

@@ -109,6 +109,28 @@ def test_match_games_are_idempotent_and_feed_elo(registry: ModelRegistry) -> Non
     assert len(registry.match_games("m1")) == 4
     assert registry.match_results() == [("x", "random", 0.0), ("random", "x", 1.0),
                                         ("x", "random", 0.5), ("random", "x", 0.0)]
+    # three seats: each seat's player and return kept; Elo reads the pairs of different players
+    three = MatchGame("m2-0", "m2", "mnk3", "c", "o", 1, "a1 b2 c3", 0, seats=(("o", -0.5), ("c", -0.5), ("o", 1.0)))
+    assert registry.add_match_games([three, three]) == 1
+    assert [(g.uid, g.seats) for g in registry.match_games("m2")] == [("m2-0", three.seats)]
+    assert [g.seats for g in registry.match_games()] == [()] * 4 + [three.seats]
+    assert registry.match_results()[4:] == [("o", "c", 0.5), ("c", "o", 0.0)]
+
+
+def test_a_registry_from_before_seats_opens_and_keeps_its_games(tmp_path: Path) -> None:
+    """A registry written before games kept their seats (no match_seats table) is refused
+    nothing: the table is made on open, its games read as two seats, new ones keep theirs."""
+    path = tmp_path / "old.sqlite"
+    with ModelRegistry(path) as registry:
+        registry.add_match_games([MatchGame("old-0", "old", "mnk3", "c", "o", 0, "a1", 0)])
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP TABLE match_seats")
+    with ModelRegistry(path) as registry:
+        assert [(g.uid, g.seats) for g in registry.match_games()] == [("old-0", ())]
+        assert registry.match_results() == [("c", "o", 1.0)]
+        seats = (("c", 1.0), ("o", -0.5), ("o", -0.5))
+        assert registry.add_match_games([MatchGame("new-0", "new", "mnk3", "c", "o", 0, "a1", 0, seats=seats)]) == 1
+        assert registry.match_results() == [("c", "o", 1.0), ("c", "o", 1.0), ("c", "o", 1.0)]
 
 
 def test_ratings_are_copied_onto_models(registry: ModelRegistry) -> None:

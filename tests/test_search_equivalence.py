@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.ai.mcts import SearchForest
+from app.games.search.mcts import SearchForest
 from tests.search_cases import GAME, POSITIONS, SETTINGS, TableEvaluator, config_of, positions
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "search_equivalence.json"

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from app.ai.model import Architecture, ModelFormatError, ModelMeta, new_model, save_model
+from app.games.search.model import Architecture, ModelFormatError, ModelMeta, new_model, save_model
 from app.config import Settings
 from app.db.replay_db import ReplayDB
 from app.games import get_game
-from app.training.selfplay import SelfplayError, run_selfplay
+from app.games.train.selfplay import SelfplayError, run_selfplay
 from tests.conftest import REPO
 
 GAME = get_game("connect4")

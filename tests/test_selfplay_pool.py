@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from app.ai.model import Architecture, ModelMeta, new_model, save_model
+from app.games.search.model import Architecture, ModelMeta, new_model, save_model
 from app.config import Settings
 from app.db.replay_db import ReplayDB
 from app.games import get_game
-from app.training.selfplay import SelfplayError, run_selfplay
-from app.training.selfplay_pool import PoolClosedError, WorkerPool
+from app.games.train.selfplay import SelfplayError, run_selfplay
+from app.games.train.selfplay_pool import PoolClosedError, WorkerPool
 from tests.orchestrator_helpers import wait_until
 
 SETTINGS = Settings.model_validate({"model": {"channels": 8, "blocks": 1}, "selfplay": {"concurrent_games": 4}})

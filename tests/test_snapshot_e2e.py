@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from app.ai.model import Architecture, ModelMeta, new_model, save_model
+from app.games.search.model import Architecture, ModelMeta, new_model, save_model
 from app.cli.snapshot import summarize
 from app.coordination.sync import install_model
 from app.db.registry import ModelRegistry

@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.ai.model import Architecture, ModelMeta, new_model, save_model
+from app.games.search.model import Architecture, ModelMeta, new_model, save_model
 from app.config.pipeline import SearchConfig
 from app.games import get_game
-from app.training.solved_eval import (
+from app.games.train.solved_eval import (
     ScoredPosition, SolvedEvalError, accuracy, coverage, default_positions_path, load_positions, mcts_choices,
     WIN_ON_THE_SPOT, network_choices, parse_line, random_mover_accuracy, score_model, seen_in, value_choices,
 )
@@ -103,7 +103,7 @@ def test_the_raw_network_plays_its_policy_argmax_and_search_finds_a_win(tiny_net
     positions = load_positions(default_positions_path(REPO))[:40]
     choices = network_choices(tiny_net, positions, batch=16)  # batching changes nothing
     assert choices == network_choices(tiny_net, positions, batch=40)
-    from app.ai.model import predict
+    from app.games.search.model import predict
     for p, c in zip(positions[:5], choices):
         state = GAME.parse(p.moves)
         probs, _ = predict(tiny_net, state.planes()[None], state.legal_mask()[None])
@@ -121,7 +121,7 @@ def test_the_raw_network_plays_its_policy_argmax_and_search_finds_a_win(tiny_net
 
 
 def test_value_choices_rank_moves_by_the_value_head_one_ply_deep(tiny_net) -> None:
-    from app.ai.model import predict
+    from app.games.search.model import predict
     positions = load_positions(default_positions_path(REPO))
     choices = value_choices(tiny_net, positions)
     for p, c in zip(positions[:40], choices):  # the mover's value of each child, asked one at a time
@@ -177,7 +177,7 @@ def game_through(moves: str, seed: int = 0):
 
 def test_coverage_splits_accuracy_by_what_the_dataset_holds(tmp_path: Path, tiny_net) -> None:
     from app.db.replay_db import ReplayDB
-    from app.training.export import export_dataset
+    from app.games.train.export import export_dataset
 
     positions = load_positions(default_positions_path(REPO))[:40]
     planes = np.stack([GAME.parse(p.moves).planes() for p in positions[:3]])
@@ -250,7 +250,7 @@ def test_the_learning_plot_is_a_png(tmp_path: Path) -> None:
 
 def test_the_bench_finds_every_model_that_was_promoted_in_order(tmp_path: Path, tiny_net) -> None:
     from app.db.registry import ModelRegistry
-    from app.training.promotion import promote_model, register_candidate, reject_model
+    from app.games.train.promotion import promote_model, register_candidate, reject_model
 
     bench = load_bench_script()
     assert bench.promoted_models(tmp_path) == ([], 0, 0)  # no registry yet: an empty curve, no error

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.training.sprt import (
+from app.games.train.sprt import (
     SprtDecision, elo_to_score, score_to_elo, sprt_bounds, sprt_decision, sprt_llr,
 )
 

@@ -7,15 +7,15 @@ import asyncio
 
 import pytest
 
-from app.ai.model import Architecture, ModelMeta, load_model, new_model, save_model
+from app.games.search.model import Architecture, ModelMeta, load_model, new_model, save_model
 from app.config import load_settings
 from app.coordination.pipeline.strength_watch import watch_strength
 from app.workloads import pipeline_context
 from app.coordination.sync import install_model
 from app.db.registry import ModelRegistry
 from app.games import get_game
-from app.training.solved_accuracy import ACCURACY_FILE, AccuracyCache, positions_file
-from app.training.solved_eval import accuracy, load_positions, network_choices
+from app.games.train.solved_accuracy import ACCURACY_FILE, AccuracyCache, positions_file
+from app.games.train.solved_eval import accuracy, load_positions, network_choices
 from tests.conftest import PONS_DIR
 
 pytestmark = pytest.mark.timeout(120)

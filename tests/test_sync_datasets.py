@@ -11,8 +11,8 @@ import pytest
 from app.coordination.p2p.client import MeshClient
 from app.coordination.sync.dataset_fetch import DatasetFetchError, fetch_dataset, verify_dataset
 from app.coordination.sync.dataset_server import dataset_routes
-from app.training.dataset import load_dataset
-from app.training.export import export_dataset
+from app.games.train.dataset import load_dataset
+from app.games.train.export import export_dataset
 from tests.mesh_helpers import refused_both_ways
 from tests.train_fixtures import make_db
 from tests.sync_helpers import serving, signed_client

@@ -14,7 +14,7 @@ from app.coordination.p2p.client import MeshClient
 from app.lm.workload.lm_model_fetch import ROUTE, LMModelFetchError, fetch_lm_model, lm_model_routes
 from app.lm.causal_lm import LMModelConfig, build_model, load_model, save_model
 from app.lm.tokenizer import build_digit_tokenizer
-from app.training.dataset import MANIFEST_NAME
+from app.games.train.dataset import MANIFEST_NAME
 from app.lm.model_dir import (
     ModelDirError, install_model_dir, manifest_bytes, read_model_manifest, verify_model_dir, write_manifest,
 )

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from app.ai.model import Architecture, ModelMeta, file_sha256, load_model, new_model, save_model, sidecar_path
+from app.games.search.model import Architecture, ModelMeta, file_sha256, load_model, new_model, save_model, sidecar_path
 from app.coordination.p2p.client import MeshClient
 from app.coordination.p2p.membership import Liveness
 from app.coordination.p2p.node import ClusterView, MeshNode

@@ -21,12 +21,12 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from app.ai.model import load_model, read_meta
-from app.training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from app.training.dataset import dataset_sha256
-from app.training.export import export_dataset
+from app.games.search.model import load_model, read_meta
+from app.games.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from app.games.train.dataset import dataset_sha256
+from app.games.train.export import export_dataset
 from app.shared.launcher import LaunchSpec, launch
-from app.training.train_schedule import (
+from app.games.train.train_schedule import (
     EarlyStop, ScheduleError, early_stop_update, effective_batch, epoch_permutation, rank_slices,
     resolve_micro_batches,
 )
@@ -50,7 +50,7 @@ def step_losses(run_dir: Path) -> dict[int, float]:
 def train(tmp: Path, name: str, nproc: int, dataset: Path, *extra: str) -> tuple[Path, str]:
     run_dir = tmp / name
     out = io.StringIO()
-    launch(LaunchSpec(target=["-m", "app.training.train", "--dataset", str(dataset), "--run-dir", str(run_dir),
+    launch(LaunchSpec(target=["-m", "app.games.train.train", "--dataset", str(dataset), "--run-dir", str(run_dir),
                               *COMMON, *extra],
                       nproc=nproc, log_dir=run_dir / "logs", timeout_s=150, status_every_s=0), out=out)
     return run_dir, out.getvalue()
@@ -130,7 +130,7 @@ def test_warm_start_names_parent_and_bad_checkpoint_is_refused(runs, dataset, tm
     parent_meta = read_meta(parent)
     run_dir = tmp_path / "warm"
     proc = subprocess.run(
-        [sys.executable, "-m", "app.training.train", "--dataset", str(dataset), "--run-dir", str(run_dir),
+        [sys.executable, "-m", "app.games.train.train", "--dataset", str(dataset), "--run-dir", str(run_dir),
          "--parent", str(parent), "--max-steps", "5", "--batch-size", "32", "--log-every", "1",
          "--eval-every", "1", "--patience", "1", "--min-delta", "100"],
         cwd=ROOT, capture_output=True, text=True, timeout=100,
@@ -245,7 +245,7 @@ def test_early_stop_matches_a_simple_reference(losses, patience):
 def test_the_step_cap_comes_from_the_config_and_the_command_line_overrides_it(tmp_path: Path) -> None:
     """`train.max_steps` fixes a generation's training cost while the window grows (the
     pipeline passes only --config); --max-steps overrides it; a negative cap is refused."""
-    from app.training.train import TrainInputError, build_parser, resolve_options
+    from app.games.train.train import TrainInputError, build_parser, resolve_options
 
     config = tmp_path / "node.yaml"
     config.write_text("train: {max_steps: 7}\n")

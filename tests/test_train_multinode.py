@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from app.training.export import export_dataset
+from app.games.train.export import export_dataset
 from app.free_ports import free_port
 from tests.train_fixtures import make_db
 
@@ -40,7 +40,7 @@ def test_two_launchers_rendezvous_and_train_as_one_job(tmp_path) -> None:
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "app.shared.launcher", "--nproc", "1", "--nnodes", "2",
                      "--node-rank", str(node_rank), "--master-addr", "127.0.0.1", "--master-port", str(port),
-                     "--timeout-s", "150", "--log-dir", str(run_dir / "logs"), "--module", "app.training.train",
+                     "--timeout-s", "150", "--log-dir", str(run_dir / "logs"), "--module", "app.games.train.train",
                      "--", "--dataset", str(dataset), "--run-dir", str(run_dir), "--max-steps", "6",
                      "--channels", "8", "--blocks", "1", "--batch-size", "32"],
                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True))

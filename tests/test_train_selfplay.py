@@ -27,12 +27,12 @@ import numpy as np
 import pytest
 import torch
 
-from app.ai.model import load_model, new_model, predict
+from app.games.search.model import load_model, new_model, predict
 from app.config import Settings
 from app.games import GameState, get_game
-from app.training.export import export_dataset
+from app.games.train.export import export_dataset
 from app.shared.launcher import LaunchSpec, launch
-from app.training.selfplay import run_selfplay
+from app.games.train.selfplay import run_selfplay
 
 GAMES = 300
 SIMULATIONS = 32
@@ -73,7 +73,7 @@ def test_a_network_trained_on_uniform_selfplay_learns_to_block(tmp_path: Path) -
     export = export_dataset([tmp_path / "games.db"], tmp_path / "ds", window_games=GAMES, holdout_fraction=0.0)
     run_dir = tmp_path / "run"
     launch(LaunchSpec(
-        target=["-m", "app.training.train", "--dataset", str(tmp_path / "ds"), "--run-dir", str(run_dir),
+        target=["-m", "app.games.train.train", "--dataset", str(tmp_path / "ds"), "--run-dir", str(run_dir),
                 "--channels", "32", "--blocks", "2", "--batch-size", "256", "--lr", "0.003", "--epochs", "3",
                 "--eval-every", "100000", "--log-every", "50", "--seed", "1"],
         nproc=1, log_dir=run_dir / "logs", timeout_s=240, status_every_s=0), out=io.StringIO())

@@ -22,9 +22,9 @@ from app.coordination.pipeline.runner_settings import TrainSettings
 from app.workloads import pipeline_context
 from app.coordination.pipeline.training_job import train_spanned
 from app.log import get_logger
-from app.training.export import export_dataset
+from app.games.train.export import export_dataset
 from app.coordination.pipeline.state import PipelineState, Stage
-from app.training.train import RESULT_NAME
+from app.games.train.train import RESULT_NAME
 from tests.train_fixtures import make_db
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from app.ai.players import NetMCTSPlayer
+from app.games.search.players import NetMCTSPlayer
 from app.config.pipeline import SearchConfig
 from app.games import get_game
 from tests.orchestrator_helpers import ROOT, SMALL_DAEMONS, kill_group, start_node, tail, wait_until, write_node_files

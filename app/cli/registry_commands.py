@@ -23,14 +23,14 @@ from pathlib import Path
 
 import torch
 
-from app.ai.model import ModelFormatError
-from app.ai.players import PlayerSpecError
+from app.games.search.model import ModelFormatError
+from app.games.search.players import PlayerSpecError
 from app.config import ConfigError, load_settings
 from app.config.paths import NodePaths
 from app.db.registry import ModelRegistry, RegistryError
-from app.training.gauntlet import format_table
-from app.training.gauntlet_baselines import anchor_player
-from app.training.promotion import (
+from app.games.train.gauntlet import format_table
+from app.games.train.gauntlet_baselines import anchor_player
+from app.games.train.promotion import (
     PromotionError, evaluate_candidate, progress_report, promote_model, rollback_model,
 )
 

@@ -21,8 +21,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.db.registry_tables import (
-    MatchGameRow, ModelRow, ModelStatus, RatingRow, RegistryBase, RegistrySchemaInfo, StatusHistoryRow,
+    MatchGameRow, MatchSeatRow, ModelRow, ModelStatus, RatingRow, RegistryBase, RegistrySchemaInfo, StatusHistoryRow,
 )
+from app.db.seat_pairs import Seat, seat_pairs
 from app.db.stored_paths import from_stored, to_stored
 from app.db.engines import is_url
 from app.db.versioned_store import StoreSchema, open_store
@@ -75,6 +76,16 @@ class MatchGame:
     moves: str
     opening_plies: int = 0
     created_at: float = 0.0
+    # more than two seats: (player, return) of each seat in order; player0/player1/winner then
+    # hold the two-seat summary (the candidate against the field) for readers of only them
+    seats: tuple[Seat, ...] = ()
+
+    def pair_results(self) -> list[tuple[str, str, float]]:
+        """(player a, player b, a's score) rows for an Elo fit: one a game of two seats, one
+        per seat pair of different players otherwise (app/db/seat_pairs.py)."""
+        if self.seats:
+            return seat_pairs(self.seats)
+        return [(self.player0, self.player1, 0.5 if self.winner is None else (1.0 if self.winner == 0 else 0.0))]
 
 
 @dataclass(frozen=True)
@@ -237,7 +248,7 @@ class ModelRegistry:
 
     def promote(self, sha256: str, reason: str) -> ModelEntry:
         """Make a candidate the current best. The caller checks the file's sha256 first
-        (app.training.promotion.promote_model does); this only guards the state machine and
+        (app.games.train.promotion.promote_model does); this only guards the state machine and
         the one-promoted-model-per-generation rule."""
         now = time.time()
         with Session(self.engine) as session, session.begin():
@@ -303,7 +314,8 @@ class ModelRegistry:
     # --- games and ratings ------------------------------------------------------------
 
     def add_match_games(self, games: Iterable[MatchGame]) -> int:
-        """Record gauntlet games, each idempotent by uid; returns how many were new."""
+        """Record gauntlet games, each idempotent by uid, with its seats in the same
+        transaction; returns how many were new."""
         added = 0
         now = time.time()
         for g in games:
@@ -311,10 +323,15 @@ class ModelRegistry:
                 with Session(self.engine) as session, session.begin():
                     if session.scalar(select(MatchGameRow.id).where(MatchGameRow.uid == g.uid)) is not None:
                         continue
-                    session.add(MatchGameRow(
+                    row = MatchGameRow(
                         uid=g.uid, match_id=g.match_id, game=g.game, player0=g.player0, player1=g.player1,
                         winner=-1 if g.winner is None else int(g.winner), moves=g.moves,
-                        opening_plies=g.opening_plies, created_at=g.created_at or now))
+                        opening_plies=g.opening_plies, created_at=g.created_at or now)
+                    session.add(row)
+                    if g.seats:
+                        session.flush()  # the row's id, for its seats
+                        session.add_all(MatchSeatRow(game_id=row.id, seat=i, player=player, result=float(result))
+                                        for i, (player, result) in enumerate(g.seats))
                 added += 1
             except IntegrityError:
                 continue
@@ -325,17 +342,39 @@ class ModelRegistry:
         if match_id is not None:
             stmt = stmt.where(MatchGameRow.match_id == match_id)
         with Session(self.engine) as session:
+            rows = list(session.scalars(stmt))
+            seats = self._seats(session, match_id)
             return [
                 MatchGame(r.uid, r.match_id, r.game, r.player0, r.player1,
-                          None if r.winner < 0 else r.winner, r.moves, r.opening_plies, r.created_at)
-                for r in session.scalars(stmt)
+                          None if r.winner < 0 else r.winner, r.moves, r.opening_plies, r.created_at,
+                          seats.get(r.id, ()))
+                for r in rows
             ]
 
+    @staticmethod
+    def _seats(session: Session, match_id: str | None) -> dict[int, tuple[Seat, ...]]:
+        """game id -> its seats in order (games of more than two seats only), of one match or
+        of every game."""
+        stmt = select(MatchSeatRow).order_by(MatchSeatRow.game_id, MatchSeatRow.seat)
+        if match_id is not None:
+            stmt = stmt.join(MatchGameRow, MatchGameRow.id == MatchSeatRow.game_id).where(
+                MatchGameRow.match_id == match_id)
+        out: dict[int, list[Seat]] = {}
+        for r in session.scalars(stmt):
+            out.setdefault(r.game_id, []).append((r.player, r.result))
+        return {game_id: tuple(seats) for game_id, seats in out.items()}
+
     def match_results(self) -> list[tuple[str, str, float]]:
-        """(player0, player1, score of player0) for every recorded game: the Elo fit's input."""
+        """(player a, player b, score of a) rows of every recorded game, the Elo fit's input:
+        one a game of two seats, one per seat pair of different players for more seats."""
         with Session(self.engine) as session:
-            rows = session.execute(select(MatchGameRow.player0, MatchGameRow.player1, MatchGameRow.winner)).all()
-        return [(p0, p1, 0.5 if w < 0 else (1.0 if w == 0 else 0.0)) for p0, p1, w in rows]
+            rows = session.execute(select(MatchGameRow.id, MatchGameRow.player0, MatchGameRow.player1,
+                                          MatchGameRow.winner)).all()
+            seats = self._seats(session, None)
+        out: list[tuple[str, str, float]] = []
+        for game_id, p0, p1, w in rows:
+            out += MatchGame("", "", "", p0, p1, None if w < 0 else w, "", seats=seats.get(game_id, ())).pair_results()
+        return out
 
     def store_ratings(self, ratings: Iterable[tuple[str, float, float, float, int]],
                       model_player: dict[str, str] | None = None) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 
-from sqlalchemy import Float, Index, Integer, String, Text
+from sqlalchemy import Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -73,6 +73,18 @@ class MatchGameRow(RegistryBase):
     opening_plies: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[float] = mapped_column(Float)
     __table_args__ = (Index("ix_match_games_players", "player0", "player1"),)
+
+
+class MatchSeatRow(RegistryBase):
+    """Each seat of a game of more than two seats: who sat there and its return. player0/player1
+    of its match_games row keep the two-seat summary (the candidate against the field), so a
+    reader that knows only them still reads the game; a two-seat game has no rows here, and a
+    registry made before this table gets it empty on its next open (create_all)."""
+    __tablename__ = "match_seats"
+    game_id: Mapped[int] = mapped_column(ForeignKey("match_games.id", ondelete="CASCADE"), primary_key=True)
+    seat: Mapped[int] = mapped_column(Integer, primary_key=True)
+    player: Mapped[str] = mapped_column(Text)
+    result: Mapped[float] = mapped_column(Float)  # the seat's return, e.g. +1 the winner, -0.5 a loser of three
 
 
 class RatingRow(RegistryBase):

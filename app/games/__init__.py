@@ -1,4 +1,14 @@
-"""Game rules behind one small interface; `get_game(name)` is the only way in from above.
+"""The game workload's home; this package itself is its core: game rules behind one small
+interface, and `get_game(name)` the only way in from above.
+
+    *.py         the `Game` interface (base.py, array_rules.py), its start-up check (checks.py) and
+                 the shipped games: Connect Four at any size, Othello 6x6, mnk3 (three players)
+    search/      how a network plays a game: the net, the array search compiled per game, players
+    train/       how it learns: self-play, export, the torchrun trainer, gauntlet, Elo, promotion
+    workload/    the pipeline steps the daemons run (the seam's game side)
+
+Imports run downward, as in app/lm: workload -> train -> search -> these modules; importing this
+package loads no torch (app/config asks it for `get_game`).
 
 `name` is a registered game ("connect4", the default; "connect4_<w>x<h>" for another board
 size, app/games/connect4_sizes.py) or a user's game by import path,

@@ -1,7 +1,7 @@
 """The contract of a game's compiled node rules: what the array search is compiled against.
 
 A game names one module by its import path (`Game.rules_module`); the search
-(app/ai/search_kernel.py) is compiled once per game against it (numba, `cache=True`, the
+(app/games/search/search_kernel.py) is compiled once per game against it (numba, `cache=True`, the
 kernel's source written per game under the kernel cache directory and keyed by a hash of
 both sources, so an edit of either compiles afresh), and calls these functions inside its own
 compiled loop, one node at a time. The module defines, at top level:
@@ -27,7 +27,7 @@ WORDS (never written by a rule but `play`'s `out`), `ply` an int64 (plies played
         (uint8, length NUM_ACTIONS), and return how many are legal (>= 1).
 
 Optional (a two-player zero-sum game's immediate-win / forced-move check; the search calls it
-at node creation when `SearchConfig.threat_check` is on and the game has `solver_proofs`):
+at node creation when `SearchConfig.threat_check` is on and the game, of two seats, has `solver_proofs`):
     threats(words, ply, moves) -> int64, one of
         THREAT_NONE (0)  nothing known: the search takes `legal` (moves left unspecified);
         THREAT_WIN  (1)  the mover wins on the spot: `moves` holds the winning actions (the

@@ -10,7 +10,7 @@ A game is two things, and the search, self-play, training and the daemons see on
    `Game.words` uint64 words; the batch's network input and legal masks as numpy
    (`Game.words_planes`, `Game.words_legal_masks`); and the per-node rules as numba-compiled
    functions in one module (`Game.rules_module`) that the array search
-   (app/ai/search_kernel.py) is compiled against, once per game, cached on disk.
+   (app/games/search/search_kernel.py) is compiled against, once per game, cached on disk.
 
 Players and values. `num_players` seats, numbered 0..N-1; `GameState.to_move` is the seat
 that acts. At the end `GameState.returns()` gives each seat's result, a float vector of
@@ -18,7 +18,8 @@ length N (Connect Four: +1 / -1 / 0; a three-seat game e.g. +1 for the winner an
 the others). A search node chooses by its mover's entry (max^n); a game with
 `two_player_zero_sum` (N = 2, returns always summing to 0) is searched as negamax, its
 network has one value output (the mover's) and the MCTS-solver proves positions; any other
-game's network has N value outputs, entry k for seat (to_move + k) % N, and proofs are off.
+game's network has N value outputs, entry k for seat (to_move + k) % N, and proofs are off
+unless the game says its results allow them (`solver_proofs`).
 
 Nothing above this package imports a concrete game except through `app.games.get_game`
 (a registered name or a user's `"package.module:Class"`).
@@ -195,7 +196,7 @@ class Game(ABC):
     words: int
     rules_module: str
     num_players: int = 2
-    # a file of solver-scored positions (app/training/solved_eval.py's format), relative to the
+    # a file of solver-scored positions (app/games/train/solved_eval.py's format), relative to the
     # directory that holds the repository; None: no solved-position panel for this game
     scored_positions: str | None = None
 
@@ -214,8 +215,13 @@ class Game(ABC):
 
     @property
     def solver_proofs(self) -> bool:
-        """Whether the search's MCTS-solver may prove positions (and use the rules' threat
-        hook): only for two-player zero-sum games."""
+        """Whether the search's MCTS-solver may prove positions: on for two-player zero-sum
+        games (with the rules' threat hook), off for any other unless the game turns it on.
+        An N > 2 game may when its results allow them: no seat's return exceeds a win's (+1),
+        and a win on the spot gives every other seat one same result, so a child that wins at
+        once is its mover's best and its returns are the node's; a node whose children are all
+        proven takes the best for its mover (ties by move order, max^n's usual rule). A game
+        of two seats whose returns do not cancel cannot (app.games.checks refuses it)."""
         return self.two_player_zero_sum
 
     @abstractmethod
@@ -239,7 +245,7 @@ class Game(ABC):
     def heuristic_scores(self, state: GameState, depth: int) -> dict[int, float] | None:
         """A hand-written player's score of each legal move of `state` for its mover (higher
         is better; the gauntlet's middle rung plays the best, ties to the centre), searching
-        `depth` plies; None (the default): app/ai/heuristic.py's search over the state
+        `depth` plies; None (the default): app/games/search/heuristic.py's search over the state
         interface with terminal results only."""
         return None
 

@@ -37,6 +37,9 @@ def check_game(game: Game, key: str = "node.game", playouts: int = PLAYOUTS, see
         raise GameError(f"{where}: num_players, num_actions, words, max_plies must be positive ints and "
                         f"plane_shape (channels, height, width), got {n}, {a}, {game.words}, {game.max_plies}, "
                         f"{game.plane_shape}")
+    if n == 2 and game.solver_proofs and not game.two_player_zero_sum:
+        raise GameError(f"{where}: solver_proofs on a two-seat game whose returns do not cancel "
+                        f"(the solver proves a two-seat node as zero-sum)")
     rules = load_rules(game.rules_module, key)
     stated = {"WORDS": game.words, "NUM_ACTIONS": a, "NUM_PLAYERS": n, "MAX_PLIES": game.max_plies}
     for name, value in stated.items():

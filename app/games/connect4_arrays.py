@@ -7,7 +7,7 @@ is a uint64 array (N, 2). What a whole batch needs at once is a numpy operation 
 network input (`planes`), its legal masks. What the search needs per node it creates (drop a
 stone, is the game over, the one-ply threat check of `Connect4State.threat_outlook`) is a
 scalar function compiled by numba (`play`, `node_facts`), so the array search
-(app/ai/search_kernel.py) calls it inside its own compiled loop: per node, a numpy call on a
+(app/games/search/search_kernel.py) calls it inside its own compiled loop: per node, a numpy call on a
 one-element array costs ~1 us, the compiled function ~20 ns.
 
 Every function gives what `Connect4State` gives for the same position; tests/test_connect4_arrays.py

@@ -35,7 +35,7 @@ def _columns(cells: int) -> list[int]:
 def winning_cells(stones: int, mask: int) -> int:
     """Empty cells where `stones`' owner would make four (Pons' compute_winning_position):
     three of the four in place, in every direction, the gap at either end or inside. The
-    heuristic baseline (app/ai/heuristic.py) scores leaves by these too."""
+    heuristic baseline (app/games/search/heuristic.py) scores leaves by these too."""
     # vertical: three stones straight below
     cells = (stones << 1) & (stones << 2) & (stones << 3)
     for shift in (_COLUMN_BITS, HEIGHT, _COLUMN_BITS + 1):  # horizontal and both diagonals

@@ -17,7 +17,7 @@ _TOP = [1 << (_H - 1 + c * _H1) for c in range(_W)]
 _BOTTOM_CELL = [1 << (c * _H1) for c in range(_W)]
 _CENTRE_ORDER = sorted(range(_W), key=lambda c: (abs(2 * c - (_W - 1)), -c if _W % 2 == 0 else c))  # 3 2 4 1 5 0 6
 _CENTRE_WEIGHT = [(_W - 1) // 2 - abs(2 * c - (_W - 1)) // 2 for c in range(_W)]  # 0 1 2 3 2 1 0
-WIN_SCORE = 10_000.0  # as app/ai/heuristic.py
+WIN_SCORE = 10_000.0  # as app/games/search/heuristic.py
 THREAT_WEIGHT = 4.0
 CENTRE_WEIGHT = 1.0
 

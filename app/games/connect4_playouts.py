@@ -7,7 +7,7 @@ and games that end drop out of the arrays. The bitboard layout is `connect4`'s (
 column c holds bits c*7 .. c*7+5, bit c*7+6 is an always-empty sentinel.
 
 This is the one Connect Four-specific piece of the rollout machinery; `RolloutEvaluator`
-in app/ai/evaluators.py dispatches here by game name.
+in app/games/search/evaluators.py dispatches here by game name.
 """
 
 from __future__ import annotations

@@ -260,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--join-timeout-s", type=float,
                    help=f"multi-node: exit {JOIN_TIMEOUT_EXIT} when the other nodes did not join within this long")
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--module", default="app.training.train", help="python module to run (default: the trainer)")
+    group.add_argument("--module", default="app.games.train.train", help="python module to run (default: the trainer)")
     group.add_argument("--script", type=Path, help="python script to run instead of a module")
     p.add_argument("args", nargs=argparse.REMAINDER, help="-- then the target's arguments")
     return p

@@ -54,3 +54,10 @@ class TooShort(TicTacToe):
 
 class Abstract(TicTacToe.__mro__[1]):  # Game itself: no part written
     name = "abstract"
+
+
+class ProofsNotZeroSum(TicTacToe):
+    """Two seats whose returns it says do not cancel, with the solver's proofs turned on."""
+
+    two_player_zero_sum = False
+    solver_proofs = True

@@ -39,9 +39,9 @@ from app.coordination.pipeline.generation_elo import generation_anchors, rate_ge
 from app.db.engines import is_url
 from app.db.registry import ModelRegistry, RegistryError
 from app.log import get_logger
-from app.training.gauntlet_baselines import anchor_player
-from app.training.promotion import model_anchors
-from app.training.solved_accuracy import ACCURACY_FILE, AccuracyCache
+from app.games.train.gauntlet_baselines import anchor_player
+from app.games.train.promotion import model_anchors
+from app.games.train.solved_accuracy import ACCURACY_FILE, AccuracyCache
 
 log = get_logger(__name__)
 

@@ -7,9 +7,9 @@ gate is a pure function of them (`decide_promotion`).
 
 from __future__ import annotations
 
-from app.training.gauntlet import GauntletReport, OpponentResult
-from app.training.promotion import Decision, Gates, decide_promotion
-from app.training.sprt import SprtDecision, SprtResult
+from app.games.train.gauntlet import GauntletReport, OpponentResult
+from app.games.train.promotion import Decision, Gates, decide_promotion
+from app.games.train.sprt import SprtDecision, SprtResult
 
 
 def evaluation_from_report(report: GauntletReport) -> dict:

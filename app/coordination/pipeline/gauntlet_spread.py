@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING
 from app.coordination.pipeline.gauntlet_plan import RESULTS_KEY, GauntletRequest, Shard, shards_of
 from app.coordination.pipeline.shard_worker import claim_shard, play_claimed_shard
 from app.coordination.sync import install_model, model_file
-from app.ai.players import net_spec
+from app.games.search.players import net_spec
 from app.db.registry import ModelRegistry
 from app.log import get_logger
-from app.training.gauntlet import (
+from app.games.train.gauntlet import (
     GauntletReport, GauntletStopped, OpponentResult, rated_anchor, recompute_ratings, run_gauntlet,
 )
-from app.training.gauntlet_baselines import Baseline, anchor_player
-from app.training.gauntlet_shard import (
+from app.games.train.gauntlet_baselines import Baseline, anchor_player
+from app.games.train.gauntlet_shard import (
     MergedGauntlet, ShardResult, merge_shards, play_shard, shard_players, shard_refusal,
 )
 

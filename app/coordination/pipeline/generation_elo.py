@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from app.ai.players import model_sha_of_player
+from app.games.search.players import model_sha_of_player
 from app.coordination.pipeline.generation_log import GenerationRecord
-from app.training.elo import Rating, chain_anchors, fit_elo_chains, rating_order
+from app.games.train.elo import Rating, chain_anchors, fit_elo_chains, rating_order
 
 
 def match_rows(records: Mapping[int, GenerationRecord]) -> list[tuple[str, str, float, float]]:

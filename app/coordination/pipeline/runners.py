@@ -29,13 +29,13 @@ from app.coordination.pipeline.training_job import run_training
 from app.db.registry import ModelRegistry, ModelStatus, RegistryError
 from app.coordination.pipeline import feedback_apply as feedback
 from app.coordination.pipeline import state as ps
-from app.training.gauntlet import GauntletStopped
+from app.games.train.gauntlet import GauntletStopped
 from app.coordination.pipeline.runner_settings import (
     ClaimPolled, ExportSettings, Polled, SelfplaySettings, TrainSettings,
 )
 from app.coordination.pipeline.state import Stage
 from app.coordination.pipeline.steps import Cluster, PullsBeforeExport, ReportsStatus, Verdict
-from app.training.promotion import PromotionError, promote_model, reject_model, rollback_model
+from app.games.train.promotion import PromotionError, promote_model, reject_model, rollback_model
 from app.log import get_logger
 
 

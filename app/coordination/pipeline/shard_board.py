@@ -14,7 +14,7 @@ from typing import Any
 from app.atomic_files import atomic_write_json
 from app.coordination.pipeline.gauntlet_plan import REQUEST_KEY, RESULTS_KEY, GauntletRequest
 from app.log import get_logger
-from app.training.gauntlet_shard import ShardResult
+from app.games.train.gauntlet_shard import ShardResult
 
 log = get_logger(__name__)
 KEEP_GENERATIONS = 3

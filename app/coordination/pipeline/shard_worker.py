@@ -19,8 +19,8 @@ from app.coordination.pipeline.gauntlet_plan import GAUNTLET_KIND
 from app.coordination.p2p.worker import Claim, WorkClient
 from app.coordination.sync import ModelFetchError, fetch_from_mesh
 from app.log import get_logger
-from app.training.gauntlet import GauntletStopped
-from app.training.gauntlet_shard import ShardResult, play_shard
+from app.games.train.gauntlet import GauntletStopped
+from app.games.train.gauntlet_shard import ShardResult, play_shard
 from app.coordination.pipeline.runner_settings import ClaimPolled
 from app.coordination.pipeline.state import Stage
 from app.coordination.pipeline.steps import Cluster

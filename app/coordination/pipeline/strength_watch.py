@@ -19,14 +19,14 @@ from pathlib import Path
 
 import torch
 
-from app.ai.model import ModelFormatError
+from app.games.search.model import ModelFormatError
 from app.coordination.pipeline.context import PipelineContext
 from app.db.registry import ModelRegistry, RegistryError
 from app.log import get_logger
-from app.training.solved_accuracy import (
+from app.games.train.solved_accuracy import (
     ACCURACY_FILE, AccuracyCache, positions_file, score_raw_network,
 )
-from app.training.solved_eval import SolvedEvalError, load_positions
+from app.games.train.solved_eval import SolvedEvalError, load_positions
 
 log = get_logger(__name__)
 

@@ -26,7 +26,7 @@ from app.coordination.sync.streaming import CHUNK, FetchError, PeerFailed, downl
 from app.coordination.sync.wire import is_sha256
 from app.log import get_logger
 from app.shared.manifests import MANIFEST_NAME, verify_dir
-from app.training.dataset import read_manifest
+from app.games.train.dataset import read_manifest
 
 log = get_logger(__name__)
 MAX_MANIFEST_BYTES = 1 << 20

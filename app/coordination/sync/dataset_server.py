@@ -18,7 +18,7 @@ from aiohttp import web
 
 from app.coordination.p2p.auth import json_error
 from app.coordination.sync.wire import is_sha256
-from app.training.dataset import MANIFEST_NAME, read_manifest
+from app.games.train.dataset import MANIFEST_NAME, read_manifest
 
 
 ManifestReader = Callable[[Path], tuple[dict, str]]  # (manifest, its sha256); ValueError when unusable

@@ -1,11 +1,11 @@
 """The compiled steps of the array search over any game: every tree of a batch in one set of arrays.
 
-This file is a template: `app/ai/kernel_build.py` writes a copy of it per game, with the line
+This file is a template: `app/games/search/kernel_build.py` writes a copy of it per game, with the line
 marked RULES bound to the game's compiled node rules (`Game.rules_module`, the contract in
 app/games/array_rules.py), and imports that copy, so numba compiles these functions against
 that game's `play`, `to_move`, `terminal`, `legal` (and `threats`) and caches them on disk.
 
-Storage (T trees, C node slots a tree, A actions, NP seats; app/ai/search_forest.py owns the arrays):
+Storage (T trees, C node slots a tree, A actions, NP seats; app/games/search/search_forest.py owns the arrays):
 
     edges    float64 (T, C, 3, A)   N (visits), W (summed value), P (prior) of each edge
     child    int32   (T, C, A)      node an edge leads to, -1 until selection first takes it
@@ -30,7 +30,10 @@ with first-play urgency 0, forced playouts at a noisy root, virtual loss, the MC
 proofs when `proofs` (a child proven lost for its mover worth the quickest win proves its
 parent; all children proven: the best of them), the game's threat hook at node creation and
 forced moves played through without an evaluation. With N > 2 seats only finished games are
-exact (no proofs).
+exact unless the game turns proofs on (`Game.solver_proofs`: its results allow them); then a
+node is proven by its children alone (the threat hook speaks of one opponent and is not
+called), taking the exact vector of its best child for its mover: a win on the spot, or the
+best of all its children proven (ties by move order, max^n's usual rule).
 
 Why compiled (numba): a selection step is a loop over the edges per ply, a node's threat
 check a few dozen 64-bit operations; as numpy calls on whole-batch arrays they cost 1-4 us per
@@ -45,7 +48,7 @@ import math
 import numpy as np
 from numba import njit
 
-from app.games.array_rules import THREAT_LOSS, THREAT_NONE, THREAT_SAFE, THREAT_WIN, no_ply_of, no_threats
+from app.games.array_rules import THREAT_LOSS, THREAT_NONE, THREAT_SAFE, THREAT_WIN, no_threats
 
 rules = None  # RULES: kernel_build writes `import <the game's rules module> as rules` here
 
@@ -54,10 +57,10 @@ NP = rules.NUM_PLAYERS
 WORDS = rules.WORDS
 MAX_PLIES = rules.MAX_PLIES
 threats = getattr(rules, "threats", no_threats)
-ply_of = getattr(rules, "ply_of", no_ply_of)
-HAS_PLY_OF = hasattr(rules, "ply_of")
 # with a threat hook every win on the spot is proven at creation: a later proof is 3 plies away
-QUICKEST_PROOF_PLIES = 3 if hasattr(rules, "threats") else 1
+# (two seats only: with more, the hook is not called)
+THREAT_HOOK = NP == 2 and hasattr(rules, "threats")
+QUICKEST_PROOF_PLIES = 3 if THREAT_HOOK else 1
 N_, W_, P_ = 0, 1, 2  # rows of `edges`
 VALUE, EXACT = 0, 1  # columns of `nodes_f`: the value at expansion, then NP exact values from EXACT on
 PLY, MOVER, NARROWED, STATE = 0, 1, 2, 3  # columns of `nodes_i`
@@ -87,6 +90,13 @@ def set_proven(t, node, mover, value, nodes_f):
     """A two-player zero-sum node proven worth `value` to its mover (and -value to the other)."""
     nodes_f[t, node, EXACT + mover] = value
     nodes_f[t, node, EXACT + 1 - mover] = -value
+
+
+@njit(cache=True)
+def copy_proven(t, node, c, nodes_f):
+    """A node of N > 2 seats proven worth its child `c`'s exact vector."""
+    for i in range(NP):
+        nodes_f[t, node, EXACT + i] = nodes_f[t, c, EXACT + i]
 
 
 @njit(cache=True)
@@ -126,7 +136,7 @@ def init_node(t, node, ply, discount, threat_check, proofs, edges, child, words,
         exact[i] = math.nan
     nodes_i[t, node, STATE] = NEW
     code = THREAT_NONE
-    if threat_check and proofs:
+    if THREAT_HOOK and threat_check and proofs:
         code = threats(w, ply, row)
     if code == THREAT_WIN:
         set_proven(t, node, mover, result_scale(ply + 1, discount), nodes_f)
@@ -278,7 +288,8 @@ def propagate_proof(t, path, length, discount, threat_check, child, moves, nodes
     """After an exact leaf at the end of the path, mark the ancestors that are now solved: a
     child proven lost for its mover worth the quickest win its parent can have (a win next
     move, or two moves ahead with the threat check, which proved every node that has one),
-    or every searched child proven (the best of them). Two-player zero-sum games only."""
+    or every searched child proven (the best of them). Two seats: zero-sum; more: the best
+    child's vector (only for a game whose `solver_proofs` says its results allow it)."""
     plies = QUICKEST_PROOF_PLIES if threat_check else 1
     for i in range(length - 1, -1, -1):
         node = path[i] // A
@@ -286,6 +297,7 @@ def propagate_proof(t, path, length, discount, threat_check, child, moves, nodes
             return
         mover = nodes_i[t, node, MOVER]
         best = -math.inf
+        best_c = -1
         solved = True
         for a in range(A):
             if not moves[t, node, a]:
@@ -297,9 +309,13 @@ def propagate_proof(t, path, length, discount, threat_check, child, moves, nodes
             pv = nodes_f[t, c, EXACT + mover]
             if pv > best:
                 best = pv
+                best_c = c
         quickest = result_scale(nodes_i[t, node, PLY] + plies, discount)
         if (solved and best > -math.inf) or (best > 0.0 and best >= quickest):
-            set_proven(t, node, mover, best, nodes_f)
+            if NP == 2:
+                set_proven(t, node, mover, best, nodes_f)
+            else:
+                copy_proven(t, node, best_c, nodes_f)
         else:
             return
 
@@ -467,41 +483,3 @@ def advance(t, action, discount, threat_check, proofs, keep, edges, child, words
     trees_i[t, COUNT] = new_id
     trees_f[t, NOISY] = 0.0
     trees_f[t, FORCED_K] = 0.0
-
-
-@njit(cache=True)
-def playout_values(words, rollouts, seed, value_size, out):
-    """Mean raw result of `rollouts` uniformly random games from each position of `words`
-    (B, WORDS), into `out` (B, value_size): the mover's (value_size 1) or every seat's from
-    the mover on. numba's own generator, seeded with `seed`."""
-    np.random.seed(seed)
-    w = np.empty(WORDS, dtype=np.uint64)
-    nxt = np.empty(WORDS, dtype=np.uint64)
-    row = np.empty(A, dtype=np.uint8)
-    ret = np.zeros(NP)
-    acc = np.zeros(NP)
-    for b in range(words.shape[0]):
-        start = ply_of(words[b])
-        mover = rules.to_move(words[b], start)
-        for i in range(NP):
-            acc[i] = 0.0
-        for _ in range(rollouts):
-            for i in range(WORDS):
-                w[i] = words[b, i]
-            ply = start
-            while not rules.terminal(w, ply, ret):
-                pick = np.random.randint(rules.legal(w, ply, row))
-                a = 0
-                for a in range(A):
-                    if row[a]:
-                        if pick == 0:
-                            break
-                        pick -= 1
-                rules.play(w, a, nxt)
-                for i in range(WORDS):
-                    w[i] = nxt[i]
-                ply += 1
-            for i in range(NP):
-                acc[i] += ret[i]
-        for k in range(value_size):
-            out[b, k] = acc[(mover + k) % NP] / rollouts

@@ -1,6 +1,6 @@
 """Gauntlet: a candidate plays the baselines and the current best; every game is recorded.
 
-Games are played by `app/training/match_games.py`: waves of a match's games in lock step, in
+Games are played by `app/games/train/match_games.py`: waves of a match's games in lock step, in
 worker processes (spawned, one torch thread each; `workers <= 1` plays in this process), each
 pair of games from its own random opening with the candidate on each side once, so no two
 games are the same game and neither colour is favoured. Against baselines a fixed number of
@@ -20,16 +20,16 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from app.ai.players import PlayerSpec, model_sha_of_player, parse_player_spec
+from app.games.search.players import PlayerSpec, model_sha_of_player, parse_player_spec
 from app.config import Settings
 from app.db.registry import MatchGame, ModelRegistry
-from app.training.elo import Rating, fit_elo_chains, rating_order
-from app.training.gauntlet_baselines import Baseline, anchor_player
-from app.training.match_games import (
+from app.games.train.elo import Rating, fit_elo_chains, rating_order
+from app.games.train.gauntlet_baselines import Baseline, anchor_player
+from app.games.train.match_games import (
     GameOutcome, GameTask, InlineExecutor, cut_waves, match_executor, match_tasks, run_wave,
 )
 from app.shared.process_group import network_device
-from app.training.sprt import SprtDecision, SprtResult, sprt_decision
+from app.games.train.sprt import SprtDecision, SprtResult, sprt_decision
 
 ProgressCallback = Callable[[dict], None]
 
@@ -40,6 +40,11 @@ class GauntletStopped(RuntimeError):
 
 @dataclass
 class OpponentResult:
+    """A candidate's tally against one opponent. A game of two seats counts once; a game of
+    N > 2 seats counts each of the candidate's N - 1 seat pairs (app/db/seat_pairs.py), so
+    `games` counts results, `score` is 0.5 between equal players, and the SPRT reads pairs
+    (correlated within a game: it decides somewhat sooner than the games alone would allow)."""
+
     opponent: str  # the opponent player's name
     kind: str  # random | heuristic | rollout | best
     wins: int = 0
@@ -51,6 +56,14 @@ class OpponentResult:
     @property
     def games(self) -> int:
         return self.wins + self.draws + self.losses
+
+    def add(self, score: float) -> None:
+        """Count one result: 1 a win, 0.5 a draw, 0 a loss."""
+        if score not in (0.0, 0.5, 1.0):
+            raise ValueError(f"a result is 0, 0.5 or 1, not {score}")
+        self.wins += score == 1.0
+        self.draws += score == 0.5
+        self.losses += score == 0.0
 
     @property
     def score(self) -> float:
@@ -95,6 +108,7 @@ def _play_match(
     pending: dict[Future, tuple[GameTask, ...]] = {}
     queue: Iterator[tuple[GameTask, ...]] = iter(cut_waves(tasks, workers))
     decided = False
+    played = 0
     in_flight = max(1, workers)
     try:
         while True:
@@ -115,17 +129,16 @@ def _play_match(
                     record(by_index[outcome.index], outcome)
                     if decided:
                         continue
-                    score = outcome.candidate_score
-                    result.wins += score == 1.0
-                    result.draws += score == 0.5
-                    result.losses += score == 0.0
+                    played += 1
+                    for score in outcome.pair_scores():
+                        result.add(score)
                     if sequential_test:
                         result.sprt = sprt_decision(result.wins, result.draws, result.losses, cfg.sprt_elo0,
                                                     cfg.sprt_elo1, cfg.sprt_alpha, cfg.sprt_beta)
                         if result.sprt.decision is not SprtDecision.CONTINUE:
                             decided = True
                             result.stopped = "sprt"
-                        elif result.games >= len(tasks):
+                        elif played >= len(tasks):
                             result.stopped = "cap"
                 if progress is not None:
                     progress({"opponent": result.opponent, "kind": result.kind, "games": result.games,
@@ -208,13 +221,14 @@ def run_gauntlet(
     every game in the registry, refit Elo against the configured anchor. A baseline is a spec
     text (played `games_per_baseline` games, reported under its kind) or a `Baseline` with its
     own kind and count (gauntlet_baselines.planned_baselines: the gate's and the anchor).
-    `candidate_path` may also be a baseline spec ('heuristic:3'), which makes the CLI useful
-    before any model exists."""
+    `candidate_path` may also be a baseline spec ('heuristic:3') playing the node's game
+    (`node.game`), which makes the CLI useful before any model exists."""
     started = time.monotonic()
     cfg = settings.gauntlet
     workers = cfg.workers if workers is None else workers
     games_per_baseline = cfg.games_vs_baseline if games_per_baseline is None else games_per_baseline
-    candidate = _on_device(parse_player_spec(str(candidate_path), cfg, settings.search), settings)
+    candidate = _on_device(parse_player_spec(str(candidate_path), cfg, settings.search, game=settings.node.game),
+                           settings)
     opponents: list[tuple[str, PlayerSpec, int]] = []
     for baseline in baselines:
         text = baseline.spec if isinstance(baseline, Baseline) else baseline
@@ -235,11 +249,11 @@ def run_gauntlet(
 
     def record_for(opponent: PlayerSpec) -> Callable[[GameTask, GameOutcome], None]:
         def record(task: GameTask, outcome: GameOutcome) -> None:
-            p0, p1, winner = outcome.two_seat_record(candidate.name, opponent.name)
+            p0, p1, winner, seats = outcome.record(candidate.name, opponent.name)
             registry.add_match_games([MatchGame(
                 uid=f"{match_id}-{opponent.name}-{task.index}", match_id=match_id, game=game_name,
                 player0=p0, player1=p1, winner=winner, moves=outcome.moves,
-                opening_plies=outcome.opening_plies, created_at=time.time())])
+                opening_plies=outcome.opening_plies, created_at=time.time(), seats=seats)])
         return record
 
     executor = match_executor(workers)

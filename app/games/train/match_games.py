@@ -6,7 +6,7 @@ of a few plies and the candidate takes each seat once, the opponent every other 
 move moves, and a player moves in all of its games at once (`Player.select_moves`), so a
 search player's network call carries a leaf of every game still running instead of one
 position (`scripts/bench_gauntlet.py`: 4.45x on a 20-game match on one CPU core).
-`app/training/gauntlet.py` decides what is played and counts the results.
+`app/games/train/gauntlet.py` decides what is played and counts the results.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from app.ai.players import PlayerSpec, make_player
+from app.games.search.players import PlayerSpec, make_player
 from app.config import Settings
+from app.db.seat_pairs import Seat, seat_scores
 from app.games import Game, get_game
 
 # Most games one worker plays at once. One CPU core evaluates the 48x4 net at ~1,300
@@ -48,26 +49,33 @@ class GameOutcome:
     moves: str
     opening_plies: int
     seats: int = 2
-    score: float | None = None  # N > 2 seats: the share of the opponent's seats the candidate beat
+    returns: tuple[float, ...] = ()  # N > 2 seats: each seat's return, in seat order
+
+    def pair_scores(self) -> list[float]:
+        """The candidate's results a tally counts: two seats, one (1 a win, 0.5 a draw, 0 a
+        loss); N > 2 seats, one against each other seat (app/db/seat_pairs.py), so between
+        equal players the share is 0.5 whatever N is."""
+        if self.returns:
+            return seat_scores(self.returns, self.candidate_side)
+        return [0.5 if self.winner is None else (1.0 if self.winner == self.candidate_side else 0.0)]
 
     @property
     def candidate_score(self) -> float:
-        """1 a win, 0.5 a draw, 0 a loss; with N > 2 seats the candidate's result against each
-        other seat (1 above it, 0.5 level, 0 below) averaged: the pairwise form the Elo and the
-        SPRT read as one game's score."""
-        if self.score is not None:
-            return self.score
-        return 0.5 if self.winner is None else (1.0 if self.winner == self.candidate_side else 0.0)
+        """The mean of `pair_scores`: this game's score for the candidate."""
+        scores = self.pair_scores()
+        return sum(scores) / len(scores)
 
-    def two_seat_record(self, candidate: str, opponent: str) -> tuple[str, str, int | None]:
-        """(player0, player1, winner) as the two-player match-game tables keep a game: seats in
-        order for two players; with more, the candidate as player0 against the field, winner 0
-        when the candidate alone came first, 1 when an opponent's seat did, None otherwise."""
-        if self.seats == 2:
+    def record(self, candidate: str, opponent: str) -> tuple[str, str, int | None, tuple[Seat, ...]]:
+        """(player0, player1, winner, seats) as the registry keeps a game: seats in order for
+        two players; with more, each seat's (player, return) and, for readers of two seats
+        only, the candidate as player0 against the field (winner 0 when the candidate alone
+        came first, 1 when an opponent's seat did, None otherwise)."""
+        if not self.returns:
             p0, p1 = (candidate, opponent) if self.candidate_side == 0 else (opponent, candidate)
-            return p0, p1, self.winner
+            return p0, p1, self.winner, ()
         winner = None if self.winner is None else (0 if self.winner == self.candidate_side else 1)
-        return candidate, opponent, winner
+        seats = tuple((candidate if s == self.candidate_side else opponent, r) for s, r in enumerate(self.returns))
+        return candidate, opponent, winner, seats
 
 
 # --- openings and waves of games (run inside workers) -----------------------------------
@@ -134,13 +142,8 @@ def play_games(game: Game, candidate, opponent, tasks: Sequence[GameTask],
 
 
 def _outcome(task: GameTask, state, seats: int) -> GameOutcome:
-    score = None
-    if seats > 2:
-        r = state.returns()
-        mine = r[task.candidate_side]
-        others = [r[s] for s in range(seats) if s != task.candidate_side]
-        score = sum(1.0 if mine > o else 0.5 if mine == o else 0.0 for o in others) / len(others)
-    return GameOutcome(task.index, task.candidate_side, state.winner, state.to_text(), len(task.opening), seats, score)
+    returns = tuple(float(r) for r in state.returns()) if seats > 2 else ()
+    return GameOutcome(task.index, task.candidate_side, state.winner, state.to_text(), len(task.opening), seats, returns)
 
 
 _PLAYER_CACHE: dict[PlayerSpec, object] = {}

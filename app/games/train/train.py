@@ -3,7 +3,7 @@
     python -m app.shared.launcher --nproc 2 --log-dir runs/r1/logs -- \
         --dataset data/datasets/d1 --run-dir runs/r1 [--parent best.safetensors] [--resume auto]
 
-Also runs as a plain process (`python -m app.training.train ...`): one rank, gloo on a free
+Also runs as a plain process (`python -m app.games.train.train ...`): one rank, gloo on a free
 port. DDP uses gloo on CPU and NCCL on GPU. Rank 0 alone writes, each atomically, into
 `--run-dir`: `checkpoint.pt` (full unsharded state, resumable on any world size),
 `metrics.jsonl` (one JSON object per line: step, eval and done events), the candidate model
@@ -24,15 +24,15 @@ from typing import Any
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from app.atomic_files import atomic_write_json
-from app.ai.model import Architecture, ModelFormatError, ModelMeta, PolicyValueNet, load_model, new_model, save_model
+from app.games.search.model import Architecture, ModelFormatError, ModelMeta, PolicyValueNet, load_model, new_model, save_model
 from app.config import ConfigError, load_settings
 from app.games import get_game
-from app.training.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from app.training.dataset import DatasetError, load_dataset
+from app.games.train.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from app.games.train.dataset import DatasetError, load_dataset
 from app.shared.process_group import DistContext, run_rank
-from app.training.train_schedule import ScheduleError, resolve_micro_batches
-from app.training.train_task import PolicyValueTask
-from app.training.trainer import Trainer, set_global_seed
+from app.games.train.train_schedule import ScheduleError, resolve_micro_batches
+from app.games.train.train_task import PolicyValueTask
+from app.games.train.trainer import Trainer, set_global_seed
 
 CHECKPOINT_NAME = "checkpoint.pt"
 METRICS_NAME = "metrics.jsonl"
@@ -45,7 +45,7 @@ class TrainInputError(RuntimeError):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="app.training.train", description="Train a policy/value net (torchrun target).")
+    p = argparse.ArgumentParser(prog="app.games.train.train", description="Train a policy/value net (torchrun target).")
     p.add_argument("--dataset", required=True, type=Path, help="dataset directory (manifest.json, train/holdout.npz)")
     p.add_argument("--run-dir", required=True, type=Path, help="where rank 0 writes checkpoint, metrics, result")
     p.add_argument("--config", type=Path, help="node config YAML (model and train sections)")

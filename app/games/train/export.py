@@ -1,4 +1,4 @@
-"""Replay DBs -> an NPZ training dataset (see app/training/dataset.py for the layout).
+"""Replay DBs -> an NPZ training dataset (see app/games/train/dataset.py for the layout).
 
 Every input DB is opened and read completely before anything is written, so a missing,
 locked or corrupt DB is reported by its path and leaves no output at all. The dataset is
@@ -29,9 +29,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from app.atomic_files import replace_dir
 from app.db.engines import display_name, is_url
 from app.db.replay_db import GameRecord, ReplayDB, ReplayDBError
-from app.training.data_quality import data_quality
+from app.games.train.data_quality import data_quality
 from app.games import Game, GameError, GameState, get_game, result_scale
-from app.training.dataset import DATASET_FORMAT, HOLDOUT_NAME, MANIFEST_NAME, TRAIN_NAME, Arrays
+from app.games.train.dataset import DATASET_FORMAT, HOLDOUT_NAME, MANIFEST_NAME, TRAIN_NAME, Arrays
 from app.shared.manifests import bytes_sha256, file_digest
 
 

@@ -13,16 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol, Sequence, TypeVar
 
-from app.ai.model import ModelFormatError, file_sha256, read_meta
-from app.ai.players import model_sha_of_player
+from app.games.search.model import ModelFormatError, file_sha256, read_meta
+from app.games.search.players import model_sha_of_player
 from app.config import Settings
 from app.shared.manifests import verify_stored_model
 from app.config.pipeline import PromotionConfig
 from app.db.registry import ModelEntry, ModelRegistry, ModelStatus, RegistryError
-from app.training.gauntlet import GauntletReport, ProgressCallback, registry_rating_order, run_gauntlet
-from app.training.gauntlet_baselines import planned_baselines
-from app.training.elo import chain_anchors
-from app.training.sprt import SprtDecision, SprtResult
+from app.games.train.gauntlet import GauntletReport, ProgressCallback, registry_rating_order, run_gauntlet
+from app.games.train.gauntlet_baselines import planned_baselines
+from app.games.train.elo import chain_anchors
+from app.games.train.sprt import SprtDecision, SprtResult
 
 PROGRESS_FORMAT = 1
 T = TypeVar("T")
@@ -33,7 +33,7 @@ class PromotionError(RuntimeError):
 
 
 class MatchResult(Protocol):
-    """What the gate reads from a match (app.training.gauntlet.OpponentResult has it)."""
+    """What the gate reads from a match (app.games.train.gauntlet.OpponentResult has it)."""
 
     kind: str
     wins: int

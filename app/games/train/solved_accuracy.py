@@ -14,13 +14,13 @@ import json
 import math
 from pathlib import Path
 
-from app.ai.model import load_model
+from app.games.search.model import load_model
 from app.atomic_files import atomic_write_json
 from app.games import DEFAULT_GAME, get_game
-from app.training.solved_eval import ScoredPosition, accuracy, default_positions_path, network_choices
+from app.games.train.solved_eval import ScoredPosition, accuracy, default_positions_path, network_choices
 
 ACCURACY_FILE = "solved_accuracy.json"
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 MODELS_KEPT = 1000  # newest entries kept in the file
 
 

@@ -1,6 +1,6 @@
 """The step loop of one rank: data order, DDP gradient exchange, evaluation, resumable state.
 
-World-size invariance (see app/training/train_schedule.py): a global batch is cut into
+World-size invariance (see app/games/train/train_schedule.py): a global batch is cut into
 `micro_batches` fixed slices and each rank runs its own slices with gradient accumulation,
 scaling each slice's loss by W/M so DDP's average over W ranks is exactly the mean over the
 M slices. Scaling by a power of two is exact in floating point, so a run on 1 or 2 ranks
@@ -18,13 +18,13 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from app.training.dataset import Arrays
+from app.games.train.dataset import Arrays
 from app.shared.process_group import DistContext
-from app.training.train_schedule import (
+from app.games.train.train_schedule import (
     EarlyStop, calibration_indices, early_stop_update, effective_batch, epoch_permutation,
     micro_batch_bounds, rank_slices, steps_per_epoch,
 )
-from app.training.train_task import TrainTask, recalibrate_batchnorm
+from app.games.train.train_task import TrainTask, recalibrate_batchnorm
 
 CALIBRATION_BATCH = 256
 EVAL_CHUNK = 1024

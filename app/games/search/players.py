@@ -19,10 +19,10 @@ from typing import Hashable, Protocol, Sequence
 
 import numpy as np
 
-from app.ai.evaluators import NetworkEvaluator, RolloutEvaluator
-from app.ai.heuristic import heuristic_move
-from app.ai.mcts import SearchForest
-from app.ai.model import load_model, read_meta
+from app.games.search.evaluators import NetworkEvaluator, RolloutEvaluator
+from app.games.search.heuristic import heuristic_move
+from app.games.search.mcts import SearchForest
+from app.games.search.model import load_model, read_meta
 from app.config.pipeline import GauntletConfig, SearchConfig
 from app.games import DEFAULT_GAME, GameState, get_game
 

@@ -147,7 +147,7 @@ def serve(address: str, authkey: bytes, model_path: str, sha256: str | None, gam
     forward pass each time round; exits on "stop", or when its parent is gone."""
     import torch
 
-    from app.ai.model import load_model, predict
+    from app.games.search.model import load_model, predict
 
     torch.set_num_threads(1)
     game = get_game(game_name)

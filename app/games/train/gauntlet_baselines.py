@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from app.ai.players import RandomPlayer, parse_player_spec
+from app.games.search.players import RandomPlayer, parse_player_spec
 from app.config import Settings
 
 ANCHOR_KIND = "anchor"  # the report's key for the anchor when no gate baseline is the same player

@@ -29,12 +29,12 @@ from typing import Callable
 
 import numpy as np
 
-from app.ai.model import ModelFormatError, read_meta
+from app.games.search.model import ModelFormatError, read_meta
 from app.config import Settings
 from app.db.replay_db import GameRecord, ReplayDB
 from app.log import get_logger
-from app.training.selfplay_games import make_evaluator, play_games, search_budgets, search_settings
-from app.training.selfplay_pool import WorkerPool
+from app.games.train.selfplay_games import make_evaluator, play_games, search_budgets, search_settings
+from app.games.train.selfplay_pool import WorkerPool
 
 __all__ = ["SelfplayError", "SelfplaySummary", "run_selfplay", "play_games", "make_evaluator",
            "search_budgets", "search_settings"]

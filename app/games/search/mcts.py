@@ -2,7 +2,7 @@
 
 Self-play, the gauntlet's players, solved-position scoring and app.analyze use exactly this:
 
-    forest = SearchForest.for_search(game, cfg)      # app/ai/search_forest.py: all trees, one set of arrays
+    forest = SearchForest.for_search(game, cfg)      # app/games/search/search_forest.py: all trees, one set of arrays
     slots = [forest.add(state) for state in states]
     results = forest.search(slots, evaluator, simulations, cfg, rng, add_noise=False)
     action = choose_action(results[0].visits, temperature_for_ply(ply, cfg.temperature_moves), rng)
@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.ai.search_forest import SearchForest
-from app.ai.search_result import SearchResult, choose_action, temperature_for_ply
+from app.games.search.search_forest import SearchForest
+from app.games.search.search_result import SearchResult, choose_action, temperature_for_ply
 from app.games import DEFAULT_GAME, Game, GameState, get_game
 
 if TYPE_CHECKING:
-    from app.ai.evaluators import Evaluator
+    from app.games.search.evaluators import Evaluator
     from app.config.pipeline import SearchConfig
 
 __all__ = ["SearchForest", "SearchResult", "choose_action", "search", "temperature_for_ply"]

@@ -23,7 +23,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-from app.ai.network_server import NetworkServer
+from app.games.search.network_server import NetworkServer
 from app.config import Settings
 from app.db.replay_db import GameRecord
 from app.log import get_logger
@@ -182,8 +182,8 @@ def _pool_worker_main(worker: int, tasks, results, stop, parent_pid: int) -> Non
     import numpy as np
     import torch
 
-    from app.ai.network_server import SharedNetworkClient
-    from app.training.selfplay_games import make_evaluator, play_games
+    from app.games.search.network_server import SharedNetworkClient
+    from app.games.train.selfplay_games import make_evaluator, play_games
 
     torch.set_num_threads(1)
     cached: tuple[tuple, Any] | None = None  # ((model path, sha256, game), evaluator)

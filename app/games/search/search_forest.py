@@ -11,8 +11,8 @@ Each round every searched tree selects a leaf (several with virtual loss when
 are backed up on the spot, and all other leaves go to the evaluator in ONE
 `evaluate_batch(words)` call: their positions as the game's batch form (uint64 words), so
 the network's input and legal masks are array operations. Selection, node creation with the
-game's threat hook, backup and proofs run compiled over all trees (app/ai/search_kernel.py,
-whose docstring says the rules, compiled once per game by app/ai/kernel_build.py); Python
+game's threat hook, backup and proofs run compiled over all trees (app/games/search/search_kernel.py,
+whose docstring says the rules, compiled once per game by app/games/search/kernel_build.py); Python
 does one loop iteration per round, not per tree. Any game with an array form is searched:
 values are backed up as one entry per seat, each node choosing by its mover's (max^n).
 
@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from app.ai.kernel_build import kernel_for
-from app.ai.search_result import SearchResult
+from app.games.search.kernel_build import kernel_for
+from app.games.search.search_result import SearchResult
 from app.games import Game, GameState
 
 if TYPE_CHECKING:
-    from app.ai.evaluators import Evaluator
+    from app.games.search.evaluators import Evaluator
     from app.config.pipeline import SearchConfig
 
 class SearchForest:

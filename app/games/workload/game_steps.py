@@ -32,14 +32,14 @@ from app.coordination.sync.model_store import installed_models
 from app.coordination.sync.replica_store import GameStore, ReplicatedStore
 from app.db.registry import ModelRegistry
 from app.db.replay_db import ReplayDB
-from app.training.dataset import MANIFEST_NAME
-from app.training.export import WindowGrowth, export_dataset
-from app.training.gauntlet import run_gauntlet
-from app.training.gauntlet_baselines import planned_baselines
-from app.training.promotion import Decision, Gates, register_candidate
-from app.training.selfplay import run_selfplay
-from app.training.selfplay_pool import WorkerPool
-from app.training.train import CANDIDATE_NAME, RESULT_NAME
+from app.games.train.dataset import MANIFEST_NAME
+from app.games.train.export import WindowGrowth, export_dataset
+from app.games.train.gauntlet import run_gauntlet
+from app.games.train.gauntlet_baselines import planned_baselines
+from app.games.train.promotion import Decision, Gates, register_candidate
+from app.games.train.selfplay import run_selfplay
+from app.games.train.selfplay_pool import WorkerPool
+from app.games.train.train import CANDIDATE_NAME, RESULT_NAME
 
 
 class GameItems:
@@ -101,7 +101,7 @@ class GameSteps:
     """The AlphaZero loop: MCTS self-play into the replay DB, model files in the model store."""
 
     name = "games"  # the seam's name for it; the config's `workload:` keeps its first name
-    training = TrainingJob("app.training.train", loss_key="best_holdout_loss", candidate_name=CANDIDATE_NAME,
+    training = TrainingJob("app.games.train.train", loss_key="best_holdout_loss", candidate_name=CANDIDATE_NAME,
                            result_name=RESULT_NAME)
 
     def __init__(self, settings: Settings) -> None:

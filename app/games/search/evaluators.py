@@ -12,14 +12,14 @@ Priors are zero on illegal moves and sum to 1 over legal ones; values are in [-1
 the view of the side to move in each state. Positions passed in are never finished (the
 search values those exactly itself).
 
-- `NetworkEvaluator(net, game)`: one batched forward pass (`app.ai.model.predict`), its
+- `NetworkEvaluator(net, game)`: one batched forward pass (`app.games.search.model.predict`), its
   input made by the game from the words (`Game.words_planes`, `Game.words_legal_masks`).
 - `UniformEvaluator(game)`: uniform prior, value 0 -- the bootstrap before any model exists;
   the search then learns only from terminal states it reaches.
 - `RolloutEvaluator(game, rollouts_per_leaf, rng)`: uniform prior, value = mean of random
-  playouts: the game's own (`Game.playout_values`) or the search kernel's, compiled over the
+  playouts: the game's own (`Game.playout_values`) or playout_kernel.py's, compiled over the
   game's node rules.
-- `SharedNetworkClient` (app/ai/network_server.py): the same answers from a network served
+- `SharedNetworkClient` (app/games/search/network_server.py): the same answers from a network served
   to several search processes at once.
 """
 
@@ -29,7 +29,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from app.ai.model import PolicyValueNet, predict
+from app.games.search.model import PolicyValueNet, predict
 from app.games import Game, GameState
 
 
@@ -107,9 +107,9 @@ class RolloutEvaluator(_FromStates):
         self.game = game
         self._kernel = None
         if type(game).playout_values is Game.playout_values:  # no playouts of its own: the compiled ones
-            from app.ai.kernel_build import kernel_for
+            from app.games.search.kernel_build import playouts_for
 
-            self._kernel = kernel_for(game)
+            self._kernel = playouts_for(game)
             if not self._kernel.HAS_PLY_OF:
                 raise ValueError(f"{game.name}: random playouts need Game.playout_values or the rules' ply_of")
         self.rollouts_per_leaf = rollouts_per_leaf

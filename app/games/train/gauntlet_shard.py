@@ -10,23 +10,27 @@ is counted and recorded once, and the Elo fit counts each game once.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.ai.players import PlayerSpec, net_spec, parse_player_spec
+from app.games.search.players import PlayerSpec, net_spec, parse_player_spec
 from app.config import Settings
 from app.db.registry import MatchGame, ModelRegistry
-from app.training.gauntlet import OpponentResult, play_fixed_match
-from app.training.match_games import GameOutcome, GameTask
+from app.db.seat_pairs import MAX_SEATS, Seat, player_scores
+from app.games.train.gauntlet import OpponentResult, play_fixed_match
+from app.games.train.match_games import GameOutcome, GameTask
 
 MAX_MOVES_CHARS = 512  # a compact game record from gossip longer than this is refused
 
 
 @dataclass(frozen=True)
 class ShardGame:
-    """One game in the compact form that travels in gossip: players in colour order, result, moves."""
+    """One game in the compact form that travels in gossip: players in colour order, result,
+    moves; a game of N > 2 seats also each seat's (player, return) ("s"; a node from before
+    seats sends none and its game is read as two seats, as it was)."""
 
     uid: str
     player0: str
@@ -34,10 +38,14 @@ class ShardGame:
     winner: int | None  # 0 or 1 (the side that won), None for a draw
     moves: str
     opening_plies: int = 0
+    seats: tuple[Seat, ...] = ()
 
     def to_json(self) -> dict:
-        return {"uid": self.uid, "p0": self.player0, "p1": self.player1, "w": self.winner,
-                "m": self.moves, "o": self.opening_plies}
+        out = {"uid": self.uid, "p0": self.player0, "p1": self.player1, "w": self.winner,
+               "m": self.moves, "o": self.opening_plies}
+        if self.seats:
+            out["s"] = [[player, result] for player, result in self.seats]
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping) -> "ShardGame":
@@ -47,17 +55,38 @@ class ShardGame:
         moves = str(data["m"])
         if len(moves) > MAX_MOVES_CHARS:
             raise ValueError(f"moves of game {data['uid']!r} are {len(moves)} characters")
-        return cls(str(data["uid"]), str(data["p0"]), str(data["p1"]), winner, moves, int(data.get("o", 0)))
+        return cls(str(data["uid"]), str(data["p0"]), str(data["p1"]), winner, moves, int(data.get("o", 0)),
+                   _seats_from_json(data.get("s", ())))
 
-    def candidate_score(self, candidate: str) -> float:
+    def pair_scores(self, candidate: str) -> list[float]:
+        """The candidate's results a tally counts (as GameOutcome.pair_scores)."""
+        if self.seats:
+            return player_scores(self.seats, candidate)
         if self.winner is None:
-            return 0.5
-        return 1.0 if (self.player0, self.player1)[self.winner] == candidate else 0.0
+            return [0.5]
+        return [1.0 if (self.player0, self.player1)[self.winner] == candidate else 0.0]
 
     def match_game(self, match_id: str, game: str) -> MatchGame:
         return MatchGame(uid=self.uid, match_id=match_id, game=game, player0=self.player0,
                          player1=self.player1, winner=self.winner, moves=self.moves,
-                         opening_plies=self.opening_plies, created_at=time.time())
+                         opening_plies=self.opening_plies, created_at=time.time(), seats=self.seats)
+
+
+def _seats_from_json(data: object) -> tuple[Seat, ...]:
+    """Seats from gossip: none, or 3..MAX_SEATS [player, finite return] pairs."""
+    if not isinstance(data, (list, tuple)) or not data:
+        if data:
+            raise ValueError(f"seats {data!r} are not a list")
+        return ()
+    if not 3 <= len(data) <= MAX_SEATS:
+        raise ValueError(f"{len(data)} seats; a game with seats has 3..{MAX_SEATS}")
+    seats = []
+    for seat in data:
+        if not (isinstance(seat, (list, tuple)) and len(seat) == 2 and isinstance(seat[0], str)
+                and isinstance(seat[1], (int, float)) and not isinstance(seat[1], bool) and math.isfinite(seat[1])):
+            raise ValueError(f"seat {seat!r} is not [player, finite return]")
+        seats.append((seat[0], float(seat[1])))
+    return tuple(seats)
 
 
 @dataclass(frozen=True)
@@ -105,8 +134,9 @@ def play_shard(
     played: list[ShardGame] = []
 
     def record(task: GameTask, outcome: GameOutcome) -> None:
-        p0, p1, winner = outcome.two_seat_record(candidate.name, opponent.name)
-        played.append(ShardGame(f"{shard_id}#{task.index}", p0, p1, winner, outcome.moves, outcome.opening_plies))
+        p0, p1, winner, seats = outcome.record(candidate.name, opponent.name)
+        played.append(ShardGame(f"{shard_id}#{task.index}", p0, p1, winner, outcome.moves, outcome.opening_plies,
+                                seats))
 
     result = play_fixed_match(candidate, opponent, games, settings, seed, record, workers, should_stop)
     with ModelRegistry(registry_db) as registry:
@@ -128,11 +158,15 @@ def shard_refusal(result: ShardResult, candidate: str, candidate_sha256: str, op
     for g in result.games:
         if {g.player0, g.player1} != {candidate, opponent}:
             return f"game {g.uid} is {g.player0} vs {g.player1}"
+        if g.seats and {p for p, _ in g.seats} != {candidate, opponent}:
+            return f"game {g.uid}'s seats are {sorted({p for p, _ in g.seats})}"
         if not g.uid.startswith(prefix):
             return f"game uid {g.uid!r} is not of shard {result.shard_id!r}"
-    wins = sum(g.candidate_score(candidate) == 1.0 for g in result.games)
-    draws = sum(g.winner is None for g in result.games)
-    if (wins, draws, len(result.games) - wins - draws) != (result.wins, result.draws, result.losses):
+    tally = OpponentResult(opponent, "")
+    for g in result.games:
+        for score in g.pair_scores(candidate):
+            tally.add(score)
+    if (tally.wins, tally.draws, tally.losses) != (result.wins, result.draws, result.losses):
         return "its tally does not match its games"
     return None
 
@@ -163,10 +197,8 @@ def merge_shards(candidate: str, baselines: Iterable[tuple[str, str]], shards: I
                 continue
             seen.add(g.uid)
             games.append(g)
-            score = g.candidate_score(candidate)
-            result.wins += score == 1.0
-            result.draws += score == 0.5
-            result.losses += score == 0.0
+            for score in g.pair_scores(candidate):
+                result.add(score)
     merged = list(results.values())
     if best is not None:
         merged.append(best)

@@ -14,9 +14,9 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from app.ai.evaluators import Evaluator, NetworkEvaluator, UniformEvaluator
-from app.ai.mcts import SearchForest, choose_action, temperature_for_ply
-from app.ai.model import load_model
+from app.games.search.evaluators import Evaluator, NetworkEvaluator, UniformEvaluator
+from app.games.search.mcts import SearchForest, choose_action, temperature_for_ply
+from app.games.search.model import load_model
 from app.config import Settings
 from app.db.replay_db import GameRecord, MoveRecord
 from app.games import Game, GameState, get_game

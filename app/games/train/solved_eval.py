@@ -24,9 +24,9 @@ from typing import Sequence
 
 import numpy as np
 
-from app.ai.evaluators import NetworkEvaluator
-from app.ai.mcts import SearchForest
-from app.ai.model import PolicyValueNet
+from app.games.search.evaluators import NetworkEvaluator
+from app.games.search.mcts import SearchForest
+from app.games.search.model import PolicyValueNet
 from app.config.pipeline import SearchConfig
 from app.games import DEFAULT_GAME, Game, GameError, GameState, get_game
 

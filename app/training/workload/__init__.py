@@ -1,1 +1,0 @@
-"""The game workload's pipeline steps (the seam: app/coordination/pipeline/steps.py)."""
