@@ -32,8 +32,8 @@ from app.atomic_files import atomic_write_json
 from app.config import ConfigError, load_settings, read_yaml_mapping
 from app.config.configs import lineage_settings
 from app.db.registry import ModelRegistry
-from app.training.gauntlet_baselines import anchor_player
-from app.training.promotion import progress_report
+from app.games.train.gauntlet_baselines import anchor_player
+from app.games.train.promotion import progress_report
 
 VARIANTS = {"loops": {}, "fixed": {"progress": False, "staleness_weight": 0.0, "regression_boost": 1.0,
                                    "rebalance_on_promotion": False}}

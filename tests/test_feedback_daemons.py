@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import yaml
 
-from app.ai.model import Architecture, ModelMeta, new_model, save_model
-from app.ai.players import model_player_name
+from app.games.search.model import Architecture, ModelMeta, new_model, save_model
+from app.games.search.players import model_player_name
 from app.config import load_settings
 from app.config.configs import lineage_settings
 from app.coordination.daemons.daemon_registry import DaemonContext, read_daemons
@@ -33,8 +33,8 @@ from app.db.replay_db import ReplayDB
 from app.games import get_game
 from app.log import get_logger
 from app.p2p_orchestrator import _show_local_status, build_lineage, build_parser, configs_view, node_settings, wire_gate
-from app.training.gauntlet import recompute_ratings
-from app.training.gauntlet_baselines import anchor_player
+from app.games.train.gauntlet import recompute_ratings
+from app.games.train.gauntlet_baselines import anchor_player
 from app.workloads import pipeline_context
 from tests.train_fixtures import synthetic_game
 

@@ -1,5 +1,5 @@
 """Settings of the training pipeline: model size, search, self-play, export, training,
-gauntlet and promotion gates. Read by app/ai and app/training."""
+gauntlet and promotion gates. Read by app/games/search and app/games/train."""
 
 import re
 from pathlib import Path
@@ -32,7 +32,7 @@ class SearchConfig(StrictModel):
     # +0.04-0.15 raw exact-move accuracy over 0 at equal CPU; 0.75 (a win on the last ply still
     # worth 0.25, clear of a draw) a further ~+0.02 over 0.5 and the 0.80 raw exact aim.
     length_discount: float = Field(0.75, ge=0.0, lt=1.0)
-    # Each new node looked at one ply deep by the rules (app/ai/search_kernel.py): a win on the
+    # Each new node looked at one ply deep by the rules (app/games/search/search_kernel.py): a win on the
     # spot proves it, no safe move proves it lost, and only safe moves are searched otherwise.
     threat_check: bool = True
     # KataGo's forced playouts with policy target pruning, in searches with root noise
@@ -62,7 +62,7 @@ class SelfplayConfig(StrictModel):
     # Where a worker's network evaluates the search's leaves: "cpu", "cuda" (every worker shares
     # the node's first GPU; refused where there is none) or "auto" (the GPU when there is one).
     device: Literal["cpu", "cuda", "auto"] = "cpu"
-    # One network process for all of a node's self-play workers (app/ai/network_server.py): each
+    # One network process for all of a node's self-play workers (app/games/search/network_server.py): each
     # worker's search sends its leaves there and the server evaluates every waiting request in
     # one batch, so one GPU is fed by all the cores (a GPU node's profile). Off: each worker
     # holds its own copy of the network (a CPU node, where a network process would take a core).
@@ -91,7 +91,7 @@ class TrainConfig(StrictModel):
     # best's weights, so a cap keeps each generation's cost fixed while the window grows.
     max_steps: int = Field(400, ge=0)
     nproc: int = 0  # training processes per node; 0 = one per visible GPU, 1 without a GPU
-    micro_batches: int = 0  # fixed split of each global batch (0 = one per rank); see app/training/train.py
+    micro_batches: int = 0  # fixed split of each global batch (0 = one per rank); see app/games/train/train.py
     eval_every: int = 0  # steps between holdout evaluations (0 = once per epoch)
     patience: int = 3  # evaluations without holdout improvement before stopping early
     checkpoint_every: int = 0  # steps between checkpoints (0 = at each evaluation)
@@ -114,7 +114,7 @@ class GauntletConfig(StrictModel):
     opening_plies_max: int = 4
     heuristic_depth: int = 2  # negamax plies of the heuristic baseline
     # The fixed anchor: every generation's gauntlet plays it a few games, so every generation
-    # is rated against the same reference, pinned at Elo 0 (app/training/gauntlet_baselines.py).
+    # is rated against the same reference, pinned at Elo 0 (app/games/train/gauntlet_baselines.py).
     # A baseline spec: heuristic[:depth] (any game: the game's own or the generic search),
     # rollout[:simulations] or random; None turns the games off (Elo falls back to random,
     # else to the first generation). games_vs_anchor: its games per generation, whole pairs
@@ -126,7 +126,7 @@ class GauntletConfig(StrictModel):
     workers: int = 1  # worker processes playing games in parallel
     # Where the network players' networks run: "cpu", "cuda" (the node's first GPU, shared by
     # every worker; refused where there is none) or "auto" (the GPU when there is one). A worker
-    # plays its games in lock step (app/training/match_games.py), so a GPU sees batches of games.
+    # plays its games in lock step (app/games/train/match_games.py), so a GPU sees batches of games.
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     # In a cluster the baseline games are cut into shards other nodes play (app/coordination/pipeline/gauntlet_spread.py).
     shard_games: int = 10  # games per shard (rounded up to even: whole opening pairs)

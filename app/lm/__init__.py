@@ -15,7 +15,7 @@
     workload/                    the pipeline steps of this workload (app/coordination/pipeline/steps.py)
 
 Imports run downward: workload -> train -> rollout -> this package's own modules; nothing
-here imports the game workload (app/training, app/ai, app/games).
+here imports the game workload (app/games/train, app/games/search, app/games).
 
 Nothing is downloaded, ever: the hub is switched off for this process before transformers is
 imported (a config that names a hub model gets a one-line error from causal_lm.py instead).

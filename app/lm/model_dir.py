@@ -1,5 +1,5 @@
 """A promoted LM model is a Hugging Face checkpoint directory; its identity is the sha256 of
-its manifest, as a dataset's is (app/training/dataset.py).
+its manifest, as a dataset's is (app/games/train/dataset.py).
 
     <dir>/config.json, model.safetensors (or shards + index), tokenizer.json, ...
     <dir>/manifest.json   {"format": 1, "kind": "hf_checkpoint", "files": {name: {sha256, bytes}}}

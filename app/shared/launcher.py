@@ -1,7 +1,7 @@
 """Launch a distributed job with torchrun and watch it: the Python face of `torchrun`.
 
     python -m app.shared.launcher --nproc 2 --log-dir runs/r1/logs [--nnodes 2 --node-rank 0
-        --rdzv-endpoint host:29400] [--module app.training.train | --script job.py] -- ARGS...
+        --rdzv-endpoint host:29400] [--module app.games.train.train | --script job.py] -- ARGS...
 
 torchrun (torch.distributed.run) starts the workers, sets RANK, LOCAL_RANK, WORLD_SIZE,
 MASTER_ADDR and MASTER_PORT, and tears the group down when one worker fails. This layer adds

@@ -6,7 +6,7 @@ differently. The decided records carry every gauntlet's results (`GenerationReco
 and are the same on every node, so a fit over them gives every node the same ratings: anchored
 at the fixed anchor every gauntlet plays (`gauntlet.anchor`, pinned at 0), else at random where
 the games reach it (runs recorded before the anchor games), else at the chain's earliest
-generation (app/training/elo.py `fit_elo_chains`). Wins, draws and losses per pair are all a
+generation (app/games/train/elo.py `fit_elo_chains`). Wins, draws and losses per pair are all a
 Bradley-Terry fit needs, so the summary loses nothing the registry's games would add.
 """
 

@@ -2,7 +2,7 @@
 evaluation and the model store mean for the game or task this node runs.
 
 The daemons (runners.py) own the flow: stages, claims, quorum decisions, events, restarts.
-A `WorkloadSteps` owns the content of each step: the game workload (app/training/workload/) plays
+A `WorkloadSteps` owns the content of each step: the game workload (app/games/workload/) plays
 games with MCTS, exports position datasets, trains a policy/value net, runs a gauntlet and keeps
 model files; the language-model workload (app/lm/workload/) generates scored rollout groups,
 exports them, trains GRPO, gates on held-out prompts and keeps Hugging Face directories. One

@@ -3,7 +3,7 @@
 A background task of the node (started by the orchestrator beside the dashboard sampler):
 it wakes on every pipeline change and every `interval_s`, finds the promoted models this node
 has installed and has not scored yet, and scores each in a worker thread
-(app/training/solved_accuracy.py), one model at a time, on the node's one torch thread. The
+(app/games/train/solved_accuracy.py), one model at a time, on the node's one torch thread. The
 results land in `<data_dir>/solved_accuracy.json`; the dashboard feed reads that file and
 gossips it with the other per-model stats, so every node shows every promoted model's accuracy
 whichever node scored it.

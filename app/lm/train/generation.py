@@ -1,5 +1,5 @@
 """The torchrun target of the LM workload: one generation's training (the game workload's is
-app/training/train.py).
+app/games/train/train.py).
 
     python -m app.shared.launcher --nproc N --log-dir RUN/logs --module app.lm.train.generation -- \
         --dataset D --run-dir RUN --resume auto --generation G --config CFG [--parent P]
