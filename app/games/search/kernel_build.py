@@ -101,7 +101,8 @@ def prune_old(directory: Path, prefix: str, keep: str, older_than_s: float = PRU
             file.unlink()
         except FileNotFoundError:
             continue
-        for cached in (directory / "__pycache__").glob(f"{name}.*"):
+        for cached in [*(directory / "__pycache__").glob(f"{name}.*"), directory / f"{name}.compiled",
+                       directory / f"{name}.lock"]:  # numba's cache, kernel_warm's marker and lock
             try:
                 cached.unlink()
             except FileNotFoundError:

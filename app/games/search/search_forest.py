@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from app.games.search.kernel_build import kernel_for
+from app.games.search.kernel_warm import ensure_compiled
 from app.games.search.search_result import SearchResult
 from app.games import Game, GameState
 
@@ -49,6 +50,7 @@ class SearchForest:
                  trees: int = 1, capacity: int = 256) -> None:
         self.game = game
         self.K = kernel_for(game)
+        ensure_compiled(self.K.__file__, lambda: tiny_search(game))  # one process compiles, the rest wait
         self.proofs = bool(game.solver_proofs)
         self.value_size = int(game.value_size)
         self.length_discount = float(length_discount)
@@ -294,3 +296,17 @@ class SearchForest:
         self.trees_i[:t] = old[5]
         self.trees_f[:t] = old[6]
         self.moves[:t, :c] = old[7]
+
+
+def tiny_search(game: Game) -> None:
+    """A few simulations on two trees, noise on, with and without the threat hook: what
+    self-play and the gauntlet call first (kernel_warm.py compiles a kernel with it)."""
+    from app.config.pipeline import SearchConfig
+    from app.games.search.evaluators import UniformEvaluator
+
+    cfg = SearchConfig()
+    for threat_check in (False, True):
+        forest = SearchForest(game, cfg.length_discount, threat_check, trees=2)
+        slots = [forest.add(game.initial_state()) for _ in range(2)]
+        forest.search(slots, UniformEvaluator(game), 8, cfg, np.random.default_rng(0), add_noise=True)
+        forest.advance(slots[0], int(np.argmax(forest.root_counts(slots[0]))))
