@@ -90,6 +90,9 @@ def _check_online_runs(files: NodeFiles) -> list[dict]:
         assert results[-1]["rollouts"] == "online", results[-1]
         steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         steps = [m for m in steps if m.get("phase") == "rl"]
+        if results[-1]["parent_sha256"] is None:  # generation 1 of sft+rl: SFT alone, no GRPO step
+            assert results[-1]["sft_steps"] > 0 and results[-1]["rl_steps"] == 0 and not steps, results[-1]
+            continue
         assert steps and all(m["staleness_groups"][-1] == 0 and sum(m["staleness_groups"]) == 8 for m in steps), run
         uids = [u for f in (run / "consumed").glob("rank_*.jsonl") for line in f.read_text().splitlines()
                 for u in json.loads(line)["uids"]]

@@ -5,11 +5,12 @@ app/training/train.py).
         --dataset D --run-dir RUN --resume auto --generation G --config CFG [--parent P]
 
 Every rank runs it; rank 0 alone writes. Generation 1 of `lm.grpo.mode: sft+rl` (no parent)
-first takes `lm.grpo.sft.steps` supervised steps on the task's demonstrations; then
-`lm.grpo.steps` GRPO steps on the groups of the exported rollout dataset (off-policy: against
-the log-probs stored with them): the one run of app/lm/train/sft_grpo.py, its rollouts drawn
-from the dataset (rollout_sources.StoredGroups) with `lm.grpo.rollouts: stored`. With
-`online` (opt-in) the GRPO steps train instead on groups each rank's in-process engine
+takes `lm.grpo.sft.steps` supervised steps on the task's demonstrations and nothing else, so
+the gate scores the SFT model alone (`phase_steps`); every later generation (and every one of
+`mode: rl`) takes `lm.grpo.steps` GRPO steps: the one run of app/lm/train/sft_grpo.py. With
+`lm.grpo.rollouts: stored` they train on the groups of the exported rollout dataset
+(off-policy: against the log-probs stored with them, rollout_sources.StoredGroups). With
+`online` (the default) the GRPO steps train instead on groups each rank's in-process engine
 generates from the trainer's own weights, synced after every step (rollout_sources.
 GeneratedGroups, as scripts/sft_rl.py runs), with the behaviour correction (`lm.grpo.tis_cap`)
 and the run's consumed record (consumed.py: a resumed run never trains a group twice); the
@@ -159,15 +160,19 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
     if problem:
         raise LMTrainInputError(problem)
     g = lm.grpo
-    sft_steps = g.sft.steps if g.mode == "sft+rl" and args.parent is None else 0
+    sft_steps, rl_steps = phase_steps(lm, args.parent is not None)
     tok = build_tokenizer(lm.tokenizer)
     task = build_task(lm.task, tok, need_demonstrations=sft_steps > 0)
+    online = g.rollouts == "online" and rl_steps > 0
+    rewards = reward_pool(lm, task) if online else None
+    if rewards is not None:
+        rewards.start()  # its workers import the reward's module while the model loads
     model = build_model(lm, tok, args.parent)
     bad = dataset_problem(groups, model.config.vocab_size) if g.rollouts == "stored" else None
     if bad:
         raise LMTrainInputError(f"{args.dataset}: {bad}")
     reference = reference_model(model, g.reference) if g.kl_coef else None
-    sampler = copy.deepcopy(model).eval() if g.rollouts == "online" else None  # before LoRA wraps the policy
+    sampler = copy.deepcopy(model).eval() if online else None  # before LoRA wraps the policy
     model = for_training(lm, model, g.seed)  # LoRA: adapters on the policy; the reference stays whole
     optim = OptimConfig(lr=g.lr, weight_decay=g.weight_decay, max_grad_norm=g.max_grad_norm)
     # Ranks on several nodes: each commits checkpoints only where rank 0 runs (no shared file
@@ -190,11 +195,9 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
     micro = max(1, -(-rank_share(g.sft.batch_size, 0, env.world_size)[1] // g.micro_batches))
     plan = RunPlan(SFTConfig(steps=sft_steps, batch_size=g.sft.batch_size, micro_batch_size=micro) if sft_steps else None,
                    g.sft.lr,
-                   g.steps, g.lr, seed=g.seed, checkpoint_every=args.checkpoint_every, save=not spans,
+                   rl_steps, g.lr, seed=g.seed, checkpoint_every=args.checkpoint_every, save=not spans,
                    rl_warmup=g.warmup_steps)
-    rewards = None
     if sampler is not None:
-        rewards = reward_pool(lm, task)
         rl_micro = max(1, -(-rank_share(g.groups_per_step, 0, env.world_size)[1] * lm.rollout.n // g.micro_batches))
         consumed = ConsumedGroups(run_dir, env.rank) if plan.save else None  # a spanned run restarts whole
         source: StoredGroups | GeneratedGroups = online_source(lm, task, tok, sampler, rewards, env, rl_micro,
@@ -221,16 +224,16 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
     finally:
         if rewards is not None:
             rewards.close()
-    final = report.get("final", {})
+    final = report.get("final") or last_logged(run_dir, "rl" if rl_steps else "sft")
     staged = stage_candidate(backend, tok, run_dir, CANDIDATE_NAME)
     if staged is None:
         return None
     result = {"generation": args.generation, "candidate": str(candidate), "candidate_sha256": staged[1],
-              "parent_sha256": parent_sha, "dataset_sha256": dataset_sha, "sft_steps": sft_steps, "rl_steps": g.steps,
-              "final": final or last_logged(run_dir, "rl"), "world_size": env.world_size, "groups": len(groups),
+              "parent_sha256": parent_sha, "dataset_sha256": dataset_sha, "sft_steps": sft_steps, "rl_steps": rl_steps,
+              "final": final, "world_size": env.world_size, "groups": len(groups),
               "rollouts": g.rollouts,
-              "mean_reward": (drawn_mean_reward(groups, g.seed + 1, g.steps, g.groups_per_step) if sampler is None
-                              else (final or last_logged(run_dir, "rl")).get("mean_reward")),
+              "mean_reward": (None if not rl_steps else final.get("mean_reward") if online
+                              else drawn_mean_reward(groups, g.seed + 1, rl_steps, g.groups_per_step)),
               "dropped_groups": dropped,
               "wall_s": time.time() - started}
     result["final_loss"] = result["final"].get("loss")
@@ -238,6 +241,20 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
     publish_candidate(staged[0], candidate)
     say(env, f"done: candidate {candidate} ({staged[1][:12]}), final loss {result['final_loss']}")
     return result
+
+
+def phase_steps(lm: LMConfig, has_parent: bool) -> tuple[int, int]:
+    """(SFT steps, GRPO steps) of a generation. Generation 1 of `sft+rl` (no parent) is SFT
+    alone: the gate then scores the SFT model by itself, and GRPO starts in generation 2 from
+    the promoted SFT model. Before, generation 1 also ran its GRPO steps, on rollouts of the
+    random init when stored (no signal: wasted) and on the SFT weights' own rollouts when
+    online, so online GRPO's gain was folded into "SFT": on the user task the SFT generation
+    came out at the GRPO level and no later generation could beat it with significance
+    (docs/benchmarks/grpo_loop.md). `mode: rl` trains GRPO from the first generation on."""
+    g = lm.grpo
+    if g.mode == "sft+rl" and not has_parent:
+        return g.sft.steps, 0
+    return 0, g.steps
 
 
 def heldout_line(env: DistContext, run_dir: Path, lm: LMConfig, task, tok, source: GeneratedGroups,
