@@ -47,7 +47,10 @@ from app.lm.train.dist_env import GROUP_TIMEOUT_S
 from app.lm.train.fsdp_backend import FSDPBackend
 from app.lm.train.evaluate import evaluate
 from app.lm.train.grpo import GRPOConfig, grpo_loss_fn, sft_loss
+from app.lm.train.mesh_rollouts import mesh_rollouts
+from app.lm.train.policy_publish import POLICY_FILE, PolicyPublisher
 from app.lm.train.reference import reference_model
+from app.lm.train.remote_groups import RemoteGroups
 from app.lm.train.rollout_sources import GeneratedGroups, LoopFilters, StoredGroups, dataset_problem, drawn_mean_reward
 from app.lm.train.sft_grpo import RunPlan, SFTConfig, sft_rows
 from app.lm.train.sft_grpo import run as run_phases
@@ -200,8 +203,11 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
     if sampler is not None:
         rl_micro = max(1, -(-rank_share(g.groups_per_step, 0, env.world_size)[1] * lm.rollout.n // g.micro_batches))
         consumed = ConsumedGroups(run_dir, env.rank) if plan.save else None  # a spanned run restarts whole
+        policy, remote = mesh_rollouts(args.config, run_dir, args.generation, sampler, sampler.config.vocab_size,
+                                       rank=env.rank, world_size=env.world_size, spans=spans)
         source: StoredGroups | GeneratedGroups = online_source(lm, task, tok, sampler, rewards, env, rl_micro,
-                                                               consumed, generation=args.generation)
+                                                               consumed, generation=args.generation,
+                                                               policy=policy, remote=remote)
         what_rl = f"groups generated online by the trainer's weights (in-process engine, max_staleness " \
                   f"{lm.rollout.max_staleness} steps)"
     else:
@@ -224,6 +230,8 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
     finally:
         if rewards is not None:
             rewards.close()
+        if isinstance(source, GeneratedGroups) and source.remote is not None:
+            source.remote.close()
     final = report.get("final") or last_logged(run_dir, "rl" if rl_steps else "sft")
     staged = stage_candidate(backend, tok, run_dir, CANDIDATE_NAME)
     if staged is None:
@@ -239,6 +247,7 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
     result["final_loss"] = result["final"].get("loss")
     atomic_write_json(run_dir / RESULT_NAME, result, indent=2)
     publish_candidate(staged[0], candidate)
+    (run_dir / POLICY_FILE).unlink(missing_ok=True)  # the run is over: rollout workers stop playing its policy
     say(env, f"done: candidate {candidate} ({staged[1][:12]}), final loss {result['final_loss']}")
     return result
 
@@ -272,14 +281,17 @@ def heldout_line(env: DistContext, run_dir: Path, lm: LMConfig, task, tok, sourc
 
 
 def online_source(lm: LMConfig, task, tok, sampler, rewards, env: DistContext, micro: int,
-                  consumed: ConsumedGroups | None = None, generation: int = 0) -> GeneratedGroups:
+                  consumed: ConsumedGroups | None = None, generation: int = 0, policy: PolicyPublisher | None = None,
+                  remote: RemoteGroups | None = None) -> GeneratedGroups:
     """`lm.grpo.rollouts: online`: each rank's in-process engine holds the trainer's weights,
     synced after every optimizer step with the step as their version; the rollout manager
     over-samples, filters and drops groups more than `lm.rollout.max_staleness` steps old, and
     groups already in the run's consumed record (a resumed run's replay). The sampling seed moves
     with the generation: a generation that starts again from the same best after a rejection must
     not draw the same rollouts (and so train the same candidate and get the same verdict) again;
-    a resumed run of one generation keeps its seed."""
+    a resumed run of one generation keeps its seed. A run the node launched also publishes each
+    step's weights for rollout workers on other nodes and takes their groups first (`policy`,
+    `remote`: mesh_rollouts.py), within the same staleness bound."""
     from app.lm.rollout.engine import InProcessEngine
 
     g, r = lm.grpo, lm.rollout
@@ -288,7 +300,7 @@ def online_source(lm: LMConfig, task, tok, sampler, rewards, env: DistContext, m
                            prompts_per_step=g.groups_per_step, rollout=rollout_settings(r),
                            filters=LoopFilters(r.oversample, r.zero_variance, r.max_staleness), rewards=rewards,
                            micro_batch_size=micro, scale_by_std=g.scale_by_std, rank=env.rank,
-                           world_size=env.world_size, consumed=consumed)
+                           world_size=env.world_size, consumed=consumed, policy=policy, remote=remote)
 
 
 def log_dropped_groups(env: DistContext, run_dir: Path, dataset: Path) -> dict[str, int]:
