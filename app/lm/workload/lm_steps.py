@@ -173,6 +173,9 @@ class LMSteps:
         tokenizer, task, pool = self._task_kit()
         if self._policy is None:
             self._policy = PolicyEngine(self.mesh, tokenizer)
+        if self._policy.played == policy["sha256"]:  # one batch a version: the trainer takes a few groups a step
+            time.sleep(IDLE_S)
+            return BatchSummary(0, 0, 0.0)
         engine = self._policy.engine_for(pipe.cluster.node, peer, policy)  # type: ignore[attr-defined]
         if engine is None:
             time.sleep(IDLE_S)
@@ -188,6 +191,7 @@ class LMSteps:
         assert self._dropped is not None
         self._dropped.update(result.dropped)
         self.policy_batches += 1
+        self._policy.played = policy["sha256"]
         samples = result.stored * lm.rollout.n
         return BatchSummary(result.stored, samples, samples / result.seconds if result.seconds > 0 else 0.0,
                             dropped=result.dropped)

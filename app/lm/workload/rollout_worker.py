@@ -56,6 +56,9 @@ class PolicyEngine:
         self.mesh, self.tokenizer = mesh, tokenizer
         self.engine: InProcessEngine | None = None
         self.sha256: str | None = None
+        # the policy of the last batch played: one batch a version, since a batch holds more
+        # groups (batch_groups x oversample) than the trainer takes a step (groups_per_step)
+        self.played: str | None = None
 
     def engine_for(self, node: MeshNode, peer: str, policy: dict[str, Any]) -> InProcessEngine | None:
         """The engine with `policy` loaded (fetched from `peer` first); None when the fetch failed
