@@ -91,3 +91,8 @@ def test_run_progress_reads_step_version_staleness_and_curve(tmp_path):
     assert got["sft_step"] == 5 and got["step"] == 3 and got["policy_version"] == 1 and got["staleness"] == 1
     assert got["dropped"] == {"zero_variance": 3} and got["mean_reward"] == 0.4
     assert got["heldout"] == [{"step": 2, "reward": 0.3, "exact_match": 0.25}]
+    assert "policy" not in got and got["remote_groups"] == 0
+    # the trainer's newest weights for rollout workers (policy_publish.py): gossiped with the rest
+    (tmp_path / "policy.json").write_text(json.dumps({"generation": 2, "version": 3, "sha256": "a" * 64,
+                                                      "published": [[3, "a" * 64]]}))
+    assert run_progress(tmp_path)["policy"] == {"generation": 2, "version": 3, "sha256": "a" * 64}

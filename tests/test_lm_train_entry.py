@@ -1,5 +1,5 @@
 """The LM workload's training entry point under real torchrun (app.shared.launcher): generation 1
-(SFT on demonstrations, then GRPO on random-init rollouts) at one rank, generation 2 from its
+(SFT on demonstrations alone: GRPO starts from the SFT model in generation 2) at one rank, generation 2 from its
 candidate on that candidate's own rollouts at two FSDP2 ranks on gloo, a finished run left
 alone, and a corrupt dataset refused by its path.
 
@@ -106,15 +106,16 @@ def gen1(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     return config, dataset, run_dir
 
 
-def test_generation_one_sft_then_grpo_writes_a_verified_candidate_that_copies(gen1):
+def test_generation_one_is_sft_alone_and_writes_a_verified_candidate_that_copies(gen1):
     config, _, run_dir = gen1
     result = json.loads((run_dir / RESULT_NAME).read_text())
     candidate = run_dir / CANDIDATE_NAME
     assert verify_model_dir(candidate, result["candidate_sha256"]) is None
     assert result["generation"] == 1 and result["parent_sha256"] is None
-    assert result["sft_steps"] == load_settings(config).lm.grpo.sft.steps and result["rl_steps"] == RL_STEPS
-    assert len(result["dataset_sha256"]) == 64 and result["final"]["step"] == RL_STEPS
-    assert 0.0 <= result["mean_reward"] <= 1.0
+    sft_steps = load_settings(config).lm.grpo.sft.steps
+    assert result["sft_steps"] == sft_steps and result["rl_steps"] == 0  # no GRPO on the random init's rollouts
+    assert len(result["dataset_sha256"]) == 64 and result["final"]["step"] == sft_steps
+    assert result["mean_reward"] is None and not (run_dir / "rl").exists()
     assert not list(run_dir.glob(".staging-*"))
     lm = load_settings(config).lm
     before = heldout_exact(config, initial_model(lm.model, build_tokenizer(lm.tokenizer)))
@@ -165,7 +166,7 @@ def test_a_run_killed_mid_sft_resumes_from_its_newest_complete_checkpoint_to_the
     config, dataset, run1 = gen1
     run_dir = tmp_path / "gen1-killed"
     shutil.copytree(run1, run_dir)
-    for gone in ("candidate", "result.json", "rl", "sft/step_00000050", "sft/step_00000060"):
+    for gone in ("candidate", "result.json", "sft/step_00000050", "sft/step_00000060"):
         shutil.rmtree(run_dir / gone) if (run_dir / gone).is_dir() else (run_dir / gone).unlink()
     shutil.copytree(run_dir / "sft" / "step_00000040", run_dir / "sft" / "step_00000070")
     (run_dir / "sft" / "step_00000070" / "COMPLETE").unlink()
@@ -178,8 +179,7 @@ def test_a_run_killed_mid_sft_resumes_from_its_newest_complete_checkpoint_to_the
     assert lines[0] == {"phase": "rollouts", "dropped_groups": lines[0]["dropped_groups"]}  # what self-play dropped
     original = {(m["phase"], m["step"]): m["loss"] for m in lines[1:logged]}
     resumed = lines[logged:]
-    assert [(m["phase"], m["step"]) for m in resumed] == [("sft", s) for s in range(41, 61)] + [
-        ("rl", s) for s in range(1, RL_STEPS + 1)]
+    assert [(m["phase"], m["step"]) for m in resumed] == [("sft", s) for s in range(41, 61)]
     for m in resumed:  # the same trajectory as the unbroken run
         assert m["loss"] == pytest.approx(original[(m["phase"], m["step"])], rel=1e-5, abs=1e-7), m
     result = json.loads((run_dir / RESULT_NAME).read_text())

@@ -3,12 +3,15 @@ real nodes, real torchrun training, real rollout stores. GRPO runs online (confi
 issue 53): each generation's trainer generates its groups from its own newest weights.
 
 - One node: kill -9 while it writes rollouts (nothing half-written, nothing twice), then it
-  learns: generation 1 (SFT on the task's demonstrations) lifts held-out exact match from the
+  learns, through a kill -9 of its GRPO trainer mid-run (the generation trained again from its
+  checkpoint; its consumed record keeps every group uid to one training): generation 1 (SFT on the task's demonstrations) lifts held-out exact match from the
   random init's ~0 to >= 0.6, a GRPO generation is trained from it and decided, /progress shows
   held-out reward by generation with its interval and /status the engine's weight version.
 - Three nodes with a leader kill: generations keep being decided, one model per generation,
   every node ends on the same weights and the same engine weight version, and rollouts are
-  replicated between the nodes as games are.
+  replicated between the nodes as games are. The nodes without the training claim are rollout
+  workers of the online trainer (issue 53): groups they made from its published policy are
+  trained, and every step keeps within `max_staleness` trainer steps.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import secrets
 import signal
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -88,8 +92,10 @@ def _check_online_runs(files: NodeFiles) -> list[dict]:
             continue
         results.append(json.loads((run / "result.json").read_text()))
         assert results[-1]["rollouts"] == "online", results[-1]
-        steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-        steps = [m for m in steps if m.get("phase") == "rl"]
+        steps = _rl_steps(run)
+        if results[-1]["parent_sha256"] is None:  # generation 1 of sft+rl: SFT alone, no GRPO step
+            assert results[-1]["sft_steps"] > 0 and results[-1]["rl_steps"] == 0 and not steps, results[-1]
+            continue
         assert steps and all(m["staleness_groups"][-1] == 0 and sum(m["staleness_groups"]) == 8 for m in steps), run
         uids = [u for f in (run / "consumed").glob("rank_*.jsonl") for line in f.read_text().splitlines()
                 for u in json.loads(line)["uids"]]
@@ -118,7 +124,12 @@ def test_lm_node_survives_kill9_while_writing_rollouts_then_learns(tmp_path) -> 
 
         proc = start_node(files)  # the same data dir: it carries on
         wait_until(lambda: _rollouts(files) >= before + 32, 300, what="rollouts after the restart")
-        wait_until(lambda: _decided(files) >= 2, 900, interval=1.0, what="two decided generations")
+        run = wait_until(lambda: _grpo_run_at(files, 2), 900, interval=0.5, what="a GRPO run past step 2")
+        killed = _kill_trainer(proc.pid)  # kill -9 of the trainer mid-run: the node trains the generation again
+        assert killed, "no trainer process to kill"
+        wait_until(lambda: _decided(files) >= 2 and (run / "result.json").exists(), 900, interval=1.0,
+                   what="two decided generations and the killed run trained again")
+        assert len(_rl_steps(run)) > json.loads((run / "result.json").read_text())["rl_steps"]  # killed + resumed
 
         progress = get_json(files.mesh_port, "/progress")
         assert progress is not None
@@ -151,7 +162,58 @@ def test_lm_node_survives_kill9_while_writing_rollouts_then_learns(tmp_path) -> 
     assert any(r["generation"] >= 2 and r["parent_sha256"] and r["rl_steps"] > 0 for r in results), results
 
 
+def _grpo_run_at(files: NodeFiles, step: int) -> Path | None:
+    """A GRPO run (generation >= 2) of this node that logged `step` and has not finished."""
+    for run in sorted((files.data_dir / "runs").glob("gen_*")):
+        if run.name != "gen_0001" and not (run / "result.json").exists() and \
+                any(m.get("step", 0) >= step for m in _rl_steps(run)):
+            return run
+    return None
+
+
+def _kill_trainer(node_pid: int) -> list[int]:
+    """SIGKILL every process of the node's training run (launcher, torchrun, ranks)."""
+    killed = []
+    for child in psutil.Process(node_pid).children(recursive=True):
+        try:
+            if any("app.lm.train.generation" in part for part in child.cmdline()):
+                child.send_signal(signal.SIGKILL)
+                killed.append(child.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return killed
+
+
 IDS = ["m0", "m1", "m2"]
+
+
+WORKER_STALENESS = 6
+
+
+def _rl_steps(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    lines = []
+    for text in path.read_text().splitlines() if path.exists() else []:
+        try:
+            lines.append(json.loads(text))
+        except ValueError:
+            continue  # a line being written, or torn by the kill
+    return [m for m in lines if m.get("phase") == "rl"]
+
+
+def _worker_groups_trained(files: NodeFiles) -> list[tuple[str, str]]:
+    """(trainer node, maker node) of each group a GRPO run on this node trained that a rollout
+    worker made: the run's consumed uids found in the node's rollout store (the trainer's own
+    groups are never stored), with the node that stored them first."""
+    out = []
+    for run in sorted((files.data_dir / "runs").glob("gen_*")):
+        uids = [u for f in (run / "consumed").glob("rank_*.jsonl") for line in f.read_text().splitlines()
+                if line.endswith("]}") for u in json.loads(line)["uids"]]  # not a line being appended
+        if not uids or not (files.data_dir / "rollouts.db").exists():
+            continue
+        with RolloutStore(files.data_dir / "rollouts.db", create=False) as store:
+            out += [(files.root.name, r.node_id) for r in store.groups(uids=uids)]
+    return out
 
 
 def _records(files: NodeFiles) -> list[dict]:
@@ -163,6 +225,9 @@ def _records(files: NodeFiles) -> list[dict]:
 def test_three_lm_nodes_decide_through_a_leader_kill(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("MESH_SECRET", secrets.token_hex(16))
     cfg = lm_config(mesh={"timing": BUSY_CPU_TIMING})
+    # rollout workers' groups travel gossip -> fetch -> a batch -> replication before the trainer
+    # reads them: a few trainer steps on two shared cores, so the bound is 6 steps here
+    cfg["lm"]["rollout"]["max_staleness"] = WORKER_STALENESS
     nodes = [write_node_files(tmp_path / nid, nid, cfg, LM_DAEMONS) for nid in IDS]
     procs = {nid: start_voter(nodes, IDS, i) for i, nid in enumerate(IDS)}
     try:
@@ -186,6 +251,8 @@ def test_three_lm_nodes_decide_through_a_leader_kill(tmp_path: Path, monkeypatch
                     and all(e.get("local", {}).get("weight_version") == newest[0] for e in engines))
 
         wait_until(settled, 300, interval=1.0, what="every node on the newest promoted model and weight version")
+        wait_until(lambda: any(_worker_groups_trained(f) for f in nodes), 600, interval=2.0,
+                   what="a GRPO run that trained groups its rollout workers made")
     except AssertionError:
         for files in nodes:
             print(f"--- {files.root.name}\n{tail(files, 3000)}")
@@ -216,6 +283,13 @@ def test_three_lm_nodes_decide_through_a_leader_kill(tmp_path: Path, monkeypatch
             union |= set(uids)
     assert len(union) == created  # no group lost or stored under two uids
     assert replicated > 0  # rollouts travel between nodes as games do
+    for files in nodes:  # every GRPO step within the staleness bound, workers' groups included
+        for run in (files.data_dir / "runs").glob("gen_*"):
+            steps = _rl_steps(run)
+            assert all(m["staleness_groups"][-1] == 0 and len(m["staleness_groups"]) == WORKER_STALENESS + 2
+                       for m in steps), run
+    trained = [t for f in nodes for t in _worker_groups_trained(f)]
+    assert trained and all(made_by != trainer for trainer, made_by in trained), trained
 
 @pytest.mark.timeout(1200)
 def test_two_lm_nodes_span_one_generations_training(tmp_path: Path, monkeypatch) -> None:

@@ -233,14 +233,15 @@ class LMGRPOSettings(StrictModel):
     scale_by_std: bool = True
     eps: float = Field(1e-6, gt=0)
     backend: Literal["local", "fsdp2"] = "local"
-    # where a generation's GRPO groups come from: "online" (as TRL, verl and slime run GRPO),
-    # generated in the trainer by its own newest weights, synced every step, at most
+    # where a generation's GRPO groups come from: "online" (the default, as TRL, verl and slime
+    # run GRPO), generated in the trainer by its own newest weights, synced every step, at most
     # `lm.rollout.max_staleness` steps old (app/lm/train/generation.py); self-play then only
-    # paces the generations. "stored" (the default until online passes the user-task
-    # acceptance: there every online generation of the suite's run gave the same held-out
-    # verdict, 3 wins 0 losses, 25 times in 600 s; docs/benchmarks/grpo_loop.md): the exported
-    # window of self-play's groups (made by the best model), trained against their stored log-probs
-    rollouts: Literal["stored", "online"] = "stored"
+    # paces the generations. "stored": the exported window of self-play's groups (made by the
+    # best model), trained against their stored log-probs. (Online was briefly not the default:
+    # generation 1 then ran GRPO after its SFT, so "SFT" already held online GRPO's gain and the
+    # user task never promoted a later generation; generation 1 is SFT alone now,
+    # docs/benchmarks/grpo_loop.md)
+    rollouts: Literal["stored", "online"] = "online"
     # online: every this many GRPO steps the trainer's weights answer the held-out prompts
     # greedily, a "heldout" line in the run's metrics (0: never)
     eval_every: int = Field(0, ge=0)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Container, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -270,6 +270,24 @@ class RolloutStore:
                 rows.reverse()
             for row in rows:
                 yield _to_record(row)
+
+    def groups_of_models(self, model_sha256s: Sequence[str], exclude: Container[str] = (),
+                         limit: int = 256) -> list[RolloutGroupRecord]:
+        """Up to `limit` groups made by any of these weights (oldest first), skipping the uids in
+        `exclude`: the online trainer's read of its rollout workers' groups (remote_groups.py)."""
+        if not model_sha256s:
+            return []
+        stmt = select(RolloutGroupRow).where(RolloutGroupRow.model_sha256.in_(list(model_sha256s))) \
+            .order_by(RolloutGroupRow.id)
+        out: list[RolloutGroupRecord] = []
+        with Session(self.engine) as session:
+            for row in session.scalars(stmt):
+                if row.uid in exclude:
+                    continue
+                out.append(_to_record(row))
+                if len(out) >= limit:
+                    break
+        return out
 
     def integrity_problems(self) -> list[str]:
         """Empty when the file is sound and every group holds exactly its recorded samples."""

@@ -145,6 +145,32 @@ class RolloutManager:
                     why="every group had equal rewards: trained as they are (zero advantages)")
         return batch[: self.settings.batch_groups]
 
+    def offer(self, groups: Sequence[Group], weight_version: int) -> int:
+        """Whole groups made elsewhere (rollout workers on other nodes: app/lm/train/remote_groups.py)
+        join the queue ahead of what this manager would play, through the same filters and the
+        consumed record; the staleness bound against `weight_version` applies to them as to
+        carried groups (carried groups past it are dropped first, so a fresh group of a prompt
+        they hold is not turned away). Returns how many joined."""
+        self._drop_stale(weight_version)
+        self._drop_consumed()
+        joined = 0
+        in_flight = set(self.pending) | {g.prompt_id for g in self.ready}
+        for group in groups:
+            reason = "consumed" if self.consumed is not None and group.uid in self.consumed else \
+                "in_flight" if group.prompt_id in in_flight else \
+                "stale" if group.oldest_version < weight_version - self.settings.max_staleness else \
+                filter_reason(group, self.settings.zero_variance, self.settings.min_reward_std)
+            if reason is None:
+                self.ready.append(group)
+                in_flight.add(group.prompt_id)
+                joined += 1
+            elif reason == "in_flight":  # the same prompt twice in one batch would merge two groups
+                self.stats["skipped_in_flight"] += 1
+            else:
+                self._drop(group.prompt_id, reason, group.oldest_version)
+        self.stats["offered_groups"] += joined
+        return joined
+
     # -- self-play ----------------------------------------------------------------------------
     def collect(self, prompts: Sequence[Prompt], weight_version: int) -> Collected:
         """Each prompt's group, played to completion and filtered: the kept groups and the

@@ -5,11 +5,12 @@ app/games/train/train.py).
         --dataset D --run-dir RUN --resume auto --generation G --config CFG [--parent P]
 
 Every rank runs it; rank 0 alone writes. Generation 1 of `lm.grpo.mode: sft+rl` (no parent)
-first takes `lm.grpo.sft.steps` supervised steps on the task's demonstrations; then
-`lm.grpo.steps` GRPO steps on the groups of the exported rollout dataset (off-policy: against
-the log-probs stored with them): the one run of app/lm/train/sft_grpo.py, its rollouts drawn
-from the dataset (rollout_sources.StoredGroups) with `lm.grpo.rollouts: stored`. With
-`online` (opt-in) the GRPO steps train instead on groups each rank's in-process engine
+takes `lm.grpo.sft.steps` supervised steps on the task's demonstrations and nothing else, so
+the gate scores the SFT model alone (`phase_steps`); every later generation (and every one of
+`mode: rl`) takes `lm.grpo.steps` GRPO steps: the one run of app/lm/train/sft_grpo.py. With
+`lm.grpo.rollouts: stored` they train on the groups of the exported rollout dataset
+(off-policy: against the log-probs stored with them, rollout_sources.StoredGroups). With
+`online` (the default) the GRPO steps train instead on groups each rank's in-process engine
 generates from the trainer's own weights, synced after every step (rollout_sources.
 GeneratedGroups, as scripts/sft_rl.py runs), with the behaviour correction (`lm.grpo.tis_cap`)
 and the run's consumed record (consumed.py: a resumed run never trains a group twice); the
@@ -46,7 +47,10 @@ from app.lm.train.dist_env import GROUP_TIMEOUT_S
 from app.lm.train.fsdp_backend import FSDPBackend
 from app.lm.train.evaluate import evaluate
 from app.lm.train.grpo import GRPOConfig, grpo_loss_fn, sft_loss
+from app.lm.train.mesh_rollouts import mesh_rollouts
+from app.lm.train.policy_publish import POLICY_FILE, PolicyPublisher
 from app.lm.train.reference import reference_model
+from app.lm.train.remote_groups import RemoteGroups
 from app.lm.train.rollout_sources import GeneratedGroups, LoopFilters, StoredGroups, dataset_problem, drawn_mean_reward
 from app.lm.train.sft_grpo import RunPlan, SFTConfig, sft_rows
 from app.lm.train.sft_grpo import run as run_phases
@@ -159,15 +163,19 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
     if problem:
         raise LMTrainInputError(problem)
     g = lm.grpo
-    sft_steps = g.sft.steps if g.mode == "sft+rl" and args.parent is None else 0
+    sft_steps, rl_steps = phase_steps(lm, args.parent is not None)
     tok = build_tokenizer(lm.tokenizer)
     task = build_task(lm.task, tok, need_demonstrations=sft_steps > 0)
+    online = g.rollouts == "online" and rl_steps > 0
+    rewards = reward_pool(lm, task) if online else None
+    if rewards is not None:
+        rewards.start()  # its workers import the reward's module while the model loads
     model = build_model(lm, tok, args.parent)
     bad = dataset_problem(groups, model.config.vocab_size) if g.rollouts == "stored" else None
     if bad:
         raise LMTrainInputError(f"{args.dataset}: {bad}")
     reference = reference_model(model, g.reference) if g.kl_coef else None
-    sampler = copy.deepcopy(model).eval() if g.rollouts == "online" else None  # before LoRA wraps the policy
+    sampler = copy.deepcopy(model).eval() if online else None  # before LoRA wraps the policy
     model = for_training(lm, model, g.seed)  # LoRA: adapters on the policy; the reference stays whole
     optim = OptimConfig(lr=g.lr, weight_decay=g.weight_decay, max_grad_norm=g.max_grad_norm)
     # Ranks on several nodes: each commits checkpoints only where rank 0 runs (no shared file
@@ -190,15 +198,16 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
     micro = max(1, -(-rank_share(g.sft.batch_size, 0, env.world_size)[1] // g.micro_batches))
     plan = RunPlan(SFTConfig(steps=sft_steps, batch_size=g.sft.batch_size, micro_batch_size=micro) if sft_steps else None,
                    g.sft.lr,
-                   g.steps, g.lr, seed=g.seed, checkpoint_every=args.checkpoint_every, save=not spans,
+                   rl_steps, g.lr, seed=g.seed, checkpoint_every=args.checkpoint_every, save=not spans,
                    rl_warmup=g.warmup_steps)
-    rewards = None
     if sampler is not None:
-        rewards = reward_pool(lm, task)
         rl_micro = max(1, -(-rank_share(g.groups_per_step, 0, env.world_size)[1] * lm.rollout.n // g.micro_batches))
         consumed = ConsumedGroups(run_dir, env.rank) if plan.save else None  # a spanned run restarts whole
+        policy, remote = mesh_rollouts(args.config, run_dir, args.generation, sampler, sampler.config.vocab_size,
+                                       rank=env.rank, world_size=env.world_size, spans=spans)
         source: StoredGroups | GeneratedGroups = online_source(lm, task, tok, sampler, rewards, env, rl_micro,
-                                                               consumed, generation=args.generation)
+                                                               consumed, generation=args.generation,
+                                                               policy=policy, remote=remote)
         what_rl = f"groups generated online by the trainer's weights (in-process engine, max_staleness " \
                   f"{lm.rollout.max_staleness} steps)"
     else:
@@ -221,23 +230,40 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
     finally:
         if rewards is not None:
             rewards.close()
-    final = report.get("final", {})
+        if isinstance(source, GeneratedGroups) and source.remote is not None:
+            source.remote.close()
+    final = report.get("final") or last_logged(run_dir, "rl" if rl_steps else "sft")
     staged = stage_candidate(backend, tok, run_dir, CANDIDATE_NAME)
     if staged is None:
         return None
     result = {"generation": args.generation, "candidate": str(candidate), "candidate_sha256": staged[1],
-              "parent_sha256": parent_sha, "dataset_sha256": dataset_sha, "sft_steps": sft_steps, "rl_steps": g.steps,
-              "final": final or last_logged(run_dir, "rl"), "world_size": env.world_size, "groups": len(groups),
+              "parent_sha256": parent_sha, "dataset_sha256": dataset_sha, "sft_steps": sft_steps, "rl_steps": rl_steps,
+              "final": final, "world_size": env.world_size, "groups": len(groups),
               "rollouts": g.rollouts,
-              "mean_reward": (drawn_mean_reward(groups, g.seed + 1, g.steps, g.groups_per_step) if sampler is None
-                              else (final or last_logged(run_dir, "rl")).get("mean_reward")),
+              "mean_reward": (None if not rl_steps else final.get("mean_reward") if online
+                              else drawn_mean_reward(groups, g.seed + 1, rl_steps, g.groups_per_step)),
               "dropped_groups": dropped,
               "wall_s": time.time() - started}
     result["final_loss"] = result["final"].get("loss")
     atomic_write_json(run_dir / RESULT_NAME, result, indent=2)
     publish_candidate(staged[0], candidate)
+    (run_dir / POLICY_FILE).unlink(missing_ok=True)  # the run is over: rollout workers stop playing its policy
     say(env, f"done: candidate {candidate} ({staged[1][:12]}), final loss {result['final_loss']}")
     return result
+
+
+def phase_steps(lm: LMConfig, has_parent: bool) -> tuple[int, int]:
+    """(SFT steps, GRPO steps) of a generation. Generation 1 of `sft+rl` (no parent) is SFT
+    alone: the gate then scores the SFT model by itself, and GRPO starts in generation 2 from
+    the promoted SFT model. Before, generation 1 also ran its GRPO steps, on rollouts of the
+    random init when stored (no signal: wasted) and on the SFT weights' own rollouts when
+    online, so online GRPO's gain was folded into "SFT": on the user task the SFT generation
+    came out at the GRPO level and no later generation could beat it with significance
+    (docs/benchmarks/grpo_loop.md). `mode: rl` trains GRPO from the first generation on."""
+    g = lm.grpo
+    if g.mode == "sft+rl" and not has_parent:
+        return g.sft.steps, 0
+    return 0, g.steps
 
 
 def heldout_line(env: DistContext, run_dir: Path, lm: LMConfig, task, tok, source: GeneratedGroups,
@@ -255,14 +281,17 @@ def heldout_line(env: DistContext, run_dir: Path, lm: LMConfig, task, tok, sourc
 
 
 def online_source(lm: LMConfig, task, tok, sampler, rewards, env: DistContext, micro: int,
-                  consumed: ConsumedGroups | None = None, generation: int = 0) -> GeneratedGroups:
+                  consumed: ConsumedGroups | None = None, generation: int = 0, policy: PolicyPublisher | None = None,
+                  remote: RemoteGroups | None = None) -> GeneratedGroups:
     """`lm.grpo.rollouts: online`: each rank's in-process engine holds the trainer's weights,
     synced after every optimizer step with the step as their version; the rollout manager
     over-samples, filters and drops groups more than `lm.rollout.max_staleness` steps old, and
     groups already in the run's consumed record (a resumed run's replay). The sampling seed moves
     with the generation: a generation that starts again from the same best after a rejection must
     not draw the same rollouts (and so train the same candidate and get the same verdict) again;
-    a resumed run of one generation keeps its seed."""
+    a resumed run of one generation keeps its seed. A run the node launched also publishes each
+    step's weights for rollout workers on other nodes and takes their groups first (`policy`,
+    `remote`: mesh_rollouts.py), within the same staleness bound."""
     from app.lm.rollout.engine import InProcessEngine
 
     g, r = lm.grpo, lm.rollout
@@ -271,7 +300,7 @@ def online_source(lm: LMConfig, task, tok, sampler, rewards, env: DistContext, m
                            prompts_per_step=g.groups_per_step, rollout=rollout_settings(r),
                            filters=LoopFilters(r.oversample, r.zero_variance, r.max_staleness), rewards=rewards,
                            micro_batch_size=micro, scale_by_std=g.scale_by_std, rank=env.rank,
-                           world_size=env.world_size, consumed=consumed)
+                           world_size=env.world_size, consumed=consumed, policy=policy, remote=remote)
 
 
 def log_dropped_groups(env: DistContext, run_dir: Path, dataset: Path) -> dict[str, int]:

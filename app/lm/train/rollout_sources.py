@@ -17,7 +17,11 @@
                      generate is labelled with weights it did not load. Given a consumed
                      record (consumed.py), each step's group uids are appended to it, durably,
                      before the step trains, and the manager drops a group already in it: a
-                     run resumed after a kill -9 never trains a group twice.
+                     run resumed after a kill -9 never trains a group twice. In a run the
+                     node launched, each step's weights are also published for rollout
+                     workers on other nodes (policy_publish.py), and the groups they made from
+                     them are offered to the manager first (remote_groups.py): the same
+                     filters, staleness bound and consumed record, counted as `remote_groups`.
 
 Both hand the run (sft_grpo.py) a `StepBatch`: this rank's rows, the global batch's trained-
 token count (every loss is divided by it, so the step is the same at any world size), the row
@@ -49,6 +53,8 @@ from app.lm.train.backend import TrainingBackend
 from app.lm.train.batching import TrainSequence, sequences_from_samples
 from app.lm.train.consumed import ConsumedGroups
 from app.lm.train.grpo import group_advantages
+from app.lm.train.policy_publish import PolicyPublisher
+from app.lm.train.remote_groups import RemoteGroups
 from app.lm.train.weight_publish import WeightPublisher
 from app.lm.truncation import RolloutSettings
 from app.shared.process_group import rank_share, take_share
@@ -157,7 +163,8 @@ class GeneratedGroups:
                  prompts_per_step: int, rollout: RolloutSettings, filters: LoopFilters = LoopFilters(),
                  publish: WeightPublisher | None = None, rewards: RewardScorer | None = None,
                  micro_batch_size: int = 64, scale_by_std: bool = True, shuffle_advantages: bool = False,
-                 rank: int = 0, world_size: int = 1, consumed: ConsumedGroups | None = None) -> None:
+                 rank: int = 0, world_size: int = 1, consumed: ConsumedGroups | None = None,
+                 policy: PolicyPublisher | None = None, remote: RemoteGroups | None = None) -> None:
         if rollout.n < 2:
             raise ValueError(f"GRPO groups need n >= 2 completions per prompt, got {rollout.n}")
         self.engine, self.task, self.tokenizer, self.seed = engine, task, tokenizer, seed
@@ -166,6 +173,9 @@ class GeneratedGroups:
         self.micro_batch_size, self.scale_by_std = micro_batch_size, scale_by_std
         self.shuffle_advantages = shuffle_advantages  # control run: advantages permuted across the batch (no credit)
         self.consumed, self.max_staleness = consumed, filters.max_staleness
+        # rollout workers on other nodes: the weights each step published for them (rank 0) and
+        # the groups they made from them, taken ahead of this engine's own (remote_groups.py)
+        self.policy, self.remote = policy, remote
         mine = list(prompts)[rank::world_size]
         self.share = rank_share(prompts_per_step, rank, world_size)[1]
         settings = ManagerSettings(batch_groups=max(1, self.share), group_size=rollout.n,
@@ -195,6 +205,8 @@ class GeneratedGroups:
         them into it (slime's "rank 0 gathers full weights") and every rank learns whether the
         server confirmed the version before any of them generates with it."""
         update = self._update(backend, version)
+        if self.policy is not None and backend.rank == 0:
+            self.policy(version, update.tensors())  # type: ignore[misc]
         loads = not self._shared(backend) or backend.rank == 0
         if loads:
             try:
@@ -228,7 +240,10 @@ class GeneratedGroups:
                 raise EngineOutOfService(f"engine {self.engine.name} is out of service and a new sync failed: "
                                          f"{self.engine.last_error}")
         reward_before = self.rewards.seconds
+        if self.remote is not None:
+            self.manager.offer(self.remote.take(min_version=step - 1 - self.max_staleness), weight_version=step - 1)
         groups = self.manager.next_batch(weight_version=step - 1)
+        remote = sum(g.uid in self.remote.uids for g in groups) if self.remote is not None else 0
         if self.consumed is not None:
             self.consumed.record(step, [g.uid for g in groups])
         reward_s = self.rewards.seconds - reward_before
@@ -237,13 +252,15 @@ class GeneratedGroups:
         rows = sequences_from_samples(samples, self._advantages(groups, step))
         totals = all_reduce_sum(backend, [
             float(sum(r.trained_tokens for r in rows)), float(sum(s.reward for s in samples)),
-            float(sum(len(s.response_tokens) for s in samples)), *(float(dropped[r]) for r in DROP_REASONS),
+            float(sum(len(s.response_tokens) for s in samples)), float(remote),
+            *(float(dropped[r]) for r in DROP_REASONS),
             *staleness_histogram(groups, step, self.max_staleness)])
-        tokens, reward_sum, generated = totals[:3]
+        tokens, reward_sum, generated, remote_sum = totals[:4]
+        totals = totals[:3] + totals[4:]
         reasons = len(DROP_REASONS)
         most = rank_share(self.prompts_per_step, 0, backend.world_size)[1] * self.rollout.n
         stats = {"mean_reward": reward_sum / (self.prompts_per_step * self.rollout.n), "generated_tokens": generated,
-                 "reward_s": reward_s, "weight_version": self.engine.weight_version,
+                 "reward_s": reward_s, "weight_version": self.engine.weight_version, "remote_groups": int(remote_sum),
                  "staleness_groups": [int(n) for n in totals[3 + reasons:]],
                  **{f"dropped_{r}": int(n) for r, n in zip(DROP_REASONS, totals[3:3 + reasons])}}
         return StepBatch(rows, tokens, most, self.micro_batch_size, stats)

@@ -3,11 +3,13 @@ daemons as Connect Four.
 
     self-play     scored rollout groups of the best weights, through the rollout manager's
                   over-sampling and filters -> the rollout store (rollouts.db); dropped groups
-                  are counted by reason (metrics, /status, the dataset's manifest)
+                  are counted by reason (metrics, /status, the dataset's manifest); online,
+                  while a peer trains, of the trainer's newest published policy instead (a
+                  rollout worker: rollout_worker.py), for the trainer to take
     export        the newest groups -> a dataset dir with a manifest (app/lm/rollout/rollout_dataset.py)
-    train         GRPO under torchrun (app.lm.train.generation), generation 1 an SFT on the
-                  task's demonstrations first when `lm.grpo.mode: sft+rl`; with
-                  `lm.grpo.rollouts: online` (opt-in) on groups the trainer generates
+    train         GRPO under torchrun (app.lm.train.generation), generation 1 an SFT alone on
+                  the task's demonstrations when `lm.grpo.mode: sft+rl`; with
+                  `lm.grpo.rollouts: online` (the default) on groups the trainer generates
                   from its own newest weights each step (self-play's groups then only pace
                   the generations: it idles outside collecting), with `stored` on those groups
     evaluation    candidate and best greedy on the same held-out prompts, the paired gate
@@ -65,6 +67,7 @@ from app.lm.workload.lm_engines import INIT_ID, NodeEngines
 from app.lm.workload.lm_mesh import LMMesh
 from app.lm.workload.lm_models import ModelDirs
 from app.lm.workload.rollout_replica import RolloutItems
+from app.lm.workload.rollout_worker import PolicyEngine, trainer_policy
 from app.lm.workload.run_metrics import run_progress
 from app.log import get_logger
 
@@ -96,6 +99,8 @@ class LMSteps:
                                                                          train_prompts(task, self.lm.task))
         self._rewards: RewardPool | None = None
         self._dropped: Counter[str] | None = None  # this node's dropped groups by reason (from the store)
+        self._policy: PolicyEngine | None = None  # a rollout worker's engine of the trainer's policy
+        self.policy_batches = 0  # batches this node played as a rollout worker (/status)
         r = self.lm.rollout
         # self-play stores every complete group, equal rewards included: the trainer applies
         # `lm.rollout.zero_variance` (StoredGroups, or the online loop's own filter). Dropped here,
@@ -124,6 +129,9 @@ class LMSteps:
         lm = self.lm
         tokenizer, task, pool = self._task_kit()
         state = pipe.state
+        worker = self._policy_to_play(pipe)
+        if worker is not None:
+            return self._policy_batch(pipe, *worker)
         engine = self.engines.rollout_engine(state.best_path, state.best_generation, state.best_sha256, tokenizer)
         if engine is None:  # out of service: nothing it would generate may be stored
             time.sleep(IDLE_S)
@@ -146,6 +154,44 @@ class LMSteps:
                 return BatchSummary(0, 0, 0.0)
         assert self._dropped is not None
         self._dropped.update(result.dropped)
+        samples = result.stored * lm.rollout.n
+        return BatchSummary(result.stored, samples, samples / result.seconds if result.seconds > 0 else 0.0,
+                            dropped=result.dropped)
+
+    def _policy_to_play(self, pipe: Pipe) -> tuple[str, dict] | None:
+        """Online, on a node that is not training: the (peer, policy) of the trainer's newest
+        published weights, when a peer gossips one (rollout_worker.py)."""
+        cluster = getattr(pipe, "cluster", None)
+        if self.lm.grpo.rollouts != "online" or cluster is None or pipe.state.stage is ps.Stage.TRAINING:
+            return None
+        return trainer_policy(cluster.node.cluster_view(), pipe.node_id)
+
+    def _policy_batch(self, pipe: Pipe, peer: str, policy: dict) -> BatchSummary:
+        """A rollout worker's batch: the trainer's newest policy plays it; its groups carry the
+        policy's sha256 and version and reach the trainer by replication."""
+        lm = self.lm
+        tokenizer, task, pool = self._task_kit()
+        if self._policy is None:
+            self._policy = PolicyEngine(self.mesh, tokenizer)
+        if self._policy.played == policy["sha256"]:  # one batch a version: the trainer takes a few groups a step
+            time.sleep(IDLE_S)
+            return BatchSummary(0, 0, 0.0)
+        engine = self._policy.engine_for(pipe.cluster.node, peer, policy)  # type: ignore[attr-defined]
+        if engine is None:
+            time.sleep(IDLE_S)
+            return BatchSummary(0, 0, 0.0)
+        size = min(math.ceil(lm.rollout.batch_groups * lm.rollout.oversample), len(pool))
+        with RolloutStore(self.paths.rollouts_db) as store:
+            self._count_dropped(store, pipe.node_id)
+            batch = store.count_settled(pipe.node_id) // size
+            result = rollout_batch(
+                engine, task, tokenizer, batch_prompts(pool, lm.task.seed, batch, size), rollout_settings(lm.rollout),
+                store, node_id=pipe.node_id, model_id=policy["sha256"], seed=batch, model_sha256=policy["sha256"],
+                manager=self.filters, rewards=self._reward_pool(), current_version=policy["version"])
+        assert self._dropped is not None
+        self._dropped.update(result.dropped)
+        self.policy_batches += 1
+        self._policy.played = policy["sha256"]
         samples = result.stored * lm.rollout.n
         return BatchSummary(result.stored, samples, samples / result.seconds if result.seconds > 0 else 0.0,
                             dropped=result.dropped)
@@ -245,6 +291,7 @@ class LMSteps:
         return {"lm_engines": self.engines.status(state.best_generation, state.best_sha256),
                 "lm_rollouts_dropped": dict(self._dropped or {}),
                 "lm_reward_failures": rewards.failures.snapshot() if rewards is not None else None,
+                "lm_policy_batches": self.policy_batches,
                 "lm_training": run_progress(state.run_dir)}
 
     def progress_extra(self, pipe: Pipe) -> Json:

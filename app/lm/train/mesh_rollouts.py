@@ -1,0 +1,39 @@
+"""Whether an online GRPO run works with rollout workers on other nodes, and the two parts it
+then uses: the publisher of its policy (policy_publish.py) and the reader of the groups the
+workers make from it (remote_groups.py).
+
+Only a run the node launched does: its run dir is in the node's runs dir (`<data>/runs/`),
+so the node serves what it publishes and replicates the workers' groups into its rollout
+store. A run started by hand (a script, a test, a run dir elsewhere) keeps to its own engine,
+and so does a run spanning several nodes (its joiners restart whole; rank 0's node alone
+serves). Why the data dir comes from the config: the node hands the trainer its own config
+file, so the trainer reads the paths the node uses.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from app.config import load_settings
+from app.config.paths import NodePaths
+from app.lm.train.policy_publish import POLICIES_DIR, PolicyPublisher, published_versions
+from app.lm.train.remote_groups import RemoteGroups
+
+
+def node_paths_of_run(config: Path, run_dir: Path) -> NodePaths | None:
+    """The node's paths when `run_dir` is one of its runs, else None."""
+    node = load_settings(config).node
+    paths = NodePaths(Path(node.data_dir), node.db_url)
+    return paths if run_dir.resolve().parent == paths.runs_dir.resolve() else None
+
+
+def mesh_rollouts(config: Path, run_dir: Path, generation: int, model: Any, vocab_size: int, *, rank: int,
+                  world_size: int, spans: bool) -> tuple[PolicyPublisher | None, RemoteGroups | None]:
+    """(publisher on rank 0, reader on every rank), or (None, None) for a run of its own."""
+    paths = None if spans else node_paths_of_run(config, run_dir)
+    if paths is None:
+        return None, None
+    publisher = PolicyPublisher(paths.data_dir / POLICIES_DIR, run_dir, generation, model, None) if rank == 0 else None
+    versions = publisher.versions if publisher is not None else (lambda: published_versions(run_dir))
+    return publisher, RemoteGroups(paths.rollouts_db, versions, vocab_size, rank, world_size)
