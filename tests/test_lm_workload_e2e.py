@@ -30,7 +30,7 @@ from app.db.registry import ModelRegistry
 from app.db.rollout_store import RolloutStore
 from app.lm.model_dir import verify_model_dir
 from tests.orchestrator_helpers import (
-    BUSY_CPU_TIMING, ROOT, SELFPLAY_REST_S, NodeFiles, get_json, kill_group, leader_of, start_node, start_voter, stop_nodes, tail,
+    BUSY_CPU_TIMING, ROOT, NodeFiles, get_json, kill_group, leader_of, start_node, start_voter, stop_nodes, tail,
     wait_until, write_node_files,
 )
 
@@ -53,10 +53,7 @@ LM_DAEMONS = {
     "restart": {"base_s": 0.5, "cap_s": 5},
     "daemons": {
         "dlq_retry": {},
-        # a rest after each batch, as the game nodes' (SELFPLAY_REST_S): a collecting node's
-        # self-play of the best model otherwise never stops (~25 groups/s a node, all of them
-        # replicated to every node) while two shared cores train and judge
-        "selfplay": {"critical": True, "stop_timeout_s": 15, "settings": {"rest_s": SELFPLAY_REST_S}},
+        "selfplay": {"critical": True, "stop_timeout_s": 15},
         "export": {"critical": True, "settings": {"poll_s": 0.5, "sync_budget_s": 20}},
         "train": {"depends_on": ["export"], "critical": True, "stop_timeout_s": 15, "settings": {"poll_s": 0.5}},
         "gauntlet": {"depends_on": ["train"], "critical": True, "settings": {"poll_s": 0.5}},
