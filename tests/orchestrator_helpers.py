@@ -236,7 +236,8 @@ def nodes_running(nodes: Iterable[NodeFiles], procs: Mapping[str, subprocess.Pop
     """The body of a test that runs nodes: on a failure every node's log tail is printed (a node
     that never reached a state says why only there), and whatever happens every node is stopped
     (drained with SIGTERM, or `kill`ed when draining would change what the test reads after).
-    `procs` is read when the block ends, so nodes the body restarts are stopped too."""
+    `procs` is read when the block ends, so nodes the body restarts are stopped too: change it
+    in place (a new dict bound to the same name is not seen, and its nodes would outlive the test)."""
     nodes = list(nodes)
     try:
         yield

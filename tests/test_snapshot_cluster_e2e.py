@@ -105,7 +105,8 @@ def test_a_voter_restored_from_a_snapshot_rejoins_without_losing_a_decision(tmp_
                     for f in nodes]  # one per machine, at once
         assert all(r.wait(timeout=90) == 0 for r in restores), [r.stderr.read() for r in restores if r.stderr]
         snapshot = summarize(nodes[0].data_dir)["pipeline"]  # the restored dir is the manifest's
-        procs = {nid: start(files, i, nodes) for i, (nid, files) in enumerate(zip(IDS, nodes))}
+        # in place: nodes_running stops what `procs` holds when the block ends
+        procs.update({nid: start(files, i, nodes) for i, (nid, files) in enumerate(zip(IDS, nodes))})
         wait_until(lambda: one_leader(nodes), 90, what="one leader of the restored cluster")
         assert snapshot["best_sha256"] == sha_b  # taken before the rollback
         for files in nodes:  # each continues from the snapshot's generation, not from its own past
