@@ -45,12 +45,19 @@ class Evaluator(Protocol):
 
 
 class _FromStates:
-    """`evaluate(states)` through the batch form, so each evaluator has one code path."""
+    """`evaluate(states)` through the batch form, so each evaluator has one code path; and the
+    positions and batches it was asked, counted once here for every evaluator."""
 
     game: Game
+    positions: int = 0
+    batches: int = 0
 
     def evaluate(self, states: Sequence[GameState]) -> tuple[np.ndarray, np.ndarray]:
         return self.evaluate_batch(self.game.state_words(states))  # type: ignore[attr-defined]
+
+    def _count(self, words: np.ndarray) -> None:
+        self.positions += len(words)
+        self.batches += 1
 
 
 def uniform_priors(game: Game, words: np.ndarray) -> np.ndarray:
@@ -70,12 +77,9 @@ class NetworkEvaluator(_FromStates):
     def __init__(self, net: PolicyValueNet, game: Game) -> None:
         self.net = net.eval()
         self.game = game
-        self.positions = 0
-        self.batches = 0
 
     def evaluate_batch(self, words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        self.positions += len(words)
-        self.batches += 1
+        self._count(words)
         return predict(self.net, self.game.words_planes(words), self.game.words_legal_masks(words))
 
 
@@ -84,12 +88,9 @@ class UniformEvaluator(_FromStates):
 
     def __init__(self, game: Game) -> None:
         self.game = game
-        self.positions = 0
-        self.batches = 0
 
     def evaluate_batch(self, words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        self.positions += len(words)
-        self.batches += 1
+        self._count(words)
         return uniform_priors(self.game, words), zero_values(self.game, len(words))
 
 
@@ -114,12 +115,9 @@ class RolloutEvaluator(_FromStates):
                 raise ValueError(f"{game.name}: random playouts need Game.playout_values or the rules' ply_of")
         self.rollouts_per_leaf = rollouts_per_leaf
         self.rng = rng if rng is not None else np.random.default_rng()
-        self.positions = 0
-        self.batches = 0
 
     def evaluate_batch(self, words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        self.positions += len(words)
-        self.batches += 1
+        self._count(words)
         if self._kernel is None:
             values = self.game.playout_values(words, self.rollouts_per_leaf, self.rng)
         else:

@@ -19,21 +19,25 @@ import fcntl
 from collections.abc import Callable
 from pathlib import Path
 
-_WARMING: set[str] = set()  # kernels this process is compiling now (the tiny search's own forest)
+_SEEN: set[str] = set()  # kernels this process found compiled, compiled, or is compiling now
 
 
 def ensure_compiled(kernel_file: str, tiny_search: Callable[[], None]) -> None:
     """Return once the kernel at `kernel_file` is compiled into numba's cache: by `tiny_search`
-    (a search that calls its functions) in this process, or by another that held the lock."""
-    marker = Path(kernel_file).with_suffix(".compiled")
-    if marker.exists() or kernel_file in _WARMING:
+    (a search that calls its functions) in this process, or by another that held the lock.
+    Each kernel is looked at once a process: a forest is made per search of one position too."""
+    if kernel_file in _SEEN:  # also the tiny search's own forest, while it runs
         return
-    _WARMING.add(kernel_file)
+    _SEEN.add(kernel_file)
+    marker = Path(kernel_file).with_suffix(".compiled")
+    if marker.exists():
+        return
     try:
         with open(marker.with_suffix(".lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, and if this process dies
             if not marker.exists():
                 tiny_search()
                 marker.touch()
-    finally:
-        _WARMING.discard(kernel_file)
+    except BaseException:
+        _SEEN.discard(kernel_file)  # not compiled: the next forest tries again
+        raise
