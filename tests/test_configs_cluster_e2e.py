@@ -26,8 +26,8 @@ from app.config.configs import SchedulerConfig
 from app.coordination.pipeline.config_scheduler import ConfigHistory, allocate, evaluations
 from app.free_ports import free_ports
 from tests.orchestrator_helpers import (
-    BUSY_CPU_TIMING, ROOT, SMALL_DAEMONS, TINY_CONFIG, NodeFiles, get_json, kill_group, start_voter, stop_nodes,
-    tail, tiny_selfplay, wait_until,
+    BUSY_CPU_TIMING, ROOT, SMALL_DAEMONS, TINY_CONFIG, NodeFiles, get_json, kill_group, nodes_running, start_voter,
+    stop_nodes, tail, tiny_selfplay, wait_until,
 )
 
 pytestmark = pytest.mark.slow
@@ -97,7 +97,7 @@ def test_two_configs_each_promote_through_a_leader_kill_and_the_shares_follow_pr
     nodes = [write_files(tmp_path / nid, nid, start) for nid, start in zip(IDS, port_blocks(len(IDS)))]
     procs = {nid: start_voter(nodes, IDS, i) for i, nid in enumerate(IDS)}
     started = time.monotonic()
-    try:
+    with nodes_running(nodes, procs, stop_timeout=35, tail_chars=5000):
         # both configs promote a generation, seen alike on every node
         wait_until(lambda: all(promoted(get_json(f.mesh_port, "/progress"), n) for f in nodes for n in NAMES),
                    600, interval=1.0, what="a promoted generation of each config on every node")
@@ -167,12 +167,6 @@ def test_two_configs_each_promote_through_a_leader_kill_and_the_shares_follow_pr
         assert (files.data_dir / "games.db").exists() and (files.data_dir / "configs" / "small" / "games.db").exists()
         print(f"first promotions of both configs {first:.0f} s; both again after the leader kill {after_kill:.0f} s; "
               f"allocation {alloc['shares']} progress {measured}")
-    except AssertionError:
-        for f in nodes:
-            print(f"--- {f.root.name}\n{tail(f, 5000)}")
-        raise
-    finally:
-        stop_nodes(procs.values(), timeout=35)
 
 
 @pytest.mark.timeout(600)

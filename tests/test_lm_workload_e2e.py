@@ -30,8 +30,8 @@ from app.db.registry import ModelRegistry
 from app.db.rollout_store import RolloutStore
 from app.lm.model_dir import verify_model_dir
 from tests.orchestrator_helpers import (
-    BUSY_CPU_TIMING, ROOT, NodeFiles, get_json, kill_group, leader_of, start_node, start_voter, stop_nodes, tail,
-    wait_until, write_node_files,
+    BUSY_CPU_TIMING, ROOT, NodeFiles, get_json, kill_group, leader_of, nodes_running, start_node, start_voter,
+    tail, wait_until, write_node_files,
 )
 
 pytestmark = pytest.mark.slow
@@ -230,7 +230,7 @@ def test_three_lm_nodes_decide_through_a_leader_kill(tmp_path: Path, monkeypatch
     cfg["lm"]["rollout"]["max_staleness"] = WORKER_STALENESS
     nodes = [write_node_files(tmp_path / nid, nid, cfg, LM_DAEMONS) for nid in IDS]
     procs = {nid: start_voter(nodes, IDS, i) for i, nid in enumerate(IDS)}
-    try:
+    with nodes_running(nodes, procs, stop_timeout=35):
         leader = wait_until(lambda: leader_of(nodes), 120, what="a leader")
         wait_until(lambda: any(f.state().get("stage", "collecting") != "collecting" for f in nodes), 600,
                    what="a generation in progress")
@@ -253,12 +253,6 @@ def test_three_lm_nodes_decide_through_a_leader_kill(tmp_path: Path, monkeypatch
         wait_until(settled, 300, interval=1.0, what="every node on the newest promoted model and weight version")
         wait_until(lambda: any(_worker_groups_trained(f) for f in nodes), 600, interval=2.0,
                    what="a GRPO run that trained groups its rollout workers made")
-    except AssertionError:
-        for files in nodes:
-            print(f"--- {files.root.name}\n{tail(files, 3000)}")
-        raise
-    finally:
-        stop_nodes(procs.values(), timeout=35)
 
     by_generation: dict[int, set[str]] = {}
     for files in nodes:
@@ -316,14 +310,8 @@ def test_two_lm_nodes_span_one_generations_training(tmp_path: Path, monkeypatch)
                     return joiner, json.loads(joined.read_text()), json.loads(result.read_text())
         return None
 
-    try:
+    with nodes_running(nodes, procs, stop_timeout=35, tail_chars=4000):
         joiner, joined, result = wait_until(spanned, 900, interval=1.0, what="a generation trained by both nodes")
-    except AssertionError:
-        for files in nodes:
-            print(f"--- {files.root.name}\n{tail(files, 4000)}")
-        raise
-    finally:
-        stop_nodes(procs, timeout=35)
     assert result["world_size"] == 2 and joined["status"] == "completed" and joined["nnodes"] == 2, (result, joined)
     assert joined["dataset_sha256"] == result["dataset_sha256"]
     dataset = joiner.data_dir / "datasets" / result["dataset_sha256"]
