@@ -30,6 +30,7 @@ from app.lm.tasks import DigitTask
 from app.lm.tokenizer import build_digit_tokenizer
 from app.lm.train.backend import LocalBackend, OptimConfig
 from app.lm.train.grpo import GRPOConfig, grpo_loss_fn, sft_loss
+from app.lm.train.mesh_rollouts import policies_kept
 from app.lm.train.policy_publish import POLICY_FILE, PolicyPublisher, read_policy
 from app.lm.train.remote_groups import RemoteGroups, rank_of
 from app.lm.train.rollout_sources import GeneratedGroups, LoopFilters
@@ -136,3 +137,9 @@ def test_a_resumed_publisher_keeps_its_versions_and_a_new_run_sweeps_the_old_one
     PolicyPublisher(tmp_path / "policies", tmp_path / "next", 3, model, None)  # the next generation's run
     assert not (tmp_path / "policies" / sha).exists()
     assert json.loads((tmp_path / "run" / POLICY_FILE).read_text())["published"] == [[0, sha]]
+
+
+def test_a_policy_stays_published_as_long_as_its_groups_may_be_taken() -> None:
+    """A worker that saw a version late still finds its directory while its groups are within
+    `max_staleness` (a dropped one is a 404 and a lost batch), bounded as each is a full copy."""
+    assert [policies_kept(s) for s in (0, 3, 6, 12, 1000)] == [4, 4, 7, 13, 16]

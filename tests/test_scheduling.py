@@ -6,7 +6,9 @@ from __future__ import annotations
 from hypothesis import given, settings, strategies as st
 
 from app.coordination.pipeline.generation_log import GenerationLog, GenerationRecord, latest_promoted, merge_records
-from app.coordination.pipeline.scheduling import NodeSummary, games_created, schedule, training_spec
+from app.coordination.pipeline.scheduling import (
+    NodeSummary, games_created, new_since_last_generation, schedule, training_spec,
+)
 
 SHA = ["a" * 64, "b" * 64, "c" * 64]
 
@@ -32,6 +34,10 @@ def test_the_next_generation_counts_games_since_the_last_decision() -> None:
     assert training_spec(nodes(100, 200), records, threshold=100, ttl=60) is None
     spec = training_spec(nodes(150, 200), records, threshold=100, ttl=60)
     assert spec.payload["generation"] == 3 and spec.payload["parent_sha256"] == SHA[0]  # the rejected one is no parent
+    # what a non-training LM node reads to rest its self-play (lm_steps._enough_for_now)
+    assert new_since_last_generation(nodes(100, 200), records) == 50
+    assert new_since_last_generation(nodes(150, 200), records) == 100
+    assert new_since_last_generation(nodes(7), {}) == 7
 
 
 def test_a_live_gpu_node_makes_training_require_a_gpu() -> None:

@@ -190,7 +190,7 @@ class LMRolloutSettings(StrictModel):
     overlong_group: Literal["keep", "mask_loss", "drop_group"] = "keep"
     truncated_reward: float | None = None
     # weight versions a group may lag the trained model: trainer steps online, generations stored
-    max_staleness: int = Field(1, ge=0)
+    max_staleness: int = Field(1, ge=0, le=1000)
     # DAPO's dynamic sampling, the default of the mesh and of scripts/sft_rl.py alike (issue 53):
     # groups of equal rewards carry no GRPO signal and only shrink the others' share of the
     # normaliser, so they are dropped and the batch refilled by playing 2x the prompts it needs

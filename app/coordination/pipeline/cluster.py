@@ -40,7 +40,7 @@ from app.coordination.pipeline.dashboard_feed import generation_stats
 from app.coordination.pipeline.rollback import (
     ROLLBACK_PREFIX, RollbackLog, RollbackRecord, effective_records, rollback_routes,
 )
-from app.coordination.pipeline.scheduling import gauntlet_specs, schedule, summarize
+from app.coordination.pipeline.scheduling import gauntlet_specs, new_since_last_generation, schedule, summarize
 from app.coordination.daemons.event_router import EventRouter
 from app.coordination.daemons.events import EventType
 from app.log import get_logger
@@ -168,6 +168,14 @@ class ClusterPipeline:
                         requirements=getattr(self.pipe, "requirements", None)) + gauntlet_specs(
             {nid: s.inventory for nid, s in view.nodes.items()}, alive, self.effective_records(),
             ttl=self.node.timing.claim_ttl)
+
+    def next_generation_due(self) -> bool:
+        """Enough items exist cluster-wide for the next generation (as the leader's schedule
+        counts them, from this node's view): a node making items only to start it may rest."""
+        view = self.node.cluster_view()
+        alive = {s.node_id for s in view.alive()}
+        return new_since_last_generation(summarize(view.nodes, alive),
+                                         self.effective_records()) >= self.pipe.export_threshold
 
     def routes(self) -> list[web.RouteDef]:
         return [web.post("/pipeline/decision", self._handle_decision), *rollback_routes(self)]

@@ -52,6 +52,13 @@ def games_created(nodes: list[NodeSummary]) -> int:
     return sum(n.games_created for n in nodes)
 
 
+def new_since_last_generation(nodes: list[NodeSummary], records: dict[int, GenerationRecord]) -> int:
+    """Items created since the newest decided generation was claimed: the next generation is
+    due at the threshold, and a node that sees it due needs to make no more for it."""
+    last = latest(records)
+    return games_created(nodes) - (last.games_mark if last else 0)
+
+
 def training_spec(
     nodes: list[NodeSummary], records: dict[int, GenerationRecord], threshold: int, ttl: float,
     max_nodes: int = 1, span_cpu_nodes: bool = False, requirements: Mapping[str, Any] | None = None,
@@ -59,11 +66,10 @@ def training_spec(
     """The training item for the next generation, or None while too few new games exist;
     its payload's `nnodes` says how many nodes the claimant should span (span_nnodes);
     `requirements`: the config's own (configs' `requires`), over the GPU rule."""
-    last = latest(records)
-    mark = last.games_mark if last else 0
-    total = games_created(nodes)
-    if total - mark < threshold:
+    if new_since_last_generation(nodes, records) < threshold:
         return None
+    last = latest(records)
+    total = games_created(nodes)
     generation = last.generation + 1 if last else 1
     best = latest_promoted(records)
     needs_gpu = any(n.alive and n.gpus > 0 for n in nodes)

@@ -16,24 +16,37 @@ from pathlib import Path
 from typing import Any
 
 from app.config import load_settings
+from app.config.node import NodeConfig
 from app.config.paths import NodePaths
 from app.lm.train.policy_publish import POLICIES_DIR, PolicyPublisher, published_versions
 from app.lm.train.remote_groups import RemoteGroups
 
 
-def node_paths_of_run(config: Path, run_dir: Path) -> NodePaths | None:
+MIN_KEPT, MAX_KEPT = 4, 16  # published policy directories kept (each a whole copy of the weights)
+
+
+def node_paths_of_run(node: NodeConfig, run_dir: Path) -> NodePaths | None:
     """The node's paths when `run_dir` is one of its runs, else None."""
-    node = load_settings(config).node
     paths = NodePaths(Path(node.data_dir), node.db_url)
     return paths if run_dir.resolve().parent == paths.runs_dir.resolve() else None
+
+
+def policies_kept(max_staleness: int) -> int:
+    """A worker's groups of a version are taken up to `max_staleness` steps later, so its
+    directory stays that long for a worker that saw it late (a fetch of a dropped one is a 404
+    and a lost batch); bounded, as each is a full copy on disk."""
+    return min(MAX_KEPT, max(MIN_KEPT, max_staleness + 1))
 
 
 def mesh_rollouts(config: Path, run_dir: Path, generation: int, model: Any, vocab_size: int, *, rank: int,
                   world_size: int, spans: bool) -> tuple[PolicyPublisher | None, RemoteGroups | None]:
     """(publisher on rank 0, reader on every rank), or (None, None) for a run of its own."""
-    paths = None if spans else node_paths_of_run(config, run_dir)
+    settings = load_settings(config)
+    paths = None if spans else node_paths_of_run(settings.node, run_dir)
     if paths is None:
         return None, None
-    publisher = PolicyPublisher(paths.data_dir / POLICIES_DIR, run_dir, generation, model, None) if rank == 0 else None
+    keep = policies_kept(settings.lm.rollout.max_staleness)
+    publisher = (PolicyPublisher(paths.data_dir / POLICIES_DIR, run_dir, generation, model, None, keep=keep)
+                 if rank == 0 else None)
     versions = publisher.versions if publisher is not None else (lambda: published_versions(run_dir))
     return publisher, RemoteGroups(paths.rollouts_db, versions, vocab_size, rank, world_size)

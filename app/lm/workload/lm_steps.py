@@ -204,10 +204,14 @@ class LMSteps:
         """Outside collecting, once a whole export window of the best's groups is stored, more
         would only be thrown away (a promotion makes them stale): self-play idles until the
         generation is decided. With `lm.grpo.rollouts: online` it idles outside collecting
-        whatever is stored."""
+        whatever is stored. In a cluster a node that does not train stays collecting: it rests
+        the same way once the cluster has the groups that start the next generation (online,
+        that is all they are for; it made ~25 groups a second, all replicated, for nothing)."""
         state = pipe.state
         if state.stage is ps.Stage.COLLECTING:
-            return False
+            cluster = getattr(pipe, "cluster", None)
+            if cluster is None or not cluster.next_generation_due():
+                return False
         if self.lm.grpo.rollouts == "online":
             return True  # the trainer makes its own groups: these would only pace the next generation
         window = self.lm.export.window_groups
