@@ -19,6 +19,8 @@ pytestmark = pytest.mark.slow
 
 # The smallest generation that goes through every stage: this test is about the process
 # (ready, a generation promoted and distributed, metrics, a clean drain), not about strength.
+# self-play in its worker process, as a node runs by default (TINY_CONFIG plays inline)
+CONFIG = {**TINY_CONFIG, "selfplay": {**TINY_CONFIG["selfplay"], "workers": 1}}
 DAEMONS = {**SMALL_DAEMONS, "daemons": {
     **SMALL_DAEMONS["daemons"],
     "selfplay": tiny_selfplay(16),
@@ -28,7 +30,7 @@ DAEMONS = {**SMALL_DAEMONS, "daemons": {
 
 @pytest.mark.timeout(900)  # generous bounds: a generation on two busy cores
 def test_one_generation_promoted_then_sigterm_drains(tmp_path) -> None:
-    files = write_node_files(tmp_path / "node", config=TINY_CONFIG, daemons=DAEMONS)
+    files = write_node_files(tmp_path / "node", config=CONFIG, daemons=DAEMONS)
     proc = start_node(files)
     try:
         wait_until(lambda: files.health("/readyz")[0] == 200, 60, what="ready")

@@ -46,7 +46,7 @@ CONFIG = {
     **SMALL_CONFIG,
     "model": {"channels": 8, "blocks": 1},
     "search": {"simulations": 4},
-    "selfplay": {"concurrent_games": 16},
+    "selfplay": {"concurrent_games": 16, "workers": 0},  # inline: as TINY_CONFIG (orchestrator_helpers.py)
     "train": {"batch_size": 64, "epochs": 1, "max_nodes": 2, "span_cpu_nodes": True,
               "join_timeout_s": 150},  # generous: on two busy cores the joiner's torch takes a while to start
     "gauntlet": {"games_vs_baseline": BASELINE_GAMES, "shard_games": 2, "shard_wait_s": 60,
