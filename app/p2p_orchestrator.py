@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import yaml
 from aiohttp import web
@@ -36,6 +37,7 @@ from app.coordination.daemons.events import EventType
 from app.coordination.daemons.health_server import HealthServer
 from app.coordination.daemons.metrics import Metrics
 from app.coordination.p2p.node import MeshNode
+from app.coordination.p2p.node_status import default_capabilities
 from app.coordination.pipeline.context import PipelineContext
 from app.coordination.pipeline.steps import ReportsStatus
 from app.workloads import pipeline_context
@@ -48,6 +50,7 @@ from app.db.dead_letters import DeadLetterStore
 from app.db.engines import check_reachable
 from app.db.registry import ModelRegistry
 from app.log import configure_logging, get_logger
+from app.shared.process_group import visible_gpus
 from app.games.train.gauntlet_baselines import anchor_player
 from app.games.train.promotion import progress_report
 
@@ -98,11 +101,19 @@ def node_settings(args: argparse.Namespace) -> Settings:
     return settings.model_copy(update={"node": node, "mesh": mesh})
 
 
+def machine_capabilities() -> dict[str, Any]:
+    """What the node gossips it offers: the mesh's cheap facts and the CUDA devices this process
+    sees. The leader's schedule makes training require a GPU when a live node has one; without
+    the count every node said 0, so a GPU node's training could go to a CPU node."""
+    return {**default_capabilities(), "gpus": visible_gpus()}
+
+
 def build_mesh(settings: Settings, pipe: PipelineContext,
                metrics: Metrics | None = None) -> tuple[MeshNode, ClusterPipeline | None]:
     """The mesh node with the routes the workload serves; clustered when there are other voters
     or peers. With `metrics`, the mesh counts into the node's registry (one /metrics for everything)."""
-    node = MeshNode(settings, registry=metrics.registry if metrics is not None else None)
+    node = MeshNode(settings, registry=metrics.registry if metrics is not None else None,
+                    capabilities=machine_capabilities())
     node.add_routes(pipe.steps.routes())
     if len(node.voters) > 1 or settings.mesh.peers:
         cluster = ClusterPipeline(node, pipe)

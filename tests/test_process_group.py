@@ -17,7 +17,7 @@ from app.config import Settings, load_settings
 from app.coordination.daemons.dlq_retry import INFRA_RUNNERS
 from app.coordination.daemons.daemon_registry import load_registry
 from app.coordination.pipeline.runners import pipeline_runners
-from app.shared.process_group import DeviceChoiceError, choose_device, network_device
+from app.shared.process_group import DeviceChoiceError, choose_device, network_device, visible_gpus
 from tests.conftest import REPO
 
 
@@ -80,3 +80,15 @@ def test_gpu_profile_files_load() -> None:
     specs = {spec.name: spec for spec in registry.select("all")}
     assert dict(specs["selfplay"].settings)["pause_while_evaluating"] is False
     assert set(specs) >= {"selfplay", "export", "train", "gauntlet", "promote", "distribution"}
+
+
+def test_a_node_gossips_the_cuda_devices_it_sees(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The leader makes training require a GPU when a live node has one (scheduling.py): the
+    count must reach the gossip (the machine's CUDA runtime faked, not our code)."""
+    from app.p2p_orchestrator import machine_capabilities
+
+    assert machine_capabilities()["gpus"] == visible_gpus()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    capabilities = machine_capabilities()
+    assert capabilities["gpus"] == 2 and capabilities["cpus"] >= 1
