@@ -128,6 +128,27 @@ def test_reconcile_adds_wanted_and_drops_unwanted_pending(queue: WorkQueue) -> N
     assert queue.item("demo:c") is not None
 
 
+def test_a_finished_item_whose_result_went_with_its_dead_finisher_is_queued_again(queue: WorkQueue) -> None:
+    """A gauntlet shard's tally lives in its finisher's gossip: the leader that played it and
+    was killed a second later took it along, and its completion kept the item done for good
+    (the claimant waited `shard_wait_s` to play it itself). Still wanted, its finisher gone:
+    queued again. Alive, or a kind whose result is not in gossip: it stays done."""
+    shard, other = WorkSpec("gauntlet", "g2-anchor-0", reopen_when_finisher_gone=True), WorkSpec("demo", "z")
+    queue.reconcile([shard, other], now=1.0)
+    for spec in (shard, other):
+        g = queue.claim("n2", {}, [spec.kind], 1, 1.0)
+        assert g is not None and g.item.item_id == spec.item_id
+        assert queue.finish("n2", spec.item_id, g.token, 1, True, 2.0, ok=True,
+                            completion=done_by("n2", spec.item_id, g.token)) is None
+    assert queue.reconcile([shard, other], now=3.0, alive={"n0", "n1", "n2"}) == []
+    assert queue.item(shard.item_id)["state"] == "done"
+    assert queue.reconcile([other], now=4.0, alive={"n0", "n1"}) == []  # no longer wanted: nothing to redo
+    assert queue.reconcile([shard, other], now=5.0, alive={"n0", "n1"}) == [shard.item_id]
+    assert queue.item(shard.item_id)["state"] == "pending" and queue.item(other.item_id)["state"] == "done"
+    g = queue.claim("n1", {}, ["gauntlet"], 2, 6.0)
+    assert g is not None and g.item.item_id == shard.item_id  # another node plays it
+
+
 def test_requirements_must_fit(tmp_path: Path) -> None:
     q = WorkQueue(tmp_path / "r.db", 3, 5.0)
     try:

@@ -356,7 +356,8 @@ class MeshNode(Gossiping):
         view = self.cluster_view()
         specs = list(self.work_source(view)) if self.work_source is not None else None
         now = time.monotonic()
-        self.queue.reconcile(specs, now)
+        for item in self.queue.reconcile(specs, now, alive={s.node_id for s in view.alive()}):
+            log.info("work_item_reopened", item=item[:200], why="its finisher is gone and its result was never seen")
         self.queue.adopt(self.term, self.completions.proven_claims(view.live_claims(), self.consensus.certified), now)
         self._admit_completions(view, now)
 

@@ -103,16 +103,20 @@ class WorkQueue:
         specs: Iterable[WorkSpec] | None,
         now: float,
         in_flight_attempts: dict[str, int] | None = None,
-    ) -> None:
-        """Expire lapsed claims; add wanted items; drop pending ones no longer wanted."""
+        alive: set[str] | None = None,
+    ) -> list[str]:
+        """Expire lapsed claims; add wanted items; drop pending ones no longer wanted; queue again
+        a finished item still wanted whose spec says its result died with its finisher, when the
+        finisher is not in `alive`. The ids queued again."""
         in_flight_attempts = in_flight_attempts or {}
+        reopened: list[str] = []
         with Session(self.engine) as s, s.begin():
             for row in s.scalars(
                 select(WorkItemRow).where(WorkItemRow.state == CLAIMED, WorkItemRow.expires_at <= now)
             ):
                 self._release(row)
             if specs is None:
-                return
+                return reopened
             wanted = {spec.item_id: spec for spec in specs}
             # Only the rows this can change: the wanted ones and the pending ones. Finished rows
             # stay in the table for good (they keep a finished item from being queued again) and
@@ -132,9 +136,14 @@ class WorkQueue:
                 elif row.state == PENDING:
                     row.payload, row.requirements = dict(spec.payload), dict(spec.requirements)
                     row.priority, row.ttl = spec.priority, spec.ttl
+                elif (row.state == DONE and spec.reopen_when_finisher_gone and alive is not None
+                      and (row.completion or {}).get("node_id") not in alive):
+                    row.state, row.finished_at, row.completion = PENDING, None, None
+                    reopened.append(iid)
             for iid, row in existing.items():
                 if row.state == PENDING and iid not in wanted:
                     s.delete(row)
+        return reopened
 
     def admit(self, c: Completion, term: int, now: float, newest_known: tuple[int, int] | None,
               grant_proven: bool) -> str | None:

@@ -22,6 +22,10 @@ class WorkSpec:
     requirements: dict[str, Any] = field(default_factory=dict)
     priority: int = 0
     ttl: float | None = None
+    # The item's result lives only in its finisher's gossip (a gauntlet shard's tally): when the
+    # finisher is gone while the spec is still wanted, the result went with it and the item is
+    # queued again (WorkQueue.reconcile); else its finished row kept it from ever being re-asked.
+    reopen_when_finisher_gone: bool = False
 
     @property
     def item_id(self) -> str:

@@ -174,6 +174,6 @@ def gauntlet_specs(
                 payload={"generation": request.generation, "candidate_sha256": request.candidate_sha256,
                          "baseline": shard.baseline, "kind": shard.kind, "games": shard.games, "seed": shard.seed,
                          "net_simulations": request.net_simulations, "claimant": nid},
-                priority=5, ttl=ttl,
+                priority=5, ttl=ttl, reopen_when_finisher_gone=True,
             ))
     return specs
