@@ -31,7 +31,7 @@ from app.coordination.p2p.discovery import TailscaleSource, parse_peer_list
 from app.coordination.p2p.election import QuorumLevel, Role
 from app.coordination.p2p.gossip import Gossiping
 from app.coordination.p2p.identity import Identity, NodeKey
-from app.coordination.p2p.membership import Membership
+from app.coordination.p2p.membership import Liveness, Membership
 from app.coordination.p2p.node_status import default_capabilities, node_status
 from app.coordination.p2p.persist import CommitStore, HistoryLog, TermStore
 from app.coordination.p2p.refusals import Refusals
@@ -356,8 +356,11 @@ class MeshNode(Gossiping):
         view = self.cluster_view()
         specs = list(self.work_source(view)) if self.work_source is not None else None
         now = time.monotonic()
-        for item in self.queue.reconcile(specs, now, alive={s.node_id for s in view.alive()}):
-            log.info("work_item_reopened", item=item[:200], why="its finisher is gone and its result was never seen")
+        # a finisher only suspected (a loaded node's late heartbeat) may still gossip its result:
+        # only a dead one's is taken as gone, so no shard is played twice for a stall
+        present = {nid for nid, live in view.liveness.items() if live is not Liveness.DEAD}
+        for item in self.queue.reconcile(specs, now, alive=present):
+            log.info("work_item_reopened", item=item[:200], why="its finisher is dead and its result was never seen")
         self.queue.adopt(self.term, self.completions.proven_claims(view.live_claims(), self.consensus.certified), now)
         self._admit_completions(view, now)
 

@@ -107,7 +107,7 @@ class WorkQueue:
     ) -> list[str]:
         """Expire lapsed claims; add wanted items; drop pending ones no longer wanted; queue again
         a finished item still wanted whose spec says its result died with its finisher, when the
-        finisher is not in `alive`. The ids queued again."""
+        finisher is not in `alive` (the caller's nodes not known dead). The ids queued again."""
         in_flight_attempts = in_flight_attempts or {}
         reopened: list[str] = []
         with Session(self.engine) as s, s.begin():

@@ -41,8 +41,10 @@ def policies_kept(max_staleness: int) -> int:
 def mesh_rollouts(config: Path, run_dir: Path, generation: int, model: Any, vocab_size: int, *, rank: int,
                   world_size: int, spans: bool) -> tuple[PolicyPublisher | None, RemoteGroups | None]:
     """(publisher on rank 0, reader on every rank), or (None, None) for a run of its own."""
+    if spans:
+        return None, None
     settings = load_settings(config)
-    paths = None if spans else node_paths_of_run(settings.node, run_dir)
+    paths = node_paths_of_run(settings.node, run_dir)
     if paths is None:
         return None, None
     keep = policies_kept(settings.lm.rollout.max_staleness)
