@@ -29,6 +29,7 @@ import yaml
 from app.db.registry import ModelRegistry
 from app.db.rollout_store import RolloutStore
 from app.lm.model_dir import verify_model_dir
+from app.lm.train.policy_publish import POLICIES_DIR
 from tests.orchestrator_helpers import (
     BUSY_CPU_TIMING, ROOT, NodeFiles, get_json, kill_group, leader_of, nodes_running, start_node, start_voter,
     tail, wait_until, write_node_files,
@@ -160,6 +161,8 @@ def test_lm_node_survives_kill9_while_writing_rollouts_then_learns(tmp_path) -> 
     # generation 2 and later train GRPO from the best: its run names the parent
     results = _check_online_runs(files)
     assert any(r["generation"] >= 2 and r["parent_sha256"] and r["rl_steps"] > 0 for r in results), results
+    # a node without peers has no rollout workers elsewhere: its trainer published no policy
+    assert not (files.data_dir / POLICIES_DIR).exists(), sorted((files.data_dir / POLICIES_DIR).iterdir())
 
 
 def _grpo_run_at(files: NodeFiles, step: int) -> Path | None:

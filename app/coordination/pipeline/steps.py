@@ -83,6 +83,7 @@ class TrainingJob:
     loss_key: str  # result.json's key of the run's final loss
     candidate_name: str = "candidate"
     result_name: str = "result.json"
+    lone_flag: str | None = None  # passed to the trainer when the node has no peers (pipe.cluster is None)
 
     def final_loss(self, result: Mapping[str, object]) -> float | None:
         value = result.get(self.loss_key)

@@ -83,6 +83,8 @@ def launcher_command(pipe: PipelineContext, *, run_dir: Path, dataset_dir: str |
         cmd += ["--config", str(pipe.config_path)]
     if parent is not None:
         cmd += ["--parent", str(parent)]
+    if pipe.cluster is None and pipe.steps.training.lone_flag is not None:
+        cmd.append(pipe.steps.training.lone_flag)
     for key, value in sorted((options or {}).items()):
         cmd += [f"--{key.replace('_', '-')}", str(value)]
     return cmd

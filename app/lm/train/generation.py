@@ -99,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", default="auto", help="only 'auto': continue from the newest complete checkpoint")
     p.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints (and at each phase's end)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--no-remote-rollouts", action="store_true",
+                   help="the node has no peers (set by the node): publish no policy for rollout workers elsewhere")
     return p
 
 
@@ -204,7 +206,8 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
         rl_micro = max(1, -(-rank_share(g.groups_per_step, 0, env.world_size)[1] * lm.rollout.n // g.micro_batches))
         consumed = ConsumedGroups(run_dir, env.rank) if plan.save else None  # a spanned run restarts whole
         policy, remote = mesh_rollouts(args.config, run_dir, args.generation, sampler, sampler.config.vocab_size,
-                                       rank=env.rank, world_size=env.world_size, spans=spans)
+                                       rank=env.rank, world_size=env.world_size,
+                                       alone=spans or args.no_remote_rollouts)
         source: StoredGroups | GeneratedGroups = online_source(lm, task, tok, sampler, rewards, env, rl_micro,
                                                                consumed, generation=args.generation,
                                                                policy=policy, remote=remote)

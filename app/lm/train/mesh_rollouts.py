@@ -6,7 +6,9 @@ Only a run the node launched does: its run dir is in the node's runs dir (`<data
 so the node serves what it publishes and replicates the workers' groups into its rollout
 store. A run started by hand (a script, a test, a run dir elsewhere) keeps to its own engine,
 and so does a run spanning several nodes (its joiners restart whole; rank 0's node alone
-serves). Why the data dir comes from the config: the node hands the trainer its own config
+serves), and so does the run of a node without peers (the node passes `--no-remote-rollouts`:
+no worker could fetch a policy, and each is a whole copy of the weights written every step).
+Why the data dir comes from the config: the node hands the trainer its own config
 file, so the trainer reads the paths the node uses.
 """
 
@@ -39,9 +41,9 @@ def policies_kept(max_staleness: int) -> int:
 
 
 def mesh_rollouts(config: Path, run_dir: Path, generation: int, model: Any, vocab_size: int, *, rank: int,
-                  world_size: int, spans: bool) -> tuple[PolicyPublisher | None, RemoteGroups | None]:
+                  world_size: int, alone: bool) -> tuple[PolicyPublisher | None, RemoteGroups | None]:
     """(publisher on rank 0, reader on every rank), or (None, None) for a run of its own."""
-    if spans:
+    if alone:
         return None, None
     settings = load_settings(config)
     paths = node_paths_of_run(settings.node, run_dir)
