@@ -10,18 +10,20 @@ sharded model (whose full state dict was gathered first) and on one process. The
 `get_weights` (what the in-process engine and the KL reference load) and the candidate
 directory (what the mesh promotes and HTTP engines load from disk) both go through it; the
 adapter itself is saved beside the candidate (`save_adapter`, peft's file layout).
+
+peft is imported by `with_lora` alone: a model without adapters never needs it, and every LM
+process (node, rank) would pay its import (~0.3 CPU s) for nothing. Until something imported
+it, no model can be a PeftModel.
 """
 
 from __future__ import annotations
 
+import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
-from peft.tuners.lora import LoraLayer
-from peft.utils import get_peft_model_state_dict
 from safetensors.torch import save_file
 from torch import nn
 
@@ -30,8 +32,13 @@ from app.config.lm import LMLoRASettings
 ADAPTER = "default"  # peft's name of the one adapter
 PREFIX = "base_model.model."  # what PeftModel puts before the base model's names
 
+if TYPE_CHECKING:
+    from peft import PeftModel
+
 
 def with_lora(model: nn.Module, cfg: LMLoRASettings, seed: int = 0) -> PeftModel:
+    from peft import LoraConfig, get_peft_model
+
     config = LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, bias="none",
                         target_modules=cfg.target_modules, task_type="CAUSAL_LM")
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
@@ -41,7 +48,8 @@ def with_lora(model: nn.Module, cfg: LMLoRASettings, seed: int = 0) -> PeftModel
 
 
 def is_lora(model: nn.Module) -> bool:
-    return isinstance(model, PeftModel)
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 def base_model(model: nn.Module) -> nn.Module:
@@ -58,6 +66,8 @@ def merged_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str
     `state` itself when the model has no adapters."""
     if not is_lora(model):
         return state
+    from peft.tuners.lora import LoraLayer
+
     layers = {name: module for name, module in model.named_modules() if isinstance(module, LoraLayer)}
     out = {_plain_name(k): v for k, v in state.items() if ".lora_" not in k}
     for name, layer in layers.items():
@@ -72,6 +82,8 @@ def merged_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str
 
 def adapter_state(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The adapter's tensors of a full state dict, named as peft saves them."""
+    from peft.utils import get_peft_model_state_dict
+
     return get_peft_model_state_dict(model, state_dict=state, adapter_name=ADAPTER)
 
 
