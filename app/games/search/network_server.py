@@ -26,13 +26,14 @@ import secrets
 import tempfile
 import threading
 import time
-from multiprocessing import get_context
+from multiprocessing import Pipe
 from multiprocessing.connection import Client, Connection, Listener, wait
 from pathlib import Path
 
 import numpy as np
 
 from app.games import Game, get_game
+from app.games.worker_processes import parent_gone, worker_context
 
 _START_TIMEOUT_S = 120.0  # the server imports torch and loads the model before it answers
 _CLOSE_TIMEOUT_S = 10.0
@@ -81,10 +82,9 @@ class NetworkServer:
         self.authkey = secrets.token_bytes(32)
         self._dir = tempfile.TemporaryDirectory(prefix="netserver-")
         self.address = str(Path(self._dir.name) / "socket")
-        ctx = get_context("spawn")
+        ctx = worker_context()
         self._process = ctx.Process(target=serve, name="network-server", daemon=True,
-                                    args=(self.address, self.authkey, str(model_path), sha256, game_name, device,
-                                          os.getpid()))
+                                    args=(self.address, self.authkey, str(model_path), sha256, game_name, device))
         self._process.start()
         self._control = self._connect_control()
         self.model = (str(model_path), sha256)
@@ -141,8 +141,7 @@ class NetworkServer:
         self._dir.cleanup()
 
 
-def serve(address: str, authkey: bytes, model_path: str, sha256: str | None, game_name: str, device: str,
-          parent_pid: int) -> None:
+def serve(address: str, authkey: bytes, model_path: str, sha256: str | None, game_name: str, device: str) -> None:
     """The server process: one torch thread, the network on `device`, requests merged into one
     forward pass each time round; exits on "stop", or when its parent is gone."""
     import torch
@@ -160,7 +159,7 @@ def serve(address: str, authkey: bytes, model_path: str, sha256: str | None, gam
     listener = Listener(address, authkey=authkey)
     arrivals: list[Connection] = []
     lock = threading.Lock()
-    wake_read, wake_write = get_context("spawn").Pipe(duplex=False)
+    wake_read, wake_write = Pipe(duplex=False)
 
     stopping = threading.Event()
 
@@ -182,7 +181,7 @@ def serve(address: str, authkey: bytes, model_path: str, sha256: str | None, gam
     started = time.monotonic()
     live: list = [wake_read]
     try:
-        while os.getppid() == parent_pid:
+        while not parent_gone():
             ready = wait(live, timeout=1.0)
             requests: list[tuple[Connection, np.ndarray]] = []
             for conn in ready:

@@ -1,5 +1,5 @@
 """How a gauntlet's games are played: openings, the games of a match cut into waves, and each
-wave played in lock step by one worker (spawned, one torch thread; or this process).
+wave played in lock step by one worker (a forked worker process, one torch thread; or this process).
 
 Each group of games (one per seat: a pair for two players) starts from its own random opening
 of a few plies and the candidate takes each seat once, the opponent every other seat. A worker plays its wave's games together: each round every game's side to
@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
-from multiprocessing import get_context
 from typing import Callable, Sequence
 
 import numpy as np
@@ -23,6 +22,7 @@ from app.games.search.players import PlayerSpec, make_player
 from app.config import Settings
 from app.db.seat_pairs import Seat, seat_scores
 from app.games import Game, get_game
+from app.games.worker_processes import worker_context
 
 # Most games one worker plays at once. One CPU core evaluates the 48x4 net at ~1,300
 # positions/s one at a time, ~2,600 in batches of 16 and ~3,600 in batches of 64; each side of
@@ -235,4 +235,4 @@ def match_executor(workers: int):
     if workers <= 1:
         _worker_init()
         return InlineExecutor()
-    return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_worker_init)
+    return ProcessPoolExecutor(max_workers=workers, mp_context=worker_context(), initializer=_worker_init)

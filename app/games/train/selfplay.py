@@ -4,13 +4,13 @@
                            workers=2, seed=1, node_id="n1", settings=settings,
                            progress=lambda done: ..., should_stop=lambda: False)
 
-Each worker is a `multiprocessing` spawn process with one torch thread. It plays
+Each worker is a process of app/games/worker_processes.py's forkserver with one torch thread. It plays
 `settings.selfplay.concurrent_games` games concurrently, so each search round sends one
 batch of that many leaves to the evaluator (the network, or a uniform prior when
 `model_path` is None), and sends every finished game to the caller's process. There one
 thread writes each game to the ReplayDB in its own transaction: SQLite wants one writer,
 and a kill at any moment leaves whole games only. `workers=0` plays in the calling process
-(no spawn; tests, benchmarks, tiny runs). A caller that plays batch after batch (the
+(no worker process; tests, benchmarks, tiny runs). A caller that plays batch after batch (the
 self-play daemon) passes a `selfplay_pool.WorkerPool`, whose workers live between calls.
 
 It is safe to call from a thread (the daemons and the gauntlet do): it installs no signal

@@ -1,22 +1,19 @@
 """Self-play worker processes kept alive from one batch to the next.
 
-Starting a spawn worker costs about 3 CPU seconds (an interpreter, torch, the model) before it
-plays a move: more than a whole batch of small games, and about 7 % of a default batch on two
-cores. The self-play daemon plays batch after batch, so it keeps its workers in a `WorkerPool`
+Loading a worker's network and its kernel still costs something even from a preloaded
+forkserver (app/games/worker_processes.py; a spawned worker paid ~3 CPU s, more than a whole
+batch of small games). The self-play daemon plays batch after batch, so it keeps its workers in a `WorkerPool`
 and hands each batch to them as a task; a worker reloads the network only when the model
 file's sha256 changes (a promotion).
 
 Every task carries a batch number and every message a worker sends carries it back, so
 games of a batch that was stopped are never stored as part of the next one. A worker that
 dies or hangs past the stop grace is killed and replaced at the next batch. Workers exit on
-their own when the process that started them is gone (they poll their parent's pid), so a
-kill -9 of the node leaves no self-play process behind.
+their own when the process that started them is gone (`parent_gone`), so a kill -9 of the node leaves no self-play process behind.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
 import queue
 import threading
 import time
@@ -24,6 +21,7 @@ import traceback
 from typing import Any, Callable
 
 from app.games.search.network_server import NetworkServer
+from app.games.worker_processes import parent_gone, worker_context
 from app.config import Settings
 from app.db.replay_db import GameRecord
 from app.log import get_logger
@@ -42,14 +40,14 @@ class PoolClosedError(RuntimeError):
 
 
 class WorkerPool:
-    """`size` spawn processes that play self-play shares on request (see the module docstring).
+    """`size` worker processes that play self-play shares on request (see the module docstring).
     One batch at a time; safe to call from any one thread at a time."""
 
     def __init__(self, size: int) -> None:
         if size < 1:
             raise ValueError(f"a worker pool needs at least one worker, got {size}")
         self.size = size
-        self._ctx = mp.get_context("spawn")
+        self._ctx = worker_context()
         self._results = self._ctx.Queue()
         self._stop = self._ctx.Event()
         self._tasks: list[Any] = [None] * size
@@ -146,7 +144,7 @@ class WorkerPool:
             proc.join(0)
         self._tasks[i] = self._ctx.Queue()
         proc = self._ctx.Process(target=_pool_worker_main, name=f"selfplay-{i}", daemon=True,
-                                 args=(i, self._tasks[i], self._results, self._stop, os.getpid()))
+                                 args=(i, self._tasks[i], self._results, self._stop))
         proc.start()
         self._procs[i] = proc
         self.started += 1
@@ -176,7 +174,7 @@ class WorkerPool:
             self.server.close()
 
 
-def _pool_worker_main(worker: int, tasks, results, stop, parent_pid: int) -> None:
+def _pool_worker_main(worker: int, tasks, results, stop) -> None:
     """Entry point of a pool worker: one torch thread; tasks in, games out, until told to exit
     or orphaned."""
     import numpy as np
@@ -188,10 +186,7 @@ def _pool_worker_main(worker: int, tasks, results, stop, parent_pid: int) -> Non
     torch.set_num_threads(1)
     cached: tuple[tuple, Any] | None = None  # ((model path, sha256, game), evaluator)
 
-    def orphaned() -> bool:
-        return os.getppid() != parent_pid
-
-    while not orphaned():
+    while not parent_gone():
         try:
             task = tasks.get(timeout=_IDLE_POLL_SECONDS)
         except queue.Empty:
@@ -212,7 +207,7 @@ def _pool_worker_main(worker: int, tasks, results, stop, parent_pid: int) -> Non
             rng = np.random.default_rng(seed_seq)
 
             def should_stop() -> bool:
-                return stop.is_set() or orphaned()
+                return stop.is_set() or parent_gone()
 
             config = {"worker": worker, "seed_entropy": str(seed_seq.entropy)}
             for record in play_games(n_games, evaluator, settings, simulations, rng, model_sha256,
