@@ -19,7 +19,8 @@ from multiprocessing.context import BaseContext
 
 # What every game worker imports; the first process to start a worker starts the forkserver
 # with these, so the list is the union of what the three kinds of worker run.
-PRELOAD = ["app.games.train.selfplay_games", "app.games.search.network_server", "app.games.train.match_games"]
+PRELOAD = ["app.games.train.selfplay_pool", "app.games.train.selfplay_games", "app.games.search.network_server",
+           "app.games.train.match_games"]
 
 
 def worker_context() -> BaseContext:
