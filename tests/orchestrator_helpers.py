@@ -158,20 +158,25 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-def signal_children(procs: list[subprocess.Popen], sig: int) -> None:
-    """Send `sig` to every direct child of each node (its self-play workers): SIGSTOP pauses
-    production while the nodes themselves keep serving and replicating."""
-    pids = {p.pid for p in procs}
+def signal_descendants(procs: list[subprocess.Popen], sig: int) -> None:
+    """Send `sig` to every process below each node (its self-play workers, forked from the
+    node's forkserver: app/games/worker_processes.py): SIGSTOP pauses production while the nodes
+    themselves keep serving and replicating."""
+    children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
-        if parent in pids:
-            try:
-                os.kill(int(stat.parent.name), sig)
-            except ProcessLookupError:
-                pass
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    todo = [child for p in procs for child in children.get(p.pid, [])]
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, []))
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 def kill_group(proc: subprocess.Popen) -> None:

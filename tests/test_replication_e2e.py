@@ -24,7 +24,7 @@ from tests.orchestrator_helpers import (
     NodeFiles,
     get_json,
     nodes_running,
-    signal_children,
+    signal_descendants,
     start_voter,
     wait_until,
     write_node_files,
@@ -115,7 +115,7 @@ def test_a_node_killed_mid_self_play_loses_at_most_its_last_second_and_the_quiet
             assert code == 200 and b"mesh_replication_lag_seconds_count" in metrics
 
         # Quiet: the survivors stop playing; the wiped node comes back empty, without self-play.
-        signal_children([procs["n0"], procs["n1"]], signal.SIGSTOP)
+        signal_descendants([procs["n0"], procs["n1"]], signal.SIGSTOP)
         stopped_at = time.time()
         seen: list[set[str]] = []
 
