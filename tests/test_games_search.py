@@ -56,6 +56,34 @@ def test_three_player_search_takes_a_win_and_values_by_seat() -> None:
     assert proved.proven == 1.0 and proved.child_proven[game.cell_of("d1")] == 1.0
 
 
+def exact_value(state, seat: int) -> float:
+    """`seat`'s return under max^n play (each mover maximises its own entry; ties by move order)."""
+    if state.is_terminal:
+        return float(state.returns()[seat])
+    children = [state.play(a) for a in state.legal_moves()]
+    best = max(children, key=lambda c: exact_value(c, state.to_move))  # the first of equals, as the search
+    return exact_value(best, seat)
+
+
+def test_three_player_proofs_take_the_best_child_when_every_child_is_proven() -> None:
+    """N > 2 with proofs on: a node none of whose moves wins on the spot is proven once all its
+    children are, with the vector of the best of them for its mover (here a position two plies
+    from a full board: the mover's two moves, each answered by the last cell)."""
+    game = type("ProvingMNK3", (type(get_game("mnk3")),), {"solver_proofs": True})()
+    rng = np.random.default_rng(7)
+    exact: dict[int, float] = {}
+    while len(set(exact.values())) < 2:  # random games to two empty cells where no move of the
+        state = game.initial_state()     # mover wins at once and one move is better than the other
+        while not state.is_terminal and len(state.legal_moves()) > 2:
+            state = state.play(int(rng.choice(state.legal_moves())))
+        if not state.is_terminal and not any(state.play(a).is_terminal for a in state.legal_moves()):
+            exact = {a: exact_value(state.play(a), state.to_move) for a in state.legal_moves()}
+    [result] = best_by_search(game, [state], 400)
+    assert result.proven == max(exact.values()), (exact, result.proven)
+    for a, value in exact.items():
+        assert result.child_proven[a] == value, (a, exact, result.child_proven)
+
+
 def test_random_playouts_give_values_in_the_networks_convention() -> None:
     """The rollout evaluator (the search kernel's playouts over the game's rules, from
     `ply_of`) on positions whose every playout ends alike."""
