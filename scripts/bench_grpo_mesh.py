@@ -9,7 +9,7 @@ first, then `--steps` online GRPO steps, 8 groups of 8 a step), one after the ot
 1. `single`: scripts/sft_rl.py, one process, the same SFT and GRPO settings.
 2. `mesh`: one node (`python -m app.p2p_orchestrator --config ... --max-generations 2`):
    generation 1 is the SFT, generation 2 the GRPO run under torchrun, with the node's own
-   self-play, export, gauntlet and mesh beside it.
+   self-play, export, gauntlet and mesh beside it (the shipped daemons.yaml).
 3. `cluster`: `--nodes` local nodes, all voters (fast profile); the trainer's generation-2 run,
    taking the groups the other nodes' rollout workers made from its published policies first.
 
@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import secrets
-import signal
 import statistics
 import subprocess
 import sys
@@ -44,17 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.free_ports import free_ports  # noqa: E402  (after the path)
-
-DAEMONS = {"restart": {"base_s": 0.5, "cap_s": 5}, "daemons": {
-    "dlq_retry": {},
-    "selfplay": {"critical": True, "stop_timeout_s": 15},
-    "export": {"critical": True, "settings": {"poll_s": 0.5}},
-    "train": {"depends_on": ["export"], "critical": True, "stop_timeout_s": 15, "settings": {"poll_s": 0.5}},
-    "gauntlet": {"depends_on": ["train"], "critical": True, "settings": {"poll_s": 0.5}},
-    "promote": {"depends_on": ["gauntlet"], "critical": True, "settings": {"poll_s": 0.5}},
-    "distribution": {"critical": True, "settings": {"poll_s": 0.5}},
-    "replication": {"settings": {"interval_s": 0.5}},
-}}
+from scripts.bench_cluster import stop_cluster  # noqa: E402
 
 
 def node_config(steps: int, max_staleness: int) -> dict:
@@ -118,14 +107,13 @@ def start_nodes(root: Path, n: int, cfg: dict) -> list[subprocess.Popen]:
     mesh, health = free_ports(n), free_ports(n)
     root.mkdir(parents=True)
     (root / "config.yaml").write_text(yaml.safe_dump(cfg))
-    (root / "daemons.yaml").write_text(yaml.safe_dump(DAEMONS))
     env = {**os.environ, "MESH_SECRET": secrets.token_hex(16)}
     procs = []
     for i, nid in enumerate(ids):
         data = root / nid
         data.mkdir(parents=True)
         cmd = [sys.executable, "-m", "app.p2p_orchestrator", "--config", str(root / "config.yaml"),
-               "--daemons", str(root / "daemons.yaml"), "--data-dir", str(data), "--node-id", nid,
+               "--data-dir", str(data), "--node-id", nid,
                "--port", str(mesh[i]), "--health-port", str(health[i]), "--max-generations", "2"]
         if n > 1:
             cmd += ["--profile", "fast", "--priority", str(i), "--voters", ",".join(ids),
@@ -145,14 +133,7 @@ def run_nodes(work: Path, n: int, cfg: dict, timeout: float) -> list[dict]:
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
             time.sleep(2)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+        stop_cluster(procs)
     runs = [rl_lines(m) for m in sorted(root.glob("n*/runs/*/metrics.jsonl"))]
     runs = [r for r in runs if r]
     return max(runs, key=len) if runs else []

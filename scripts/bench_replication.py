@@ -47,7 +47,7 @@ from sqlalchemy.orm import Session  # noqa: E402
 
 from app.db.replay_db import GameRow, ReplayDB  # noqa: E402
 from app.free_ports import free_ports  # noqa: E402
-from tests.orchestrator_helpers import signal_children  # noqa: E402
+from tests.orchestrator_helpers import signal_descendants  # noqa: E402
 
 IDS = ["n0", "n1", "n2"]
 FACTOR = 2
@@ -86,7 +86,7 @@ def start(root: Path, push: bool, prefetch: bool) -> tuple[list[subprocess.Popen
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
-    signal_children(procs, signal.SIGCONT)
+    signal_descendants(procs, signal.SIGCONT)
     for p in procs:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGTERM)
@@ -175,7 +175,7 @@ def run(args: argparse.Namespace, push: bool, prefetch: bool = True) -> dict:
                 series.append(sample(mesh, began))
                 time.sleep(args.sample_s)
             cpu_ended = cpu_seconds(procs)
-            signal_children(procs, signal.SIGSTOP)  # production stops; the nodes replicate on
+            signal_descendants(procs, signal.SIGSTOP)  # production stops; the nodes replicate on
             ended = time.time()
             drained_after = None
             while time.time() < ended + args.drain_timeout:
