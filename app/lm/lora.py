@@ -11,9 +11,9 @@ sharded model (whose full state dict was gathered first) and on one process. The
 directory (what the mesh promotes and HTTP engines load from disk) both go through it; the
 adapter itself is saved beside the candidate (`save_adapter`, peft's file layout).
 
-peft is imported by `with_lora` alone: a model without adapters never needs it, and every LM
-process (node, rank) would pay its import (~0.3 CPU s) for nothing. Until something imported
-it, no model can be a PeftModel.
+peft is imported only where adapters are made (`with_lora`) or read (a PeftModel's weights):
+a model without adapters never needs it, and every LM process (node, rank) would pay its import
+(~0.3 CPU s) for nothing. Until `with_lora` imported it, no model can be a PeftModel.
 """
 
 from __future__ import annotations

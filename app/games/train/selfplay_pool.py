@@ -1,15 +1,16 @@
 """Self-play worker processes kept alive from one batch to the next.
 
-Loading a worker's network and its kernel still costs something even from a preloaded
-forkserver (app/games/worker_processes.py; a spawned worker paid ~3 CPU s, more than a whole
-batch of small games). The self-play daemon plays batch after batch, so it keeps its workers in a `WorkerPool`
-and hands each batch to them as a task; a worker reloads the network only when the model
-file's sha256 changes (a promotion).
+A worker forked from the preloaded forkserver (app/games/worker_processes.py) still loads its
+network and its game's kernel before it plays (a spawned one paid ~3 CPU s more, as much as a
+whole batch of small games). The self-play daemon plays batch after batch, so it keeps its
+workers in a `WorkerPool` and hands each batch to them as a task; a worker reloads the network
+only when the model file's sha256 changes (a promotion).
 
 Every task carries a batch number and every message a worker sends carries it back, so
 games of a batch that was stopped are never stored as part of the next one. A worker that
 dies or hangs past the stop grace is killed and replaced at the next batch. Workers exit on
-their own when the process that started them is gone (`parent_gone`), so a kill -9 of the node leaves no self-play process behind.
+their own when the process that started them is gone (`parent_gone`), so a kill -9 of the
+node leaves no self-play process behind.
 """
 
 from __future__ import annotations
