@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from app.config.mesh import PROFILES, TimingProfile
+from app.coordination.daemons.worker_metrics import descendants
 from tests.mesh_helpers import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,21 +163,12 @@ def signal_descendants(procs: list[subprocess.Popen], sig: int) -> None:
     """Send `sig` to every process below each node (its self-play workers, forked from the
     node's forkserver: app/games/worker_processes.py): SIGSTOP pauses production while the nodes
     themselves keep serving and replicating."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(parent, []).append(int(stat.parent.name))
-    todo = [child for p in procs for child in children.get(p.pid, [])]
-    while todo:
-        pid = todo.pop()
-        todo.extend(children.get(pid, []))
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
+    for proc in procs:
+        for pid in descendants(proc.pid):
+            try:
+                os.kill(int(pid), sig)
+            except ProcessLookupError:
+                pass
 
 
 def kill_group(proc: subprocess.Popen) -> None:
