@@ -5,7 +5,7 @@ registry ratings with intervals and its run results with losses on n0 only, so t
 learn those by gossip). Everything after the seed is the real mesh, quorum and daemons.
 
 A training run on this 2-core machine takes minutes per generation; the end-to-end training
-tests (test_cluster_e2e.py) cover that, these cover what operators see and do.
+tests (test_configs_cluster_e2e.py) cover that, these cover what operators see and do.
 """
 
 from __future__ import annotations

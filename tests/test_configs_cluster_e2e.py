@@ -5,7 +5,10 @@ killed and both configs go on deciding generations on the survivors (no config's
 the scheduler's shares are its pure function of the recorded history (measured progress,
 staleness off here) and were recomputed at once on a promotion (ALLOCATION_CHANGED in the
 journal, the share gauge per config in /metrics); every config's own series (self-play,
-daemons) are on the node's one /metrics, labelled by config."""
+daemons) are on the node's one /metrics, labelled by config. Through the leader kill each
+config keeps one model per generation on every node, the survivors end on its newest promoted
+model, and no game is lost or stored twice (the single-config leader-kill test's checks, run
+here on the same three nodes rather than on three more)."""
 
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import yaml
 
 from app.config.configs import SchedulerConfig
 from app.coordination.pipeline.config_scheduler import ConfigHistory, allocate, evaluations
+from app.db.replay_db import ReplayDB
 from app.free_ports import free_ports
 from tests.orchestrator_helpers import (
     BUSY_CPU_TIMING, ROOT, SMALL_DAEMONS, TINY_CONFIG, NodeFiles, get_json, kill_group, nodes_running, start_voter,
@@ -167,6 +171,43 @@ def test_two_configs_each_promote_through_a_leader_kill_and_the_shares_follow_pr
         assert (files.data_dir / "games.db").exists() and (files.data_dir / "configs" / "small" / "games.db").exists()
         print(f"first promotions of both configs {first:.0f} s; both again after the leader kill {after_kill:.0f} s; "
               f"allocation {alloc['shares']} progress {measured}")
+        for config_dir in CONFIG_DIRS:
+            wait_until(lambda: _on_newest_promoted(survivors, config_dir), 120, interval=1.0,
+                       what=f"the survivors on {config_dir}'s newest promoted model")
+    for config_dir in CONFIG_DIRS:
+        _one_model_per_generation_and_no_game_lost(nodes, config_dir)
+
+
+CONFIG_DIRS = (Path(), Path("configs") / "small")  # each config's files under a node's data dir
+
+
+def _on_newest_promoted(survivors: list[NodeFiles], config_dir: Path) -> bool:
+    newest = max(((r["generation"], r["sha256"]) for f in survivors
+                  for r in json.loads((f.data_dir / config_dir / "generations.json").read_text()) if r["promoted"]),
+                 default=None)
+    return newest is not None and {json.loads((f.data_dir / config_dir / "pipeline_state.json").read_text())
+                                   .get("best_sha256") for f in survivors} == {newest[1]}
+
+
+def _one_model_per_generation_and_no_game_lost(nodes: list[NodeFiles], config_dir: Path) -> None:
+    """One config's lineage through the leader kill: one model per generation on every node
+    (the killed one's records too), and no game lost or stored twice: the union of uids equals
+    the games the nodes created (the killed node's own games counted from its disk)."""
+    logs = [json.loads((f.data_dir / config_dir / "generations.json").read_text()) for f in nodes]
+    by_generation: dict[int, set[str]] = {}
+    for log in logs:
+        for rec in log:
+            by_generation.setdefault(rec["generation"], set()).add(rec["sha256"])
+    assert by_generation and all(len(shas) == 1 for shas in by_generation.values()), (config_dir, by_generation)
+    union: set[str] = set()
+    created = 0
+    for files, nid in zip(nodes, IDS):
+        with ReplayDB(files.data_dir / config_dir / "games.db") as db:
+            uids = db.uids()
+            assert len(uids) == len(set(uids)) and db.integrity_problems() == []
+            created += db.count_by_node(nid)
+            union |= set(uids)
+    assert len(union) == created, config_dir
 
 
 @pytest.mark.timeout(600)

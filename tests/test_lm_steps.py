@@ -77,6 +77,21 @@ def test_the_decision_is_the_paired_gate_on_the_stored_rewards(tmp_path: Path) -
     assert again.steps.decide(again, PipelineState(generation=2, evaluation=better), True) == promote
 
 
+def test_a_rejected_candidate_stays_the_trainers_head_unless_it_regressed_past_the_margin(tmp_path: Path) -> None:
+    pipe = pipeline_context(lm_settings(tmp_path, [{"name": "local", "kind": "in_process"}]))
+    tied = {"rewards": {"candidate": [1.0, 0.0] * 6, "best": [0.0, 1.0] * 6}}  # mean difference 0
+    worse = {"rewards": {"candidate": [0.0] * 12, "best": [1.0] * 2 + [0.0] * 10}}  # 2/12 below the best
+    for evaluation, kept in ((tied, True), (worse, False)):
+        state = PipelineState(generation=2, evaluation=evaluation)
+        verdict = pipe.steps.decide(pipe, state, True)
+        assert not verdict.promote and pipe.steps.keeps_head(pipe, state, verdict) is kept
+    everyone_from_best = pipeline_context(Settings.model_validate({
+        "workload": "lm", "node": {"data_dir": str(tmp_path / "data2")}, "lm": {"eval": {"trains_from": "best"}}}))
+    state = PipelineState(generation=2, evaluation=tied)
+    assert not everyone_from_best.steps.keeps_head(everyone_from_best, state,
+                                                   everyone_from_best.steps.decide(everyone_from_best, state, True))
+
+
 async def test_nothing_is_stored_from_a_server_whose_sync_failed_or_that_restarted(tmp_path: Path) -> None:
     """The first engine is an SGLang server: while its load fails self-play stores nothing; once
     a load succeeds the stored groups carry the version the server reported; a server that came

@@ -26,6 +26,7 @@ import psutil
 import pytest
 import yaml
 
+from app.coordination.pipeline.generation_log import GenerationRecord, trainer_head
 from app.db.registry import ModelRegistry
 from app.db.rollout_store import RolloutStore
 from app.lm.model_dir import verify_model_dir
@@ -115,7 +116,9 @@ def _decided(files: NodeFiles) -> int:
 
 @pytest.mark.timeout(1200)  # generous bounds (deadlines on state): two busy cores
 def test_lm_node_survives_kill9_while_writing_rollouts_then_learns(tmp_path) -> None:
-    files = write_node_files(tmp_path / "lm", "lm", lm_config(), LM_DAEMONS)
+    cfg = lm_config()
+    cfg["lm"]["eval"] = {**cfg["lm"].get("eval", {}), "rollback_margin": 1.0}  # every rejection keeps the head
+    files = write_node_files(tmp_path / "lm", "lm", cfg, LM_DAEMONS)
     proc = start_node(files)
     try:
         wait_until(lambda: _rollouts(files) >= 40, 300, what="rollouts being written")
@@ -158,9 +161,12 @@ def test_lm_node_survives_kill9_while_writing_rollouts_then_learns(tmp_path) -> 
     finally:
         kill_group(proc)
     assert _check_rollouts(files, "lm") > before
-    # generation 2 and later train GRPO from the best: its run names the parent
+    # generation 2 and later train GRPO on from the one before, promoted or not (the trainer's
+    # head; no rejection regresses past a margin of 1 reward): its run names the parent
     results = _check_online_runs(files)
     assert any(r["generation"] >= 2 and r["parent_sha256"] and r["rl_steps"] > 0 for r in results), results
+    candidates = {r["generation"]: r["candidate_sha256"] for r in results}
+    assert all(r["parent_sha256"] == candidates[r["generation"] - 1] for r in results if r["generation"] >= 2), results
     # a node without peers has no rollout workers elsewhere: its trainer published no policy
     assert not (files.data_dir / POLICIES_DIR).exists(), sorted((files.data_dir / POLICIES_DIR).iterdir())
 
@@ -269,6 +275,15 @@ def test_three_lm_nodes_decide_through_a_leader_kill(tmp_path: Path, monkeypatch
             if rec["promoted"]:
                 assert rec["heldout"]["exact_match"] >= 0.0 and "low" in rec["heldout"], rec
     assert by_generation and all(len(shas) == 1 for shas in by_generation.values()), by_generation
+    # every run trained from the head the decided records name (the best, or a rejected candidate
+    # kept as the trainer's head), whichever node trained it and whether or not it made the head
+    records = {r["generation"]: GenerationRecord.from_value(r)
+               for f in nodes for r in json.loads((f.data_dir / "generations.json").read_text())}
+    for files in nodes:
+        for result_file in (files.data_dir / "runs").glob("gen_*/result.json"):
+            result = json.loads(result_file.read_text())
+            head = trainer_head({g: r for g, r in records.items() if g < result["generation"]})
+            assert result["parent_sha256"] == (head.sha256 if head else None), (result, records)
     bests = {f.state()["best_sha256"] for f in nodes}
     assert len(bests) == 1
     sha = bests.pop()

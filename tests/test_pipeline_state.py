@@ -45,6 +45,21 @@ def test_restart_mid_training_resumes_the_same_generation() -> None:
     assert again.generation == state.generation == 1 and again.stage is Stage.TRAINING
 
 
+def test_a_kept_head_is_the_next_parent_and_a_new_best_clears_it() -> None:
+    other = "b" * 64
+    best = ps.switched_best(PipelineState(), other, "models/b", 1)
+    evaluated = STEPS["evaluated"](STEPS["trained"](STEPS["start"](STEPS["export"](best))))
+    assert ps.parent(evaluated) == ("models/b", other)
+    kept = ps.decided(evaluated, False, head_path="c.safetensors")
+    assert ps.parent(kept) == ("c.safetensors", SHA) and kept.head_generation == 1 and kept.rejected == 1
+    assert ps.parent(ps.decided(evaluated, False)) == ("models/b", other)  # regressed: from the best
+    assert ps.parent(ps.switched_best(kept, other, "models/b", 1)) == ("c.safetensors", SHA)  # the same best
+    assert ps.parent(ps.switched_best(kept, "d" * 64, "models/d", 2)) == ("models/d", "d" * 64)
+    exported = STEPS["export"](kept)
+    assert ps.parent(ps.head_resolved(exported, other, "x", 1)) == ("models/b", other)  # the head is the best
+    assert ps.parent(ps.head_resolved(exported, None, None, 0)) == ("models/b", other)
+
+
 def test_wrong_stage_is_refused() -> None:
     with pytest.raises(PipelineStateError, match="generation 1 is collecting, not training"):
         ps.trained(PipelineState(), "c", SHA)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.coordination.pipeline.generation_log import GenerationRecord, latest_promoted
+from app.coordination.pipeline.generation_log import GenerationRecord, latest_promoted, trainer_head
 from app.coordination.pipeline.rollback import RollbackLog, RollbackRecord, effective_records, plan_rollback
 
 pytestmark = pytest.mark.timeout(30)
@@ -33,6 +33,21 @@ def test_refusals_say_why(generation: int, why: str) -> None:
 
 def test_a_decided_rollback_is_answered_again_not_refused() -> None:
     assert plan_rollback(records(True, True), {2: RollbackRecord(2, "x", "n0")}, 2) == (2, "")
+
+
+def test_the_trainer_head_is_the_newest_kept_candidate_unless_its_best_was_rolled_back() -> None:
+    recs = records(True, False, True)
+    assert trainer_head(recs).generation == 3  # no head kept: the best
+    recs[4] = GenerationRecord(4, "4" * 64, False, 40, "n0", head=True)
+    recs[5] = GenerationRecord(5, "5" * 64, False, 50, "n1", head=True)
+    assert trainer_head(effective_records(recs, {})).generation == 5  # runs on from the newest head
+    assert GenerationRecord.from_value(recs[5].to_value()) == recs[5]
+    assert "head" not in recs[3].to_json()  # records without a head stay byte for byte as they were
+    rolled = effective_records(recs, {3: RollbackRecord(3, "bad", "n1")})
+    assert not rolled[4].head and not rolled[5].head  # they ran on from generation 3
+    assert trainer_head(rolled).generation == 1
+    recs[6] = GenerationRecord(6, "6" * 64, False, 60, "n0")  # regressed past the margin: back to the best
+    assert trainer_head(effective_records(recs, {})).generation == 3
 
 
 def test_the_log_keeps_one_value_per_generation(tmp_path) -> None:

@@ -3,6 +3,8 @@ which decided records a node accepts."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings, strategies as st
 
 from app.coordination.pipeline.generation_log import GenerationLog, GenerationRecord, latest_promoted, merge_records
@@ -34,6 +36,9 @@ def test_the_next_generation_counts_games_since_the_last_decision() -> None:
     assert training_spec(nodes(100, 200), records, threshold=100, ttl=60) is None
     spec = training_spec(nodes(150, 200), records, threshold=100, ttl=60)
     assert spec.payload["generation"] == 3 and spec.payload["parent_sha256"] == SHA[0]  # the rejected one is no parent
+    # ... unless it was kept as the trainer's head (a language model's GRPO runs on from it)
+    records[2] = replace(records[2], head=True)
+    assert training_spec(nodes(150, 200), records, threshold=100, ttl=60).payload["parent_sha256"] == SHA[1]
     # what a non-training LM node reads to rest its self-play (lm_steps._enough_for_now)
     assert new_since_last_generation(nodes(100, 200), records) == 50
     assert new_since_last_generation(nodes(150, 200), records) == 100

@@ -214,7 +214,7 @@ def format_progress(answer: dict[str, Any]) -> str:
     rolled_back = set(answer.get("rolled_back", []))
     for g in answer.get("generations", []):
         result = "rolled back" if g.get("rolled_back") or g["generation"] in rolled_back else \
-            ("promoted" if g["promoted"] else "rejected")
+            ("promoted" if g["promoted"] else "rejected, trained on" if g.get("head") else "rejected")
         accuracy = g.get("accuracy") or {}
         interval = "-" if g.get("elo_low") is None else f"[{g['elo_low']:.0f}, {g['elo_high']:.0f}]"
         rows.append((str(g["generation"]), result, g["sha256"][:12], _number(g.get("elo"), "{:.0f}"), interval,

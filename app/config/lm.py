@@ -281,6 +281,12 @@ class LMEvalSettings(StrictModel):
     max_new_tokens: int = Field(16, ge=1)
     bootstrap_samples: int = Field(2000, ge=100)
     seed: int = 0
+    # What the next generation trains from. "head": the trainer runs on, as TRL, verl and slime
+    # train: a rejected candidate is the next generation's start unless its held-out mean reward
+    # is below the best's by more than `rollback_margin` (then the trainer goes back to the best);
+    # "best": every generation starts from the best (AlphaZero's shape, each rejection thrown away)
+    trains_from: Literal["head", "best"] = "head"
+    rollback_margin: float = Field(0.05, ge=0.0)
 
 
 class LMRewardPoolSettings(StrictModel):

@@ -28,7 +28,9 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.coordination.pipeline.shard_board import ShardBoard
-from app.coordination.pipeline.generation_log import COMMIT_PREFIX, GenerationLog, GenerationRecord, latest_promoted
+from app.coordination.pipeline.generation_log import (
+    COMMIT_PREFIX, GenerationLog, GenerationRecord, latest_promoted, trainer_head,
+)
 from app.coordination.p2p.node import ClusterView, MeshNode
 from app.coordination.p2p.schemas import Token
 from app.coordination.p2p.server import BadRequest, parse_body, same_sender
@@ -292,6 +294,10 @@ class ClusterPipeline:
     # -- everyone ----------------------------------------------------------------------
     def target_best(self) -> GenerationRecord | None:
         return latest_promoted(self.effective_records())
+
+    def trainer_head(self) -> GenerationRecord | None:
+        """What the next generation trains from (generation_log.trainer_head)."""
+        return trainer_head(self.effective_records())
 
     def effective_records(self) -> dict[int, GenerationRecord]:
         """The decided generations with rolled-back promotions withdrawn (rollback.py)."""

@@ -41,6 +41,9 @@ class GenerationRecord:
     # the candidate's final training loss (the claimant's run), so the loss plateau -> exploration
     # loop follows the lineage's recorded history whichever node trained (feedback_apply.py)
     loss: float | None = None
+    # not promoted, yet the next generation trains on from this candidate (the trainer's head:
+    # a language model's GRPO runs on; a regression past the margin sends it back to the best)
+    head: bool = False
 
     def __post_init__(self) -> None:
         if self.loss is not None and (isinstance(self.loss, bool) or not isinstance(self.loss, (int, float))
@@ -67,6 +70,8 @@ class GenerationRecord:
         for optional in ("heldout", "matches", "loss"):
             if data[optional] is None:
                 del data[optional]
+        if not self.head:
+            del data["head"]
         return data
 
     def to_value(self) -> str:
@@ -80,7 +85,7 @@ class GenerationRecord:
             generation=int(data["generation"]), sha256=str(data["sha256"]), promoted=bool(data["promoted"]),
             games_mark=int(data["games_mark"]), trained_by=str(data["trained_by"]),
             reason=str(data.get("reason", "")), elo=data.get("elo"), heldout=data.get("heldout"),
-            matches=data.get("matches"), loss=data.get("loss"),
+            matches=data.get("matches"), loss=data.get("loss"), head=data.get("head") is True,
         )
 
 
@@ -111,6 +116,17 @@ def latest(records: dict[int, GenerationRecord]) -> GenerationRecord | None:
 def latest_promoted(records: dict[int, GenerationRecord]) -> GenerationRecord | None:
     promoted = [g for g, r in records.items() if r.promoted]
     return records[max(promoted)] if promoted else None
+
+
+def trainer_head(records: dict[int, GenerationRecord]) -> GenerationRecord | None:
+    """The model the next generation trains from: the newest decided generation's candidate when
+    it was kept as the head (`head`), else the best (the newest promoted). `records` as the
+    pipeline acts on them (rollback.effective_records: a head that ran on from a rolled-back
+    best is no head there)."""
+    last = latest(records)
+    if last is not None and last.head and not last.promoted:
+        return last
+    return latest_promoted(records)
 
 
 def merge_records(

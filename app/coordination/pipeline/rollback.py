@@ -78,9 +78,20 @@ class RollbackLog:
 
 def effective_records(records: dict[int, GenerationRecord], rolled_back: set[int] | dict) -> dict[int, GenerationRecord]:
     """Pure: the generation records as the pipeline should act on them: a rolled-back
-    generation counts as not promoted (its number stays taken)."""
-    return {g: replace(r, promoted=False, reason=f"rolled back; {r.reason}"[:500]) if g in rolled_back and r.promoted else r
-            for g, r in records.items()}
+    generation counts as not promoted (its number stays taken), and a trainer's head that ran
+    on from it (a later `head` record before the next promotion) is no head to train from."""
+    out: dict[int, GenerationRecord] = {}
+    from_rolled_back = False  # the newest promoted generation so far was rolled back
+    for g in sorted(records):
+        r = records[g]
+        if r.promoted:
+            from_rolled_back = g in rolled_back
+            if from_rolled_back:
+                r = replace(r, promoted=False, reason=f"rolled back; {r.reason}"[:500])
+        elif r.head and from_rolled_back:
+            r = replace(r, head=False)
+        out[g] = r
+    return out
 
 
 def plan_rollback(records: dict[int, GenerationRecord], rolled_back: set[int] | dict,

@@ -34,9 +34,12 @@ from app.coordination.pipeline.runner_settings import (
     ClaimPolled, ExportSettings, Polled, SelfplaySettings, TrainSettings,
 )
 from app.coordination.pipeline.state import Stage
-from app.coordination.pipeline.steps import Cluster, PullsBeforeExport, ReportsStatus, Verdict
+from app.coordination.pipeline.steps import Cluster, PullsBeforeExport, ReportsStatus, RunsOn, Verdict
 from app.games.train.promotion import PromotionError, promote_model, reject_model, rollback_model
 from app.log import get_logger
+
+
+HEAD_RECORD_WAIT_S = 30.0  # a claimant waits this long for the decided record before its generation
 
 
 async def selfplay_daemon(pipe: PipelineContext, ctx: DaemonContext[SelfplaySettings]) -> None:
@@ -150,6 +153,13 @@ async def train_daemon(pipe: PipelineContext, ctx: DaemonContext[TrainSettings])
     while True:
         state = pipe.state
         if state.stage in (Stage.EXPORTED, Stage.TRAINING):
+            if state.stage is Stage.EXPORTED and pipe.cluster is not None:
+                await resolve_head(pipe, pipe.cluster, ctx)
+                if ctx.stopping.is_set():
+                    return
+                state = pipe.state
+                if state.stage is not Stage.EXPORTED:
+                    continue  # the claim was lost while the record was awaited
             run_dir = state.run_dir or str(pipe.paths.runs_dir / f"gen_{state.generation:04d}")
             state = await pipe.update(lambda s: ps.training_started(s, run_dir))
             await ctx.router.publish(EventType.TRAINING_STARTED, {
@@ -165,7 +175,7 @@ async def train_daemon(pipe: PipelineContext, ctx: DaemonContext[TrainSettings])
                     ctx.metrics.training_loss.set(outcome.final_loss)
                 await ctx.router.publish(EventType.TRAINING_COMPLETED, {
                     "generation": state.generation, "candidate_path": outcome.candidate_path,
-                    "candidate_sha256": sha, "parent_sha256": state.best_sha256,
+                    "candidate_sha256": sha, "parent_sha256": ps.parent(state)[1],
                     "dataset_sha256": state.dataset_sha256, "final_loss": outcome.final_loss or 0.0})
             else:
                 failures += 1
@@ -180,6 +190,35 @@ async def train_daemon(pipe: PipelineContext, ctx: DaemonContext[TrainSettings])
         ctx.mark_healthy()
         if await wait_for_wake(ctx, wake, ctx.settings.poll_s):
             return
+
+
+async def resolve_head(pipe: PipelineContext, cluster: Cluster, ctx: DaemonContext) -> None:
+    """Clustered: train from the head the decided records name (the best unless the workload
+    runs on from a rejected candidate), fetched by sha256 from a peer when this node lacks it;
+    a head no peer can serve is left for the best, logged. The leader scheduled this generation
+    once the one before was decided; its record may still be on its way here (gossip), and it
+    decides the parent, so it is awaited (bounded)."""
+    previous = pipe.state.generation - 1
+    deadline = asyncio.get_running_loop().time() + HEAD_RECORD_WAIT_S
+    while previous >= 1 and previous not in cluster.generations.records:
+        if await ctx.sleep(0.5):
+            return  # stopping: the stage stays EXPORTED, resolved at the next start
+        if asyncio.get_running_loop().time() > deadline:
+            ctx.log.warning("trainer_head_unknown", generation=pipe.state.generation,
+                            why=f"generation {previous}'s decided record not here: the parent is the newest known")
+            break
+    head = cluster.trainer_head()
+    sha, path, generation = None, None, 0
+    if head is not None and head.sha256 != pipe.state.best_sha256:
+        models = pipe.steps.models
+        try:
+            if not await asyncio.to_thread(models.is_installed, head.sha256):
+                await models.fetch(cluster.node, head.sha256)
+            sha, path, generation = head.sha256, str(models.installed_path(head.sha256)), head.generation
+        except FetchError as exc:
+            ctx.log.warning("trainer_head_unavailable", generation=head.generation, sha256=head.sha256[:12],
+                            why=f"{exc}: training from the best")
+    await pipe.update(lambda s: ps.head_resolved(s, sha, path, generation) if s.stage is Stage.EXPORTED else s)
 
 
 async def gauntlet_daemon(pipe: PipelineContext, ctx: DaemonContext[Polled]) -> None:
@@ -217,6 +256,10 @@ async def promote_daemon(pipe: PipelineContext, ctx: DaemonContext[Polled]) -> N
             has_best = state.best_sha256 is not None and state.best_sha256 != state.candidate_sha256
             decision = pipe.steps.decide(pipe, state, has_best)
             generation, sha, path = state.generation, state.candidate_sha256, state.candidate_path
+            head = not decision.promote and isinstance(pipe.steps, RunsOn) and pipe.steps.keeps_head(pipe, state, decision)
+            # a head is installed as a promoted model is: the next claimant may be a peer fetching
+            # it, and a snapshot (which leaves run dirs out) keeps it
+            head_path = str(await asyncio.to_thread(pipe.steps.models.install, path, sha)) if head else None
             if pipe.cluster is not None:
                 if decision.promote:  # installed first, so peers can fetch it once it is committed
                     await asyncio.to_thread(pipe.steps.models.install, path, sha)
@@ -224,7 +267,7 @@ async def promote_daemon(pipe: PipelineContext, ctx: DaemonContext[Polled]) -> N
                 # byte for byte what a node of the previous version commits, so a rolling upgrade decides on
                 loss = (await asyncio.to_thread(feedback.final_loss, pipe, state.run_dir)
                         if pipe.settings.feedback.plateau.enabled else None)
-                record = cluster_record(pipe, pipe.cluster, state, decision, loss)
+                record = cluster_record(pipe, pipe.cluster, state, decision, loss, head)
                 committed, why = await pipe.cluster.propose(record)
                 if not committed:
                     ctx.log.warning("decision_not_committed", generation=generation, why=why)
@@ -232,7 +275,7 @@ async def promote_daemon(pipe: PipelineContext, ctx: DaemonContext[Polled]) -> N
                     await pipe.update(ps.abandoned)
                     continue
             await asyncio.to_thread(_record_decision, pipe, sha, decision.promote, decision.summary())
-            await pipe.update(lambda s: ps.decided(s, decision.promote))
+            await pipe.update(lambda s: ps.decided(s, decision.promote, head_path=head_path))
             await feedback.after_decision(pipe, ctx, state, decision.promote,
                                           record if pipe.cluster is not None else None)
             if decision.promote:
@@ -242,14 +285,15 @@ async def promote_daemon(pipe: PipelineContext, ctx: DaemonContext[Polled]) -> N
             else:
                 await ctx.router.publish(EventType.PROMOTION_REJECTED, {
                     "generation": generation, "candidate_sha256": sha, "reason": decision.summary()})
-            ctx.log.info("generation_decided", generation=generation, promoted=decision.promote, why=decision.summary())
+            ctx.log.info("generation_decided", generation=generation, promoted=decision.promote, why=decision.summary(),
+                         next_trains_from="this candidate" if head else "the best")
         ctx.mark_healthy()
         if await wait_for_wake(ctx, wake, ctx.settings.poll_s):
             return
 
 
 def cluster_record(pipe: PipelineContext, cluster: Cluster, state: ps.PipelineState,
-                   decision: Verdict, loss: float | None = None) -> GenerationRecord:
+                   decision: Verdict, loss: float | None = None, head: bool = False) -> GenerationRecord:
     claim = cluster.current
     steps = pipe.steps
     return GenerationRecord(
@@ -258,7 +302,7 @@ def cluster_record(pipe: PipelineContext, cluster: Cluster, state: ps.PipelineSt
         reason=decision.summary()[:500],
         heldout=steps.heldout(state.evaluation) if isinstance(steps, ReportsStatus) else None,
         matches=match_summary(state.evaluation),
-        loss=loss if loss is not None and math.isfinite(loss) else None,
+        loss=loss if loss is not None and math.isfinite(loss) else None, head=head,
     )
 
 

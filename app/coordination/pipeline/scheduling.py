@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.coordination.pipeline.gauntlet_plan import GAUNTLET_KIND, REQUEST_KEY, RESULTS_KEY, GauntletRequest, shards_of
-from app.coordination.pipeline.generation_log import GenerationRecord, latest, latest_promoted
+from app.coordination.pipeline.generation_log import GenerationRecord, latest, trainer_head
 from app.coordination.p2p.work_rules import TRAINING_JOIN_KIND, TRAINING_KIND, WorkSpec
 
 
@@ -71,12 +71,12 @@ def training_spec(
     last = latest(records)
     total = games_created(nodes)
     generation = last.generation + 1 if last else 1
-    best = latest_promoted(records)
+    parent = trainer_head(records)  # the best, or the trainer's head where the workload runs on
     needs_gpu = any(n.alive and n.gpus > 0 for n in nodes)
     return WorkSpec(
         kind=TRAINING_KIND, key=f"generation-{generation}",
         payload={"generation": generation, "games_mark": total,
-                 "parent_sha256": best.sha256 if best else None,
+                 "parent_sha256": parent.sha256 if parent else None,
                  "nnodes": span_nnodes(nodes, max_nodes, span_cpu_nodes)},
         requirements={**({"needs_gpu": True} if needs_gpu else {}), **(requirements or {})},
         priority=10, ttl=ttl,

@@ -42,6 +42,11 @@ class PipelineState:
     best_sha256: str | None = None
     best_path: str | None = None
     best_generation: int = 0
+    # the model the next generation trains from when it is not the best (None: the best): a
+    # candidate kept as the trainer's head (decided(head=True)); any change of the best clears it
+    head_sha256: str | None = None
+    head_path: str | None = None
+    head_generation: int = 0
     dataset_dir: str | None = None
     dataset_sha256: str | None = None
     run_dir: str | None = None
@@ -127,18 +132,40 @@ def evaluated(state: PipelineState, evaluation: dict) -> PipelineState:
     return replace(state, stage=Stage.EVALUATED, evaluation=evaluation)
 
 
-def decided(state: PipelineState, promoted: bool, best_path: str | None = None) -> PipelineState:
-    """Close the generation. A promoted candidate becomes the best; either way the next
-    generation gets a new number, so no generation number is trained twice."""
+def decided(state: PipelineState, promoted: bool, best_path: str | None = None,
+            head_path: str | None = None) -> PipelineState:
+    """Close the generation. A promoted candidate becomes the best; a rejected one kept as the
+    trainer's head (`head_path`: where it is installed) is what the next generation trains from;
+    otherwise the next trains from the best. Either way the next generation gets a new number,
+    so no generation number is trained twice."""
     _expect(state, Stage.EVALUATED)
     base = replace(
         state, generation=state.generation + 1, stage=Stage.COLLECTING, dataset_dir=None,
         dataset_sha256=None, run_dir=None, candidate_path=None, candidate_sha256=None, evaluation={},
+        head_sha256=None, head_path=None, head_generation=0,
     )
     if promoted:
         return replace(base, best_sha256=state.candidate_sha256, best_path=best_path or state.candidate_path,
                        best_generation=state.generation, promoted=state.promoted + 1)
+    if head_path is not None:
+        base = replace(base, head_sha256=state.candidate_sha256, head_path=head_path, head_generation=state.generation)
     return replace(base, rejected=state.rejected + 1)
+
+
+def head_resolved(state: PipelineState, sha256: str | None, path: str | None, generation: int) -> PipelineState:
+    """Clustered: the head the decided records name (generation_log.trainer_head), installed here,
+    before this node trains the claimed generation (None: train from the best)."""
+    _expect(state, Stage.EXPORTED, Stage.TRAINING)
+    if sha256 is None or sha256 == state.best_sha256:
+        return replace(state, head_sha256=None, head_path=None, head_generation=0)
+    return replace(state, head_sha256=sha256, head_path=path, head_generation=generation)
+
+
+def parent(state: PipelineState) -> tuple[str | None, str | None]:
+    """(path, sha256) of the model the generation trains from: the head, else the best."""
+    if state.head_path is not None:
+        return state.head_path, state.head_sha256
+    return state.best_path, state.best_sha256
 
 
 def feedback_decided(state: PipelineState, feedback: dict) -> PipelineState:
@@ -148,8 +175,10 @@ def feedback_decided(state: PipelineState, feedback: dict) -> PipelineState:
 
 def switched_best(state: PipelineState, sha256: str, path: str, generation: int) -> PipelineState:
     """Self-play now uses the model at `path` (the node's model store copy of the registry's
-    current best; after a rollback that may be an older generation). Any stage."""
-    return replace(state, best_sha256=sha256, best_path=path, best_generation=generation)
+    current best; after a rollback that may be an older generation). Any stage. A new best
+    clears the trainer's head: the next generation trains from the best."""
+    head = {} if sha256 == state.best_sha256 else {"head_sha256": None, "head_path": None, "head_generation": 0}
+    return replace(state, best_sha256=sha256, best_path=path, best_generation=generation, **head)
 
 
 def to_json(state: PipelineState) -> dict:
@@ -164,7 +193,7 @@ def from_json(data: dict) -> PipelineState:
     return state
 
 
-PATH_FIELDS = ("best_path", "dataset_dir", "run_dir", "candidate_path")
+PATH_FIELDS = ("best_path", "head_path", "dataset_dir", "run_dir", "candidate_path")
 
 
 class PipelineStateStore:

@@ -11,7 +11,7 @@ daemon stack, one mesh, two workloads: nothing in the runners knows which one it
 The seam is small: the steps themselves, and three parts behind them (`training`: what the
 train daemon launches and reads back; `items`: what self-play stores; `models`: where promoted
 models live on a node and what a switch does). What only some workloads do is an optional
-capability a runner asks for (`PullsBeforeExport`, `ReportsStatus`). A workload reads the
+capability a runner asks for (`PullsBeforeExport`, `ReportsStatus`, `RunsOn`). A workload reads the
 node's pipeline through `Pipe` (PipelineContext is one), never more.
 
 Each step is called from the event loop through `asyncio.to_thread` where it blocks, except
@@ -140,6 +140,7 @@ class Cluster(Protocol):
 
     def work_client(self) -> WorkClient: ...
     def target_best(self) -> GenerationRecord | None: ...
+    def trainer_head(self) -> GenerationRecord | None: ...
     def effective_records(self) -> dict[int, GenerationRecord]: ...
     def next_generation_due(self) -> bool: ...
     async def claim_generation(self) -> GenerationClaim | None: ...
@@ -186,6 +187,14 @@ class PullsBeforeExport(Protocol):
     """A claimant pulls the items it lacks before it exports (games; rollouts arrive by replication)."""
 
     async def sync_before_export(self, node: MeshNode, budget_s: float) -> Json: ...
+
+
+@runtime_checkable
+class RunsOn(Protocol):
+    """A workload whose trainer runs on from a rejected candidate (a language model's GRPO, as
+    the field trains it) instead of starting each generation from the best (AlphaZero's shape)."""
+
+    def keeps_head(self, pipe: Pipe, state: ps.PipelineState, verdict: Verdict) -> bool: ...
 
 
 @runtime_checkable

@@ -32,6 +32,7 @@ from app.coordination.pipeline.feedback_apply import train_options
 from app.free_ports import free_port
 from app.shared.json_lines import output_line, parse_line, text_of
 from app.shared.launcher import JOIN_TIMEOUT_EXIT, resolve_nproc
+from app.coordination.pipeline import state as ps
 from app.coordination.pipeline.state import PipelineState
 
 _PR_SET_PDEATHSIG = 1
@@ -95,7 +96,7 @@ def training_command(pipe: PipelineContext, state: PipelineState, nproc: int, sp
     a spanned run's joiners get the same options from its rendezvous (rendezvous_record), so
     every rank derives the same schedule."""
     return launcher_command(pipe, run_dir=Path(state.run_dir), dataset_dir=state.dataset_dir,
-                            generation=state.generation, parent=state.best_path, nproc=nproc, span=span,
+                            generation=state.generation, parent=ps.parent(state)[0], nproc=nproc, span=span,
                             options=train_options(pipe, state))
 
 
@@ -181,7 +182,7 @@ def rendezvous_record(state: PipelineState, item_id: str, master_addr: str, mast
     quality loop's decided options, when any, as `train_options` for its joiners."""
     return {"generation": state.generation, "item_id": item_id, "master_addr": master_addr,
             "master_port": master_port, "nnodes": nnodes, "dataset_sha256": state.dataset_sha256,
-            "parent_sha256": state.best_sha256, "run_id": uuid.uuid4().hex,
+            "parent_sha256": ps.parent(state)[1], "run_id": uuid.uuid4().hex,
             **({"train_options": dict(options)} if options else {})}
 
 

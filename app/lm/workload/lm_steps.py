@@ -52,7 +52,7 @@ from app.coordination.daemons.daemon_registry import DaemonContext
 from app.coordination.p2p.node import MeshNode
 from app.coordination.pipeline import state as ps
 from app.coordination.pipeline.runner_settings import ExportSettings, SelfplaySettings
-from app.coordination.pipeline.steps import BatchSummary, Evaluation, Json, Pipe, TrainingJob
+from app.coordination.pipeline.steps import BatchSummary, Evaluation, Json, Pipe, TrainingJob, Verdict
 from app.db.rollout_store import RolloutStore
 from app.lm.reward_pool import RewardPool
 from app.lm.rollout.batches import batch_prompts, rollout_batch
@@ -267,6 +267,13 @@ class LMSteps:
         return paired_gate(rewards["candidate"], rewards["best"], confidence=cfg.confidence, method=cfg.method,
                            min_improvement=cfg.min_improvement, bootstrap_samples=cfg.bootstrap_samples, seed=cfg.seed)
 
+    def keeps_head(self, pipe: Pipe, state: ps.PipelineState, verdict: Verdict) -> bool:
+        """steps.RunsOn: a rejected candidate stays the trainer's head unless it regressed past the
+        margin (the mean per-prompt reward against the best's, from the same stored evaluation)."""
+        cfg = self.lm.eval
+        return cfg.trains_from == "head" and isinstance(verdict, GateResult) \
+            and verdict.mean_diff >= -cfg.rollback_margin
+
     def _remember_heldout(self, state: ps.PipelineState, record: Json) -> None:
         path = self.paths.data_dir / HELDOUT_FILE
         known = json.loads(path.read_text()) if path.exists() else {}
@@ -296,14 +303,15 @@ class LMSteps:
                 "lm_rollouts_dropped": dict(self._dropped or {}),
                 "lm_reward_failures": rewards.failures.snapshot() if rewards is not None else None,
                 "lm_policy_batches": self.policy_batches,
-                "lm_training": run_progress(state.run_dir)}
+                "lm_training": run_progress(state.run_dir), "lm_trains_from": trains_from(state)}
 
     def progress_extra(self, pipe: Pipe) -> Json:
         """/progress of a lone node: held-out reward by generation, with its interval."""
         path = self.paths.data_dir / HELDOUT_FILE
         known = json.loads(path.read_text()) if path.exists() else {}
         rows = sorted(({"sha256": sha, **v} for sha, v in known.items()), key=lambda r: r["generation"])
-        return {"heldout": rows, "lm_training": run_progress(pipe.state.run_dir)}
+        return {"heldout": rows, "lm_training": run_progress(pipe.state.run_dir),
+                "lm_trains_from": trains_from(pipe.state)}
 
     def heldout(self, evaluation: Json) -> dict[str, float] | None:
         c = evaluation.get("candidate")
@@ -312,3 +320,10 @@ class LMSteps:
             return None
         return {"reward": c["reward"], "low": c["interval"][0], "high": c["interval"][1],
                 "exact_match": c["exact_match"], "best_reward": best["reward"]}
+
+
+def trains_from(state: ps.PipelineState) -> Json:
+    """What the next (or the running) generation trains from, for /status and /progress."""
+    if state.head_sha256 is not None:
+        return {"model": "head", "generation": state.head_generation, "sha256": state.head_sha256}
+    return {"model": "best", "generation": state.best_generation, "sha256": state.best_sha256}
