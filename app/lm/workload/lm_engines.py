@@ -62,6 +62,34 @@ class NodeEngines:
             ready = first.in_service and first.weight_version == best_generation
             return first if ready and self.serving[first.name] == best_sha256 else None
 
+    def policy_server(self, path: Path, version: int, sha256: str, best: tuple[str | None, int, str | None],
+                      tokenizer: Any) -> Engine | None:
+        """A rollout worker's engine for the trainer's policy at `path` on a node whose first engine
+        is a server (SGLang, vLLM; `first_is_server`): that server, synced to the policy by the one
+        sync path (its weights are the policy's until self-play plays the best again, which syncs
+        it back: `serving` says which model it holds). None while the server is out of service (a
+        failed sync, shown in /status; tried again at most every RETRY_S)."""
+        with self._lock:
+            if not self.engines:
+                self._build(*best, tokenizer)
+            first = self.engines[0]
+            if first.in_service and self.serving.get(first.name) == sha256 and first.weight_version == version:
+                return first
+            if time.monotonic() < self._next_try:
+                return None
+            try:
+                asyncio.run(self._sync(path, version, sha256, [first]))
+            except WeightSyncError as exc:
+                log.warning("lm_policy_sync_failed", engine=first.name, version=version, failures=exc.failures)
+                self._next_try = time.monotonic() + RETRY_S
+                return None
+            return first
+
+    @property
+    def first_is_server(self) -> bool:
+        """Self-play's engine is a server: a rollout worker plays the trainer's policy on it too."""
+        return self.lm.engines[0].kind != "in_process"
+
     def _build(self, best_path: str | None, best_generation: int, best_sha256: str | None, tokenizer: Any) -> None:
         """The in-process engine is built holding the best weights; the servers' are unknown."""
         engines = []

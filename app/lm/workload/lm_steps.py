@@ -172,7 +172,11 @@ class LMSteps:
         lm = self.lm
         tokenizer, task, pool = self._task_kit()
         if self._policy is None:
-            self._policy = PolicyEngine(self.mesh, tokenizer)
+            state = pipe.state
+            best = (state.best_path, state.best_generation, state.best_sha256)
+            server = (lambda path, version, sha: self.engines.policy_server(path, version, sha, best, tokenizer)) \
+                if self.engines.first_is_server else None
+            self._policy = PolicyEngine(self.mesh, tokenizer, server)
         if self._policy.played == policy["sha256"]:  # one batch a version: the trainer takes a few groups a step
             time.sleep(IDLE_S)
             return BatchSummary(0, 0, 0.0)

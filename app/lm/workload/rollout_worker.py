@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from app.coordination.p2p.node import MeshNode
 from app.coordination.p2p.view import ClusterView
 from app.coordination.sync.wire import is_sha256
 from app.lm.causal_lm import load_model
-from app.lm.rollout.engine import InProcessEngine
+from app.lm.rollout.engine import Engine, InProcessEngine
 from app.lm.workload.lm_mesh import LMMesh
 from app.log import get_logger
 
@@ -50,25 +52,37 @@ def trainer_policy(view: ClusterView, own_id: str) -> tuple[str, dict[str, Any]]
 
 
 class PolicyEngine:
-    """This node's in-process engine holding the trainer's newest policy it fetched."""
+    """The engine holding the trainer's newest policy this node fetched: the node's first engine
+    when that is a server (SGLang, vLLM: `server` syncs it to the policy's directory), else an
+    in-process engine of the worker's own."""
 
-    def __init__(self, mesh: LMMesh, tokenizer: Any) -> None:
-        self.mesh, self.tokenizer = mesh, tokenizer
+    def __init__(self, mesh: LMMesh, tokenizer: Any,
+                 server: Callable[[Path, int, str], Engine | None] | None = None) -> None:
+        self.mesh, self.tokenizer, self.server = mesh, tokenizer, server
         self.engine: InProcessEngine | None = None
         self.sha256: str | None = None
         # the policy of the last batch played: one batch a version, since a batch holds more
         # groups (batch_groups x oversample) than the trainer takes a step (groups_per_step)
         self.played: str | None = None
 
-    def engine_for(self, node: MeshNode, peer: str, policy: dict[str, Any]) -> InProcessEngine | None:
-        """The engine with `policy` loaded (fetched from `peer` first); None when the fetch failed
-        (logged: the worker idles for a batch and asks again)."""
+    def engine_for(self, node: MeshNode, peer: str, policy: dict[str, Any]) -> Engine | None:
+        """The engine with `policy` loaded (fetched from `peer` first); None when the fetch or a
+        server's sync failed (logged: the worker idles for a batch and asks again)."""
         sha, version = policy["sha256"], policy["version"]
         if sha == self.sha256 and self.engine is not None:
             return self.engine
         addr = node.addr_of(peer)
         try:
             path = asyncio.run(self.mesh.fetch_policy(node, sha, [addr] if addr else []))
+        except Exception as exc:  # noqa: BLE001 - a peer's bad or vanished copy must not stop self-play
+            log.warning("lm_policy_fetch_failed", peer=peer, sha256=sha[:12], version=version, error=str(exc)[:300])
+            return None
+        if self.server is not None:  # the node's server, synced to the directory (None: out of service)
+            engine = self.server(path, version, sha)
+            if engine is not None:
+                self._swept(path, sha)
+            return engine
+        try:
             model = load_model(path)
         except Exception as exc:  # noqa: BLE001 - a peer's bad or vanished copy must not stop self-play
             log.warning("lm_policy_fetch_failed", peer=peer, sha256=sha[:12], version=version, error=str(exc)[:300])
@@ -77,7 +91,11 @@ class PolicyEngine:
             self.engine = InProcessEngine(model, self.tokenizer, weight_version=version, name="policy")
         else:
             self.engine.load_weights(model.state_dict(), version)
-        if self.sha256 is not None:  # in memory now: the copy before it is of no further use here
+        self._swept(path, sha)
+        return self.engine
+
+    def _swept(self, path: Path, sha: str) -> None:
+        """`sha` is loaded now: the copy of the policy before it is of no further use here."""
+        if self.sha256 is not None and self.sha256 != sha:
             shutil.rmtree(path.parent / self.sha256, ignore_errors=True)
         self.sha256 = sha
-        return self.engine
