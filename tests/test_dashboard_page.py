@@ -53,6 +53,16 @@ def snapshot(not_ready: set[str]) -> dict:
                                    "small": "share 0.300: progress not measured yet (optimistic), stale 0.20 h, "
                                             "weight 1, regressing (Elo 10 < peak 80 - 30): boost x2"}},
         "series": [{"t": time.time() - 60 + i, "games": 100 + i, "positions": 1000 + 10 * i} for i in range(60)],
+        # a language model's panel (app/lm/workload/dashboard_panel.py): the trainer and a rollout node
+        "workload": {"training": [
+            {"node_id": IDS[0], "step": 17, "sft_step": None, "policy_version": 15, "staleness": 1, "mean_reward": 0.62,
+             "remote_groups": 3, "loss": -0.01, "trains_from": {"model": "head", "generation": 13, "sha256": SHA},
+             "heldout": [{"step": 10, "reward": 0.81, "exact_match": 0.8}]},
+            {"node_id": IDS[1], **{k: None for k in ("step", "sft_step", "policy_version", "staleness", "mean_reward",
+                                                     "remote_groups", "loss")},
+             "trains_from": {"model": "best", "generation": 12, "sha256": SHA}, "heldout": []}],
+            "heldout": [{"generation": g, "sha256": SHA, "reward": 0.5 + 0.02 * g, "low": 0.4 + 0.02 * g,
+                         "high": 0.6 + 0.02 * g, "promoted": g % 3 == 0} for g in range(0, 15)]},
     }
 
 
@@ -94,6 +104,9 @@ async def test_the_header_degrades_while_a_voter_is_alive_but_not_ready(served) 
         assert await browser.eval("document.querySelectorAll('#accuracy tbody tr').length") == 14
         assert await browser.eval("[...document.querySelectorAll('#configs .config-name')].map(e => e.textContent)") \
             == ["c4", "small"]
+        assert await browser.eval("document.getElementById('lm-section').hidden") is False
+        assert await browser.eval("document.querySelectorAll('#lm-training tbody tr').length") == 2
+        assert await browser.eval("document.getElementById('chart-heldout').dataset.points") == "10"  # rejected: most
 
 
 async def test_no_table_is_cut_off_on_a_phone(served) -> None:
@@ -109,7 +122,7 @@ async def test_no_table_is_cut_off_on_a_phone(served) -> None:
                       .map(c => c.getBoundingClientRect().right))])""")
         for table_id, width, box, right in widths:
             assert width <= box + 1 and right <= 390, (table_id, width, box, right)
-        assert {w[0] for w in widths} == {"nodes", "accuracy", "daemons", "claims", "generations", "configs"}
+        assert {w[0] for w in widths} == {"nodes", "accuracy", "daemons", "claims", "generations", "configs", "lm-training"}
         assert await browser.eval("document.documentElement.scrollWidth <= window.innerWidth + 1")
         # each cell says what it is, the header row being hidden
         assert await browser.eval("document.querySelector('#generations td').dataset.label") == "gen"

@@ -5,6 +5,7 @@ is recomputed from the stored per-prompt rewards, so a restart decides the same.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from app.config import Settings
 from app.lm.workload.lm_engines import INIT_MODEL_DIR
 from app.lm.workload.lm_steps import LMSteps
 from app.coordination.pipeline.runner_settings import SelfplaySettings
+from app.coordination.pipeline import state as ps
 from app.coordination.pipeline.state import PipelineState
 from app.db.rollout_store import RolloutStore
 from app.workloads import pipeline_context
@@ -75,6 +77,25 @@ def test_the_decision_is_the_paired_gate_on_the_stored_rewards(tmp_path: Path) -
     # the same stored evaluation decides the same after a restart (a fresh steps object)
     again = pipeline_context(lm_settings(tmp_path, [{"name": "local", "kind": "in_process"}]))
     assert again.steps.decide(again, PipelineState(generation=2, evaluation=better), True) == promote
+
+
+async def test_the_dashboard_panel_shows_what_the_node_trains_from_and_the_held_out_reward(tmp_path: Path) -> None:
+    pipe = pipeline_context(lm_settings(tmp_path, [{"name": "local", "kind": "in_process"}]))
+    best, head = "b" * 64, "c" * 64
+    summary = {"reward": 0.5, "interval": [0.4, 0.6], "exact_match": 0.5}
+    (tmp_path / "data" / "heldout.json").write_text(json.dumps({
+        "init": {"generation": 0, **summary, "reward": 0.0, "interval": [0.0, 0.1]}, best: {"generation": 1, **summary},
+        head: {"generation": 2, **summary, "reward": 0.7, "interval": [0.6, 0.8]}}))
+    state = PipelineState(generation=3, best_sha256=best, best_path="lm_models/b", best_generation=1)
+    kept = ps.decided(ps.evaluated(ps.trained(ps.training_started(ps.exported(
+        state, "d", "d" * 64, 0), str(tmp_path / "run")), "cand", head), {}), False, head_path="lm_models/c")
+    await pipe.update(lambda _: kept)
+    panel = pipe.steps.dashboard(pipe, {"peer": {"lm_trains_from": {"model": "best", "generation": 1, "sha256": best}},
+                                        "game-node": {"games_created": 3}})
+    rows = {r["node_id"]: r for r in panel["training"]}
+    assert set(rows) == {pipe.node_id, "peer"}  # a node that says nothing of training has no row
+    assert rows[pipe.node_id]["trains_from"] == {"model": "head", "generation": 3, "sha256": head}
+    assert [(r["generation"], r["reward"], r["low"]) for r in panel["heldout"]] == [(0, 0.0, 0.0), (1, 0.5, 0.4), (2, 0.7, 0.6)]
 
 
 def test_a_rejected_candidate_stays_the_trainers_head_unless_it_regressed_past_the_margin(tmp_path: Path) -> None:

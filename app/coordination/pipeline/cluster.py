@@ -38,7 +38,7 @@ from app.coordination.p2p.worker import Claim, WorkClient
 from app.coordination.pipeline.context import PipelineContext
 from app.coordination.pipeline.feedback_apply import feedback_status
 from app.coordination.pipeline.steps import GenerationClaim, ReportsStatus
-from app.coordination.pipeline.dashboard_feed import generation_stats
+from app.coordination.pipeline.generation_stats import generation_stats
 from app.coordination.pipeline.rollback import (
     ROLLBACK_PREFIX, RollbackLog, RollbackRecord, effective_records, rollback_routes,
 )

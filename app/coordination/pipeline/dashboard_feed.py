@@ -9,7 +9,7 @@ cached, so a page view or a scrape never waits on SQLite.
 
 Per-generation training losses (and, on a lone node, Elo intervals) live where the candidate
 was trained and evaluated, and each promoted model's accuracy on solver-scored positions where
-it was scored (strength_watch.py); `generation_stats()` reads them there and every node gossips
+it was scored (strength_watch.py); `generation_stats()` (generation_stats.py) reads them there and every node gossips
 its own (`gen_stats` in its inventory), so any node's dashboard can chart every generation. In
 a cluster the Elo of every generation is fitted from the gauntlet results the decided records
 carry (generation_elo.py), the same on every node.
@@ -21,91 +21,28 @@ the metrics (`mesh_model_elo{role="best"|"candidate"}`) agree.
 from __future__ import annotations
 
 import asyncio
-import json
-import math
 import os
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
-from app.config.paths import NodePaths
 from app.coordination.p2p.node import MeshNode
 from app.coordination.pipeline.context import PipelineContext
+from app.coordination.pipeline.steps import ReportsStatus
 from app.coordination.pipeline.feedback_apply import feedback_status
 from app.coordination.pipeline.generation_elo import generation_anchors, rate_generations
-from app.db.engines import is_url
+from app.coordination.pipeline.generation_stats import STATS_FIELDS, generation_stats, registry_exists, stats_row
 from app.db.registry import ModelRegistry, RegistryError
 from app.log import get_logger
 from app.games.train.gauntlet_baselines import anchor_player
 from app.games.train.promotion import model_anchors
-from app.games.train.solved_accuracy import ACCURACY_FILE, AccuracyCache
 
 log = get_logger(__name__)
 
 HISTORY_POINTS = 720  # a point per sample: an hour at the default 5 s
-STATS_GOSSIPED = 100  # newest models whose Elo/loss a node gossips
-STATS_TTL_S = 5.0
 RATE_WINDOW_S = 60.0
-STATS_FIELDS = 6  # gen_stats rows: elo, elo_low, elo_high, loss, exact, outcome
 Readiness = Callable[[], tuple[bool, str]]  # (ready, why not): the daemon manager's /readyz
-
-
-# -- per-node generation stats, gossiped -------------------------------------------------
-_stats_cache: dict[Path, tuple[float, dict[str, list]]] = {}
-_stats_lock = threading.Lock()
-
-
-def registry_exists(target: Path | str) -> bool:
-    """A registry file that exists, or a database URL (whose tables the node creates)."""
-    return is_url(target) or Path(target).exists()
-
-
-def generation_stats(paths: NodePaths, ttl_s: float = STATS_TTL_S) -> dict[str, list]:
-    """{sha256: [elo, elo_low, elo_high, loss, exact, outcome]} of the models this node
-    registered, trained or scored on the solved positions (newest STATS_GOSSIPED); cached for
-    `ttl_s` since the inventory asks every second."""
-    now = time.monotonic()
-    with _stats_lock:
-        hit = _stats_cache.get(paths.data_dir)
-        if hit is not None and now - hit[0] < ttl_s:
-            return hit[1]
-    stats: dict[str, list] = {}
-    row = lambda sha: stats.setdefault(sha, [None] * STATS_FIELDS)  # noqa: E731
-    for sha, loss in _training_losses(paths.runs_dir).items():
-        row(sha)[3] = loss
-    if registry_exists(paths.registry_db):
-        try:
-            with ModelRegistry(paths.registry_db, create=False) as registry:
-                for m in registry.models():
-                    if m.elo is not None:
-                        row(m.sha256)[:3] = [m.elo, m.elo_low, m.elo_high]
-        except RegistryError as exc:
-            log.warning("dashboard_registry_unreadable", error=str(exc))
-    for sha, result in AccuracyCache(paths.data_dir / ACCURACY_FILE).load().items():
-        row(sha)[4:6] = [result["exact"], result["outcome"]]
-    newest = dict(list(stats.items())[-STATS_GOSSIPED:])
-    with _stats_lock:
-        _stats_cache[paths.data_dir] = (now, newest)
-    return newest
-
-
-def _training_losses(runs_dir: Path) -> dict[str, float]:
-    """candidate sha256 -> best held-out loss, from each run's result.json."""
-    out: dict[str, float] = {}
-    if not runs_dir.is_dir():
-        return out
-    for result in sorted(runs_dir.glob("gen_*/result.json")):
-        try:
-            data = json.loads(result.read_text())
-        except (OSError, ValueError):
-            continue  # being written, or not ours: skip, the next sample reads it
-        sha, loss = data.get("candidate_sha256"), data.get("best_holdout_loss")
-        if isinstance(sha, str) and isinstance(loss, (int, float)):
-            out[sha] = float(loss)
-    return out
 
 
 # -- the feed ------------------------------------------------------------------------------
@@ -119,6 +56,7 @@ class _Cache:
     local_positions: int = 0
     best_installed_at: float | None = None
     local_work: dict[str, int] | None = None  # the leader's own queue counts (a lone node leads itself)
+    workload_panel: dict[str, Any] | None = None  # a workload's own panel (steps.ReportsStatus.dashboard)
 
 
 class DashboardFeed:
@@ -152,6 +90,8 @@ class DashboardFeed:
         cache.local_positions = counts["positions_created"]
         if self.node.is_leader:  # its own queue, read here: it gossips it to others, not to itself
             cache.local_work = self.node.queue.summary()
+        if isinstance(steps := self.pipe.steps, ReportsStatus):  # it reads its run's files
+            cache.workload_panel = steps.dashboard(self.pipe, self._inventories())
         best = self.pipe.state.best_sha256
         if best is not None:
             try:
@@ -235,6 +175,7 @@ class DashboardFeed:
             "generations": (generations := self.generations(inv)),
             "elo_anchor": _anchor_summary(generations),  # what every Elo shown is relative to
             "series": list(self.series),
+            **({"workload": self.cache.workload_panel} if self.cache.workload_panel is not None else {}),
         }
 
     def _under_replicated(self, node_id: str, inventory: dict[str, Any]) -> dict[str, Any] | None:
@@ -282,7 +223,7 @@ class DashboardFeed:
         stats.update(self.cache.local_stats)
         record_elo = self.record_elo()
         for r in records:
-            row = _stats_row(stats.get(r["sha256"]))
+            row = stats_row(stats.get(r["sha256"]))
             elo, low, high, loss, exact, outcome = row + [None] * (STATS_FIELDS - len(row))
             fitted = record_elo.get(r["generation"])
             if fitted is not None:
@@ -386,16 +327,6 @@ def _anchor_summary(generations: list[dict[str, Any]]) -> str | None:
     games form separate chains), or None with no rated generation."""
     named = sorted({g["elo_anchor"] for g in generations if g.get("elo") is not None and g.get("elo_anchor")})
     return ", ".join(named) if named else None
-
-
-def _stats_row(value: Any) -> list[float | None]:
-    """A gossiped gen_stats row as numbers (a peer's message is checked like any other: a row
-    that is not a list of finite numbers or nulls is ignored; older nodes send four fields)."""
-    if not isinstance(value, list):
-        return []
-    row = value[:STATS_FIELDS]
-    ok = all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)) for v in row)
-    return list(row) if ok else []
 
 
 def _registry_generation(model: dict[str, Any], node_id: str) -> dict[str, Any]:

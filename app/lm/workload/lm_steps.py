@@ -37,7 +37,7 @@ import shutil
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -67,6 +67,7 @@ from app.lm.workload.lm_engines import INIT_ID, NodeEngines
 from app.lm.workload.lm_mesh import LMMesh
 from app.lm.workload.lm_models import ModelDirs
 from app.lm.workload.rollout_replica import RolloutItems
+from app.lm.workload.dashboard_panel import heldout_rows, training_rows
 from app.lm.workload.rollout_worker import PolicyEngine, trainer_policy
 from app.lm.workload.run_metrics import run_progress
 from app.log import get_logger
@@ -316,6 +317,22 @@ class LMSteps:
         rows = sorted(({"sha256": sha, **v} for sha, v in known.items()), key=lambda r: r["generation"])
         return {"heldout": rows, "lm_training": run_progress(pipe.state.run_dir),
                 "lm_trains_from": trains_from(pipe.state)}
+
+    def dashboard(self, pipe: Pipe, inventories: Mapping[str, Json]) -> Json:
+        """The dashboard's panel (dashboard_panel.py): this node's own rows read fresh, a cluster's
+        held-out rewards from its decided records, a lone node's from what it evaluated."""
+        own = {"lm_training": run_progress(pipe.state.run_dir), "lm_trains_from": trains_from(pipe.state)}
+        rows = training_rows({**inventories, pipe.node_id: {**inventories.get(pipe.node_id, {}), **own}})
+        cluster = pipe.cluster
+        if cluster is not None:
+            summaries = [{"generation": r.generation, "sha256": r.sha256, "promoted": r.promoted, **(r.heldout or {})}
+                         for r in cluster.effective_records().values()]
+        else:
+            path = self.paths.data_dir / HELDOUT_FILE
+            known = json.loads(path.read_text()) if path.exists() else {}
+            summaries = [{"sha256": sha, **v, "low": v["interval"][0], "high": v["interval"][1]}
+                         for sha, v in known.items() if isinstance(v.get("interval"), list)]
+        return {"training": rows, "heldout": heldout_rows(summaries)}
 
     def heldout(self, evaluation: Json) -> dict[str, float] | None:
         c = evaluation.get("candidate")
