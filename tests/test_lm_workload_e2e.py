@@ -32,6 +32,7 @@ from app.db.registry import ModelRegistry
 from app.db.rollout_store import RolloutStore
 from app.lm.model_dir import verify_model_dir
 from app.lm.train.policy_publish import POLICIES_DIR
+from app.shared.json_lines import parse_line
 from tests.orchestrator_helpers import (
     BUSY_CPU_TIMING, ROOT, NodeFiles, get_json, kill_group, leader_of, nodes_running, start_node, start_voter,
     tail, wait_until, write_node_files,
@@ -297,6 +298,11 @@ def test_one_trainer_and_two_rollout_nodes_learn_through_a_rollout_node_kill_and
         wait_until(lambda: {maker for _, maker in _worker_groups_trained(trainer)} - {"m0"}, 600, interval=2.0,
                    what="a GRPO run that trained groups a rollout node made")
 
+    # the leader's kill kept the training claim: the new leader adopted it, nothing was claimed twice
+    events = [e for e in (parse_line(line) for line in (trainer.root / "node.log").read_text().splitlines()) if e]
+    claimed = [e["generation"] for e in events if e.get("event") == "generation_claimed"]
+    assert claimed and len(claimed) == len(set(claimed)), claimed
+    assert not [e for e in events if e.get("event") in ("generation_claim_lost", "decision_not_committed")]
     records = {r["generation"]: r for r in json.loads((trainer.data_dir / "generations.json").read_text())}
     sft = records[1]["heldout"]
     grpo = [r for g, r in records.items() if g >= 2 and r["promoted"]]
