@@ -39,6 +39,7 @@ from app.lm.setup import (
     train_prompts,
 )
 from app.lm.train.generation import CANDIDATE_NAME, RESULT_NAME
+from app.lm.train.continuation import continued_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # real torchrun runs
@@ -70,13 +71,16 @@ def make_dataset(config: Path, model, out: Path, seed: int) -> Path:
 
 
 def train(config: Path, dataset: Path, run_dir: Path, generation: int, nproc: int,
-          parent: Path | None = None, checkpoint_every: int = 10) -> subprocess.CompletedProcess:
+          parent: Path | None = None, checkpoint_every: int = 10,
+          continue_from: Path | None = None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "app.shared.launcher", "--nproc", str(nproc), "--log-dir", str(run_dir / "logs"),
            "--status-every", "0", "--timeout-s", "200", "--module", "app.lm.train.generation", "--",
            "--dataset", str(dataset), "--run-dir", str(run_dir), "--resume", "auto",
            "--generation", str(generation), "--config", str(config), "--checkpoint-every", str(checkpoint_every)]
     if parent is not None:
         cmd += ["--parent", str(parent)]
+    if continue_from is not None:
+        cmd += ["--continue-from", str(continue_from)]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False,
                           env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
 
@@ -142,6 +146,16 @@ def test_generation_two_on_two_fsdp_ranks_from_the_candidate_then_a_rerun_is_a_n
     assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout[-2000:]
     assert json.loads((run_dir / RESULT_NAME).read_text()) == result
     assert len(rl_lines(run_dir)) == RL_STEPS
+
+    # generation 3 trains on from generation 2 at one rank: its weights and its optimizer's state
+    # (AdamW's 4 steps), as a trainer that never stopped; a run dir whose candidate is not the
+    # parent is not continued
+    run3 = tmp_path / "gen3"
+    proc = train(config, dataset, run3, 3, nproc=1, parent=run_dir / CANDIDATE_NAME, continue_from=run_dir)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    continued = json.loads((run3 / RESULT_NAME).read_text())["continued_from"]
+    assert continued["checkpoint"].endswith(f"rl/step_{RL_STEPS:08d}") and continued["optimizer_steps"] == RL_STEPS
+    assert continued_checkpoint(run_dir, parent_sha) == (None, f"{run_dir}'s candidate is not the parent")
 
 
 def test_a_corrupt_dataset_is_refused_by_its_path(gen1, tmp_path: Path):

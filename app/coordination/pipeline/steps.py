@@ -84,6 +84,9 @@ class TrainingJob:
     candidate_name: str = "candidate"
     result_name: str = "result.json"
     lone_flag: str | None = None  # passed to the trainer when the node has no peers (pipe.cluster is None)
+    # passed with the run dir on this node that made the parent, when there is one: the trainer
+    # continues its optimizer's state (a workload whose trainer runs on, steps.RunsOn)
+    continue_flag: str | None = None
 
     def final_loss(self, result: Mapping[str, object]) -> float | None:
         value = result.get(self.loss_key)

@@ -68,7 +68,7 @@ def _die_with_parent() -> None:
 
 def launcher_command(pipe: PipelineContext, *, run_dir: Path, dataset_dir: str | Path, generation: int,
                      parent: str | Path | None, nproc: int, span: SpanArgs | None = None,
-                     options: Mapping[str, float | int] | None = None) -> list[str]:
+                     options: Mapping[str, float | int] | None = None, continue_from: Path | None = None) -> list[str]:
     """The launcher command line of one node's part of a training run (the whole run when alone);
     `options`: trainer options over the config's (`lr`, `batch_size`: the quality loop's).
     `nproc` 0 (one per GPU) is resolved here: the node has torch loaded already, a launcher
@@ -84,6 +84,8 @@ def launcher_command(pipe: PipelineContext, *, run_dir: Path, dataset_dir: str |
         cmd += ["--config", str(pipe.config_path)]
     if parent is not None:
         cmd += ["--parent", str(parent)]
+    if continue_from is not None and pipe.steps.training.continue_flag is not None:
+        cmd += [pipe.steps.training.continue_flag, str(continue_from)]
     if pipe.cluster is None and pipe.steps.training.lone_flag is not None:
         cmd.append(pipe.steps.training.lone_flag)
     for key, value in sorted((options or {}).items()):
@@ -97,7 +99,20 @@ def training_command(pipe: PipelineContext, state: PipelineState, nproc: int, sp
     every rank derives the same schedule."""
     return launcher_command(pipe, run_dir=Path(state.run_dir), dataset_dir=state.dataset_dir,
                             generation=state.generation, parent=ps.parent(state)[0], nproc=nproc, span=span,
-                            options=train_options(pipe, state))
+                            options=train_options(pipe, state),
+                            continue_from=parent_run(pipe, state) if span is None else None)
+
+
+def parent_run(pipe: PipelineContext, state: PipelineState) -> Path | None:
+    """The run dir on this node that made the parent (the head's generation, else the best's),
+    when it is here: the trainer checks that its candidate is the parent before it continues
+    that run's optimizer (app/lm/train/continuation.py). A spanned run's joiners have none, so
+    a spanned run starts fresh."""
+    generation = state.head_generation if state.head_path is not None else state.best_generation
+    if pipe.steps.training.continue_flag is None or generation < 1:
+        return None
+    run = pipe.paths.runs_dir / f"gen_{generation:04d}"
+    return run if (run / pipe.steps.training.result_name).is_file() else None
 
 
 async def _copy_as_json_lines(stream: asyncio.StreamReader, log_file) -> None:  # type: ignore[no-untyped-def]

@@ -42,6 +42,7 @@ from app.lm.causal_lm import ModelLoadError, load_model
 from app.lm.train.backend import LocalBackend, OptimConfig
 from app.lm.train.checkpoint_dirs import CheckpointDirError
 from app.lm.train.consumed import ConsumedGroups, ConsumedRecordError
+from app.lm.train.continuation import continued_checkpoint
 from app.lm.data_buffer import DataBuffer
 from app.lm.train.dist_env import GROUP_TIMEOUT_S
 from app.lm.train.fsdp_backend import FSDPBackend
@@ -99,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", default="auto", help="only 'auto': continue from the newest complete checkpoint")
     p.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints (and at each phase's end)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--continue-from", type=Path,
+                   help="the run dir that made --parent: its last GRPO checkpoint's optimizer state is continued")
     p.add_argument("--no-remote-rollouts", action="store_true",
                    help="the node has no peers (set by the node): publish no policy for rollout workers elsewhere")
     return p
@@ -185,6 +188,12 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
     # its weights in memory and, if killed, trains the generation again from the start. It saves
     # no checkpoints either: a part-written one would mislead a later run alone in this dir.
     spans = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size)) < env.world_size
+    # the optimizer's state of the run that made the parent (continuation.py); not across nodes
+    # (no shared disk) nor with LoRA (its adapters are new on the merged parent)
+    continue_from, why_not = continued_checkpoint(args.continue_from, parent_sha) \
+        if args.continue_from is not None and rl_steps and not spans and lm.lora is None else (None, "")
+    if why_not:
+        say(env, f"not continuing {args.continue_from}: {why_not}; GRPO starts fresh from the parent")
     backend = (FSDPBackend(model, optim, sft_loss, env) if env.world_size > 1 or g.backend == "fsdp2"
                else LocalBackend(model, optim, sft_loss, env.device))
     if reference is not None:
@@ -201,7 +210,7 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
     plan = RunPlan(SFTConfig(steps=sft_steps, batch_size=g.sft.batch_size, micro_batch_size=micro) if sft_steps else None,
                    g.sft.lr,
                    rl_steps, g.lr, seed=g.seed, checkpoint_every=args.checkpoint_every, save=not spans,
-                   rl_warmup=g.warmup_steps)
+                   rl_warmup=0 if continue_from is not None else g.warmup_steps)  # warmed up already
     if sampler is not None:
         rl_micro = max(1, -(-rank_share(g.groups_per_step, 0, env.world_size)[1] * lm.rollout.n // g.micro_batches))
         consumed = ConsumedGroups(run_dir, env.rank) if plan.save else None  # a spanned run restarts whole
@@ -226,7 +235,7 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
     try:
         report = run_phases(backend, tok, run_dir, plan, demonstrations=demonstrations, source=source,
                             reference=reference, reference_is_start=g.reference is None, on_step=progress,
-                            on_phase=announce,
+                            on_phase=announce, continue_from=continue_from,
                             loss_fn=grpo_loss_fn(GRPOConfig(g.clip_low, g.clip_high, g.kl_coef,
                                                             g.tis_cap if sampler is not None else 0.0),
                                                  lm.rollout.temperature, reference))
@@ -245,7 +254,7 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
               "rollouts": g.rollouts,
               "mean_reward": (None if not rl_steps else final.get("mean_reward") if online
                               else drawn_mean_reward(groups, g.seed + 1, rl_steps, g.groups_per_step)),
-              "dropped_groups": dropped,
+              "dropped_groups": dropped, "continued_from": report.get("continued_from"),
               "wall_s": time.time() - started}
     result["final_loss"] = result["final"].get("loss")
     atomic_write_json(run_dir / RESULT_NAME, result, indent=2)

@@ -156,12 +156,15 @@ def grpo_loop(backend: TrainingBackend, source: RolloutSource, pad_id: int, loss
 def run(backend: TrainingBackend, tokenizer: Any, run_dir: str | Path, plan: RunPlan, *,
         demonstrations: Sequence[TrainSequence], source: RolloutSource, loss_fn: LossFn,
         reference: nn.Module | None = None, reference_is_start: bool = True,
-        on_step: PhaseHook | None = None, on_phase: PhaseStart | None = None) -> dict[str, Any]:
+        on_step: PhaseHook | None = None, on_phase: PhaseStart | None = None,
+        continue_from: Path | None = None) -> dict[str, Any]:
     """Every rank calls this. Returns what was done: the step each phase started from and ended
     at, the SFT checkpoint GRPO started from (`rl_base`), and the last GRPO step's stats
     (`final`, empty when no step was left to run). `reference` (KL on; the one `loss_fn` holds)
     gets the weights GRPO starts from, unless it is a fixed model (`reference_is_start` False:
-    loaded from a directory by app/lm/train/reference.py)."""
+    loaded from a directory by app/lm/train/reference.py). `continue_from`: the previous run's
+    last GRPO checkpoint (continuation.py), loaded (weights and optimizer) when this run has no
+    GRPO checkpoint of its own yet."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {}
@@ -184,6 +187,12 @@ def run(backend: TrainingBackend, tokenizer: Any, run_dir: str | Path, plan: Run
             raise NoSFTCheckpoint(f"{run_dir / 'sft'}: no complete SFT checkpoint to start GRPO from")
         load_training_checkpoint(backend, found[1])
         report["rl_base"] = str(found[1])
+    if continue_from is not None and plan.sft is None:
+        if not (plan.save and newest_complete(run_dir / "rl")):  # else resumed below, from its own
+            load_training_checkpoint(backend, continue_from)  # the parent's weights, with its optimizer's state
+            report["continued_from"] = {"checkpoint": str(continue_from), "optimizer_steps": optimizer_steps(backend)}
+        else:
+            report["continued_from"] = {"checkpoint": str(continue_from), "optimizer_steps": None}
     if reference is not None and reference_is_start:
         reference.load_state_dict(backend.get_weights())  # the policy GRPO starts from
     start = resume_phase(backend, run_dir / "rl", source.buffer) if plan.save else 0
@@ -197,6 +206,15 @@ def run(backend: TrainingBackend, tokenizer: Any, run_dir: str | Path, plan: Run
     report["rl"] = {"from": start, "to": plan.rl_steps}
     report["final"] = history[-1] if history else {}
     return report
+
+
+def optimizer_steps(backend: TrainingBackend) -> int | None:
+    """The steps the optimizer's state has taken (AdamW's `step`), None before its first."""
+    for state in backend.optimizer.state.values():  # type: ignore[attr-defined]
+        step = state.get("step")
+        if step is not None:
+            return int(step.item() if hasattr(step, "item") else step)
+    return None
 
 
 def set_lr(backend: TrainingBackend, lr: float) -> None:
