@@ -16,7 +16,7 @@ from pathlib import Path
 
 from app.lm.train.checkpoint_dirs import newest_complete
 
-RESULT_NAME = "result.json"
+RESULT_NAME = "result.json"  # what a finished run writes beside its candidate (generation.py)
 
 
 def continued_checkpoint(run_dir: Path | None, parent_sha256: str | None) -> tuple[Path | None, str]:

@@ -42,7 +42,7 @@ from app.lm.causal_lm import ModelLoadError, load_model
 from app.lm.train.backend import LocalBackend, OptimConfig
 from app.lm.train.checkpoint_dirs import CheckpointDirError
 from app.lm.train.consumed import ConsumedGroups, ConsumedRecordError
-from app.lm.train.continuation import continued_checkpoint
+from app.lm.train.continuation import RESULT_NAME, continued_checkpoint
 from app.lm.data_buffer import DataBuffer
 from app.lm.train.dist_env import GROUP_TIMEOUT_S
 from app.lm.train.fsdp_backend import FSDPBackend
@@ -83,7 +83,6 @@ from app.lm.setup import (
 from app.shared.process_group import DistContext, rank_share, run_rank
 
 CANDIDATE_NAME = "candidate"
-RESULT_NAME = "result.json"
 
 
 class LMTrainInputError(RuntimeError):
