@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import math
 import functools
-from pathlib import Path
 
 from app.coordination.daemons.daemon_registry import DaemonContext, RunnerEntry
 from app.coordination.daemons.events import EventType
@@ -26,7 +25,8 @@ from app.coordination.sync.streaming import FetchError
 from app.coordination.pipeline.train_join import train_join_daemon
 from app.coordination.pipeline.replication_daemon import ReplicationSettings, replication_daemon
 from app.coordination.pipeline.training_job import run_training
-from app.db.registry import ModelRegistry, ModelStatus, RegistryError
+from app.coordination.pipeline.distribution import distribution_daemon
+from app.db.registry import ModelRegistry, ModelStatus
 from app.coordination.pipeline import feedback_apply as feedback
 from app.coordination.pipeline import state as ps
 from app.games.train.gauntlet import GauntletStopped
@@ -35,8 +35,7 @@ from app.coordination.pipeline.runner_settings import (
 )
 from app.coordination.pipeline.state import Stage
 from app.coordination.pipeline.steps import Cluster, PullsBeforeExport, ReportsStatus, RunsOn, Verdict
-from app.games.train.promotion import PromotionError, promote_model, reject_model, rollback_model
-from app.log import get_logger
+from app.games.train.promotion import promote_model, reject_model
 
 
 HEAD_RECORD_WAIT_S = 30.0  # a claimant waits this long for the decided record before its generation
@@ -318,85 +317,6 @@ def _record_decision(pipe: PipelineContext, sha256: str, promote: bool, reason: 
         if entry.status is not ModelStatus.CANDIDATE:
             return
         (promote_model if promote else reject_model)(registry, sha256, reason)
-
-
-async def distribution_daemon(pipe: PipelineContext, ctx: DaemonContext[Polled]) -> None:
-    """Installs the current best model in the node's model store and switches self-play to it:
-    the registry's best on a lone node; in a cluster the newest committed promotion, fetched by
-    sha256 from any peer that has it (a corrupt copy is refused and fetched elsewhere)."""
-    wake = wake_on(ctx, EventType.MODEL_PROMOTED)
-    ctx.mark_healthy()
-    while True:
-        try:
-            target = await _target_best(pipe)
-        except FetchError as exc:
-            ctx.log.warning("model_fetch_failed", error=str(exc))
-            target = None
-        if target is not None:
-            sha, path, generation = target
-            await pipe.update(lambda s: ps.switched_best(s, sha, str(path), generation))
-            await pipe.steps.models.switched(sha, path, generation)
-            ctx.metrics.generation.set(generation)
-            await ctx.router.publish(EventType.MODEL_DISTRIBUTED, {
-                "generation": generation, "sha256": sha, "node_id": pipe.node_id, "path": str(path)})
-            ctx.log.info("model_switched", generation=generation, sha256=sha[:12])
-        ctx.mark_healthy()
-        if await wait_for_wake(ctx, wake, ctx.settings.poll_s):
-            return
-
-
-async def _target_best(pipe: PipelineContext) -> tuple[str, Path, int] | None:
-    """(sha256, installed path, generation) of the model self-play should use, or None."""
-    models = pipe.steps.models
-    switched = lambda sha: pipe.state.best_path == str(models.installed_path(sha))  # noqa: E731
-    cluster = pipe.cluster
-    if cluster is None:
-        best = await asyncio.to_thread(_current_best, pipe)
-        if best is None or switched(best[0]):
-            return None
-        sha, src, generation = best
-        return sha, await asyncio.to_thread(models.install, src, sha), generation
-    record = cluster.target_best()
-    # an older target only after a quorum-decided rollback of what this node plays (rollback.py)
-    rolled_back = pipe.state.best_generation in cluster.rollbacks.records
-    if record is None or (record.generation < pipe.state.best_generation and not rolled_back) \
-            or switched(record.sha256):
-        return None
-    if not await asyncio.to_thread(models.is_installed, record.sha256):
-        await models.fetch(cluster.node, record.sha256)
-    path = models.installed_path(record.sha256)
-    if rolled_back:  # back to an earlier model: the registry follows as a rollback, not a promotion
-        await asyncio.to_thread(_registry_rollback, pipe, record.sha256, pipe.state.best_generation)
-    else:
-        await asyncio.to_thread(_register_promoted, pipe, path, record.generation, record.reason)
-    return record.sha256, path, record.generation
-
-
-def _current_best(pipe: PipelineContext) -> tuple[str, str, int] | None:
-    with ModelRegistry(pipe.paths.registry_db) as registry:
-        best = registry.current_best()
-        return None if best is None else (best.sha256, best.path, best.generation)
-
-
-def _register_promoted(pipe: PipelineContext, path: Path, generation: int, reason: str) -> None:
-    """Record a model the cluster promoted in this node's registry, so /progress agrees."""
-    with ModelRegistry(pipe.paths.registry_db) as registry:
-        entry = registry.require(pipe.steps.models.register_installed(registry, path, generation))
-        if entry.status is ModelStatus.CANDIDATE:
-            promote_model(registry, entry.sha256, f"committed by the cluster: {reason}"[:500])
-
-
-def _registry_rollback(pipe: PipelineContext, sha256: str, generation: int) -> None:
-    """Mirror the cluster's rollback in this node's registry, so its /progress agrees (best
-    effort: a node that never registered the earlier model has nothing to roll back to)."""
-    with ModelRegistry(pipe.paths.registry_db) as registry:
-        best = registry.current_best()
-        if best is None or best.sha256 == sha256:
-            return
-        try:
-            rollback_model(registry, sha256, f"cluster rolled back generation {generation}")
-        except (PromotionError, RegistryError) as exc:
-            get_logger(__name__).warning("registry_rollback_failed", sha256=sha256[:12], error=str(exc))
 
 
 def pipeline_runners(pipe: PipelineContext) -> dict[str, RunnerEntry]:
