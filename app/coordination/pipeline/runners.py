@@ -256,12 +256,13 @@ async def promote_daemon(pipe: PipelineContext, ctx: DaemonContext[Polled]) -> N
             decision = pipe.steps.decide(pipe, state, has_best)
             generation, sha, path = state.generation, state.candidate_sha256, state.candidate_path
             head = not decision.promote and isinstance(pipe.steps, RunsOn) and pipe.steps.keeps_head(pipe, state, decision)
-            # a head is installed as a promoted model is: the next claimant may be a peer fetching
-            # it, and a snapshot (which leaves run dirs out) keeps it
-            head_path = str(await asyncio.to_thread(pipe.steps.models.install, path, sha)) if head else None
+            # installed before it is proposed, so peers can fetch it once it is committed: a promoted
+            # candidate in a cluster, and a head anywhere (the next claimant may be a peer; a
+            # snapshot, which leaves run dirs out, keeps it)
+            installed = await asyncio.to_thread(pipe.steps.models.install, path, sha) \
+                if head or (decision.promote and pipe.cluster is not None) else None
+            head_path = str(installed) if head else None
             if pipe.cluster is not None:
-                if decision.promote:  # installed first, so peers can fetch it once it is committed
-                    await asyncio.to_thread(pipe.steps.models.install, path, sha)
                 # the loss rides on the record only for the plateau loop (off by default): records stay
                 # byte for byte what a node of the previous version commits, so a rolling upgrade decides on
                 loss = (await asyncio.to_thread(feedback.final_loss, pipe, state.run_dir)

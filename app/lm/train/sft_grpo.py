@@ -188,11 +188,11 @@ def run(backend: TrainingBackend, tokenizer: Any, run_dir: str | Path, plan: Run
         load_training_checkpoint(backend, found[1])
         report["rl_base"] = str(found[1])
     if continue_from is not None and plan.sft is None:
-        if not (plan.save and newest_complete(run_dir / "rl")):  # else resumed below, from its own
+        steps = None  # resumed below from this run's own checkpoint, which continued it before
+        if not (plan.save and newest_complete(run_dir / "rl")):
             load_training_checkpoint(backend, continue_from)  # the parent's weights, with its optimizer's state
-            report["continued_from"] = {"checkpoint": str(continue_from), "optimizer_steps": optimizer_steps(backend)}
-        else:
-            report["continued_from"] = {"checkpoint": str(continue_from), "optimizer_steps": None}
+            steps = optimizer_steps(backend)
+        report["continued_from"] = {"checkpoint": str(continue_from), "optimizer_steps": steps}
     if reference is not None and reference_is_start:
         reference.load_state_dict(backend.get_weights())  # the policy GRPO starts from
     start = resume_phase(backend, run_dir / "rl", source.buffer) if plan.save else 0

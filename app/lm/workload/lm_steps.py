@@ -174,10 +174,9 @@ class LMSteps:
         lm = self.lm
         tokenizer, task, pool = self._task_kit()
         if self._policy is None:
-            state = pipe.state
-            best = (state.best_path, state.best_generation, state.best_sha256)
-            server = (lambda path, version, sha: self.engines.policy_server(path, version, sha, best, tokenizer)) \
-                if self.engines.first_is_server else None
+            server = (lambda path, version, sha: self.engines.policy_server(
+                path, version, sha, (pipe.state.best_path, pipe.state.best_generation, pipe.state.best_sha256),
+                tokenizer)) if self.engines.first_is_server else None  # the best as it is when the engines are built
             self._policy = PolicyEngine(self.mesh, tokenizer, server)
         if self._policy.played == policy["sha256"]:  # one batch a version: the trainer takes a few groups a step
             time.sleep(IDLE_S)
@@ -281,11 +280,15 @@ class LMSteps:
             and verdict.mean_diff >= -cfg.rollback_margin
 
     def _remember_heldout(self, state: ps.PipelineState, record: Json) -> None:
-        path = self.paths.data_dir / HELDOUT_FILE
-        known = json.loads(path.read_text()) if path.exists() else {}
+        known = self._heldout_known()
         known[state.candidate_sha256 or "?"] = {"generation": state.generation, **record["candidate"]}
         known[state.best_sha256 or INITIAL_MODEL_ID] = {"generation": state.best_generation, **record["best"]}
-        atomic_write_json(path, known, indent=1)
+        atomic_write_json(self.paths.data_dir / HELDOUT_FILE, known, indent=1)
+
+    def _heldout_known(self) -> Json:
+        """{sha256: held-out summary} of every model this node evaluated ({} before the first)."""
+        path = self.paths.data_dir / HELDOUT_FILE
+        return json.loads(path.read_text()) if path.exists() else {}
 
     # -- the mesh and operators (steps.ReportsStatus) ---------------------------------------
     def routes(self) -> list[web.RouteDef]:
@@ -309,30 +312,25 @@ class LMSteps:
                 "lm_rollouts_dropped": dict(self._dropped or {}),
                 "lm_reward_failures": rewards.failures.snapshot() if rewards is not None else None,
                 "lm_policy_batches": self.policy_batches,
-                "lm_training": run_progress(state.run_dir), "lm_trains_from": trains_from(state)}
+                **training_status(state)}
 
     def progress_extra(self, pipe: Pipe) -> Json:
         """/progress of a lone node: held-out reward by generation, with its interval."""
-        path = self.paths.data_dir / HELDOUT_FILE
-        known = json.loads(path.read_text()) if path.exists() else {}
-        rows = sorted(({"sha256": sha, **v} for sha, v in known.items()), key=lambda r: r["generation"])
-        return {"heldout": rows, "lm_training": run_progress(pipe.state.run_dir),
-                "lm_trains_from": trains_from(pipe.state)}
+        rows = sorted(({"sha256": sha, **v} for sha, v in self._heldout_known().items()), key=lambda r: r["generation"])
+        return {"heldout": rows, **training_status(pipe.state)}
 
     def dashboard(self, pipe: Pipe, inventories: Mapping[str, Json]) -> Json:
         """The dashboard's panel (dashboard_panel.py): this node's own rows read fresh, a cluster's
         held-out rewards from its decided records, a lone node's from what it evaluated."""
-        own = {"lm_training": run_progress(pipe.state.run_dir), "lm_trains_from": trains_from(pipe.state)}
+        own = training_status(pipe.state)
         rows = training_rows({**inventories, pipe.node_id: {**inventories.get(pipe.node_id, {}), **own}})
         cluster = pipe.cluster
         if cluster is not None:
             summaries = [{"generation": r.generation, "sha256": r.sha256, "promoted": r.promoted, **(r.heldout or {})}
                          for r in cluster.effective_records().values()]
         else:
-            path = self.paths.data_dir / HELDOUT_FILE
-            known = json.loads(path.read_text()) if path.exists() else {}
             summaries = [{"sha256": sha, **v, "low": v["interval"][0], "high": v["interval"][1]}
-                         for sha, v in known.items() if isinstance(v.get("interval"), list)]
+                         for sha, v in self._heldout_known().items() if isinstance(v.get("interval"), list)]
         return {"training": rows, "heldout": heldout_rows(summaries)}
 
     def heldout(self, evaluation: Json) -> dict[str, float] | None:
@@ -342,6 +340,12 @@ class LMSteps:
             return None
         return {"reward": c["reward"], "low": c["interval"][0], "high": c["interval"][1],
                 "exact_match": c["exact_match"], "best_reward": best["reward"]}
+
+
+def training_status(state: ps.PipelineState) -> Json:
+    """The running training (run_metrics.py) and what it trains from: /status, /progress and the
+    dashboard's own row say the same."""
+    return {"lm_training": run_progress(state.run_dir), "lm_trains_from": trains_from(state)}
 
 
 def trains_from(state: ps.PipelineState) -> Json:
