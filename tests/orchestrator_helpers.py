@@ -39,7 +39,7 @@ SMALL_CONFIG = {
 # around a generation (claims, decisions, restarts), not about the network's strength.
 # Self-play inline (`workers: 0`): a worker process imports torch and numba and loads the
 # search kernel (~5 CPU s a node start, two per node with two configs) for a few dozen tiny
-# games; test_orchestrator_e2e.py runs the default worker process, tests/test_selfplay*.py
+# games; test_dashboard_e2e.py runs the default worker process, tests/test_selfplay*.py
 # its stops and orphans.
 TINY_CONFIG = {**SMALL_CONFIG, "model": {"channels": 8, "blocks": 1}, "search": {"simulations": 4},
                "selfplay": {"concurrent_games": 16, "collect_workers": 1, "workers": 0},

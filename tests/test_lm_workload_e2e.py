@@ -350,6 +350,7 @@ def test_two_lm_nodes_span_one_generations_training(tmp_path: Path, monkeypatch)
     ids = ["s0", "s1"]
     cfg = lm_config(train={"nproc": 1, "max_nodes": 2, "span_cpu_nodes": True, "join_timeout_s": 150},
                     mesh={"timing": {**BUSY_CPU_TIMING, "claim_ttl": 30.0}})
+    cfg["lm"]["grpo"]["sft"]["steps"] = 12  # about the span, not the model: generation 1's SFT is the run
     daemons = {**LM_DAEMONS, "daemons": {**LM_DAEMONS["daemons"],
                                          "train_join": {"settings": {"poll_s": 0.5}, "stop_timeout_s": 15}}}
     nodes = [write_node_files(tmp_path / nid, nid, cfg, daemons) for nid in ids]
