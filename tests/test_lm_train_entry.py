@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,8 @@ from app.lm.setup import (
 )
 from app.lm.train.generation import CANDIDATE_NAME, RESULT_NAME
 from app.lm.train.continuation import continued_checkpoint
+from app.shared.trainer_follow import FollowRequest, write_request
+from tests.orchestrator_helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # real torchrun runs
@@ -73,6 +76,16 @@ def make_dataset(config: Path, model, out: Path, seed: int) -> Path:
 def train(config: Path, dataset: Path, run_dir: Path, generation: int, nproc: int,
           parent: Path | None = None, checkpoint_every: int = 10,
           continue_from: Path | None = None) -> subprocess.CompletedProcess:
+    cmd = train_command(config, dataset, run_dir, generation, nproc, parent, checkpoint_every, continue_from)
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False, env=TRAIN_ENV)
+
+
+TRAIN_ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def train_command(config: Path, dataset: Path, run_dir: Path, generation: int, nproc: int,
+                  parent: Path | None = None, checkpoint_every: int = 10,
+                  continue_from: Path | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "app.shared.launcher", "--nproc", str(nproc), "--log-dir", str(run_dir / "logs"),
            "--status-every", "0", "--timeout-s", "200", "--module", "app.lm.train.generation", "--",
            "--dataset", str(dataset), "--run-dir", str(run_dir), "--resume", "auto",
@@ -81,8 +94,7 @@ def train(config: Path, dataset: Path, run_dir: Path, generation: int, nproc: in
         cmd += ["--parent", str(parent)]
     if continue_from is not None:
         cmd += ["--continue-from", str(continue_from)]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+    return cmd
 
 
 def heldout_exact(config: Path, model) -> float:
@@ -139,6 +151,7 @@ def test_generation_two_on_two_fsdp_ranks_from_the_candidate_then_a_rerun_is_a_n
     assert verify_model_dir(run_dir / CANDIDATE_NAME, result["candidate_sha256"]) is None
     assert result["parent_sha256"] == parent_sha and result["world_size"] == 2
     assert result["sft_steps"] == 0 and not (run_dir / "sft").exists()
+    assert result["trainer_stays"] is False  # launched without --follow: it ends with the generation
     first = rl_lines(run_dir)[0]
     assert first["step"] == 1 and abs(first["mean_ratio"] - 1.0) < 1e-3 and first["clip_fraction"] == 0.0, first
 
@@ -150,12 +163,35 @@ def test_generation_two_on_two_fsdp_ranks_from_the_candidate_then_a_rerun_is_a_n
     # generation 3 trains on from generation 2 at one rank: its weights and its optimizer's state
     # (AdamW's 4 steps), as a trainer that never stopped; a run dir whose candidate is not the
     # parent is not continued
-    run3 = tmp_path / "gen3"
-    proc = train(config, dataset, run3, 3, nproc=1, parent=run_dir / CANDIDATE_NAME, continue_from=run_dir)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    continued = json.loads((run3 / RESULT_NAME).read_text())["continued_from"]
-    assert continued["checkpoint"].endswith(f"rl/step_{RL_STEPS:08d}") and continued["optimizer_steps"] == RL_STEPS
-    assert continued_checkpoint(run_dir, parent_sha) == (None, f"{run_dir}'s candidate is not the parent")
+    run3, follow = tmp_path / "gen3", tmp_path / "follow.json"
+    cmd = train_command(config, dataset, run3, 3, nproc=1, parent=run_dir / CANDIDATE_NAME, continue_from=run_dir)
+    trainer = subprocess.Popen([*cmd, "--follow", str(follow)], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=TRAIN_ENV, start_new_session=True)
+    try:
+        wait_until(lambda: (run3 / CANDIDATE_NAME).exists() or trainer.poll() is not None, 200, what="generation 3")
+        continued = json.loads((run3 / RESULT_NAME).read_text())["continued_from"]
+        assert continued["checkpoint"].endswith(f"rl/step_{RL_STEPS:08d}") and continued["optimizer_steps"] == RL_STEPS
+        assert continued_checkpoint(run_dir, parent_sha) == (None, f"{run_dir}'s candidate is not the parent")
+        # the trainer stays (app/shared/trainer_follow.py): generation 4, whose parent is its own
+        # candidate, is handed to it and trained on with the weights and optimizer it holds
+        assert json.loads((run3 / RESULT_NAME).read_text())["trainer_stays"] is True
+        assert trainer.poll() is None
+        sha3, run4 = json.loads((run3 / RESULT_NAME).read_text())["candidate_sha256"], tmp_path / "gen4"
+        write_request(follow, FollowRequest(4, str(run4), str(dataset), str(run3 / CANDIDATE_NAME), sha3))
+        wait_until(lambda: (run4 / CANDIDATE_NAME).exists() or trainer.poll() is not None, 200, what="generation 4")
+        result4 = json.loads((run4 / RESULT_NAME).read_text())
+        assert result4["continued_from"] == {"in_memory": str(run3), "optimizer_steps": 2 * RL_STEPS}, result4
+        assert result4["parent_sha256"] == sha3 and len(rl_lines(run4)) == RL_STEPS
+        assert verify_model_dir(run4 / CANDIDATE_NAME, result4["candidate_sha256"]) is None
+        # a generation from another parent is declined: the trainer ends, the node launches anew
+        write_request(follow, FollowRequest(5, str(tmp_path / "gen5"), str(dataset), str(parent), parent_sha))
+        out = trainer.communicate(timeout=120)[0]
+        assert trainer.returncode == 0 and "not from this trainer's candidate" in out, out[-3000:]
+        assert not (tmp_path / "gen5").exists()
+    finally:
+        if trainer.poll() is None:
+            os.killpg(trainer.pid, signal.SIGKILL)
+            trainer.wait()
 
 
 def test_a_corrupt_dataset_is_refused_by_its_path(gen1, tmp_path: Path):

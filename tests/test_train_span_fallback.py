@@ -86,7 +86,8 @@ async def test_a_stopped_joiner_tears_its_ranks_down(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from app.coordination.pipeline.training_job import SpanArgs, launcher_command, run_launcher
+    from app.coordination.pipeline.launcher_process import run_launcher
+    from app.coordination.pipeline.training_job import SpanArgs, launcher_command
     from app.free_ports import free_port
     from tests.train_fixtures import kill_pids, live_pids_with_marker
 

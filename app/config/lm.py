@@ -245,6 +245,11 @@ class LMGRPOSettings(StrictModel):
     # online: every this many GRPO steps the trainer's weights answer the held-out prompts
     # greedily, a "heldout" line in the run's metrics (0: never)
     eval_every: int = Field(0, ge=0)
+    # after a GRPO generation on the node, how long its trainer process stays for the next one
+    # (app/shared/trainer_follow.py): the node hands it over when its parent is this candidate,
+    # and it trains on with the weights and optimizer it holds, without a launch (the ranks'
+    # start was ~half of a generation on the user task); 0: one torchrun launch a generation
+    trainer_wait_s: float = Field(300.0, ge=0, le=3600)
     # online: the behaviour correction (app/lm/train/grpo.py): each token weighted by
     # min(pi_trainer / pi_engine, tis_cap), verl's and slime's truncated importance sampling,
     # for groups up to `lm.rollout.max_staleness` versions old; 0 = off (ratio against the engine's)

@@ -24,6 +24,7 @@ from app.coordination.pipeline.context import PipelineContext, wait_for_wake, wa
 from app.coordination.sync.streaming import FetchError
 from app.coordination.pipeline.train_join import train_join_daemon
 from app.coordination.pipeline.replication_daemon import ReplicationSettings, replication_daemon
+from app.coordination.pipeline.resident_trainer import ResidentTrainer
 from app.coordination.pipeline.training_job import run_training
 from app.coordination.pipeline.distribution import distribution_daemon
 from app.db.registry import ModelRegistry, ModelStatus
@@ -147,6 +148,17 @@ async def _export(pipe: PipelineContext, ctx: DaemonContext[ExportSettings], gen
 async def train_daemon(pipe: PipelineContext, ctx: DaemonContext[TrainSettings]) -> None:
     """Trains the candidate of an exported generation; resumes an interrupted run."""
     wake = wake_on(ctx, EventType.TRAINING_THRESHOLD_REACHED)
+    job = pipe.steps.training
+    resident = ResidentTrainer(job) if job.follow_flag is not None else None  # its trainer stays between generations
+    try:
+        await _train_generations(pipe, ctx, wake, resident)
+    finally:
+        if resident is not None:
+            await resident.stop()
+
+
+async def _train_generations(pipe: PipelineContext, ctx: DaemonContext[TrainSettings], wake: asyncio.Event,
+                             resident: ResidentTrainer | None) -> None:
     failures = 0
     ctx.mark_healthy()
     while True:
@@ -163,7 +175,7 @@ async def train_daemon(pipe: PipelineContext, ctx: DaemonContext[TrainSettings])
             state = await pipe.update(lambda s: ps.training_started(s, run_dir))
             await ctx.router.publish(EventType.TRAINING_STARTED, {
                 "generation": state.generation, "node_id": pipe.node_id, "dataset_sha256": state.dataset_sha256})
-            outcome = await run_training(pipe, state, ctx)
+            outcome = await run_training(pipe, state, ctx, resident)
             if ctx.stopping.is_set():
                 return  # interrupted: the run dir keeps its checkpoint for the restart
             if outcome.error is None:

@@ -87,6 +87,9 @@ class TrainingJob:
     # passed with the run dir on this node that made the parent, when there is one: the trainer
     # continues its optimizer's state (a workload whose trainer runs on, steps.RunsOn)
     continue_flag: str | None = None
+    # passed with a file on a lone node: the trainer stays after its generation and takes the
+    # next one written there (app/shared/trainer_follow.py, resident_trainer.py)
+    follow_flag: str | None = None
 
     def final_loss(self, result: Mapping[str, object]) -> float | None:
         value = result.get(self.loss_key)

@@ -32,7 +32,8 @@ from app.coordination.daemons.events import EventType
 from app.coordination.pipeline.context import PipelineContext, wait_for_wake, wake_on
 from app.coordination.pipeline.feedback_loops import checked_options
 from app.coordination.pipeline.runner_settings import ClaimPolled
-from app.coordination.pipeline.training_job import SpanArgs, launcher_command, launcher_log_tail, run_launcher
+from app.coordination.pipeline.launcher_process import launcher_log_tail, run_launcher
+from app.coordination.pipeline.training_job import SpanArgs, launcher_command
 from app.coordination.pipeline.state import Stage
 
 JOIN_RESULT_NAME = "join_result.json"

@@ -1,10 +1,9 @@
 """Runs one generation's training as a `torchrun` subprocess and reports how it ended.
 
-The launcher runs in a child process (never in the event loop), so a training run can use
-its cores and crash without touching the node. The child gets SIGTERM if this process dies
-(Linux parent-death signal), and the launcher tears its ranks down on SIGTERM, so a
-`kill -9` of the orchestrator leaves no training processes behind. Stopping the daemon
-stops the run; its checkpoint stays in the run dir and the next start resumes it.
+The launcher is a child of the node (launcher_process.py). Stopping the daemon stops the run;
+its checkpoint stays in the run dir and the next start resumes it. A lone run of a workload
+whose trainer stays (`TrainingJob.follow_flag`) is handed to the trainer of the generation
+before when it can take it, and launched otherwise (resident_trainer.py).
 
 Spanning: when the training claim asks for several nodes (payload `nnodes`), the claimant
 picks a free port on its mesh host, gossips the rendezvous, and runs node rank 0 of a static
@@ -15,10 +14,7 @@ they do not all arrive within `train.join_timeout_s`, the claimant trains alone.
 
 from __future__ import annotations
 
-import asyncio
-import ctypes
 import json
-import signal
 import sys
 import uuid
 from collections.abc import Callable, Mapping
@@ -29,15 +25,12 @@ from typing import Any
 from app.coordination.daemons.daemon_registry import DaemonContext
 from app.coordination.pipeline.context import PipelineContext
 from app.coordination.pipeline.feedback_apply import train_options
+from app.coordination.pipeline.launcher_process import launcher_log_tail, run_launcher
+from app.coordination.pipeline.resident_trainer import ResidentTrainer
 from app.free_ports import free_port
-from app.shared.json_lines import output_line, parse_line, text_of
 from app.shared.launcher import JOIN_TIMEOUT_EXIT, resolve_nproc
 from app.coordination.pipeline import state as ps
 from app.coordination.pipeline.state import PipelineState
-
-_PR_SET_PDEATHSIG = 1
-_STOP_GRACE_S = 20.0
-
 
 @dataclass(frozen=True)
 class TrainingOutcome:
@@ -55,15 +48,6 @@ class SpanArgs:
     master_addr: str
     master_port: int
     join_timeout_s: float
-
-
-def _die_with_parent() -> None:
-    """preexec_fn: ask the kernel to SIGTERM this child when its parent dies."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass  # not Linux: the orchestrator's own shutdown still stops the run
 
 
 def launcher_command(pipe: PipelineContext, *, run_dir: Path, dataset_dir: str | Path, generation: int,
@@ -115,64 +99,14 @@ def parent_run(pipe: PipelineContext, state: PipelineState) -> Path | None:
     return run if (run / pipe.steps.training.result_name).is_file() else None
 
 
-async def _copy_as_json_lines(stream: asyncio.StreamReader, log_file) -> None:  # type: ignore[no-untyped-def]
-    """The launcher's output into launcher.log: its JSON lines as they are, any other line (a
-    traceback of the launcher itself, an argument error) wrapped as one."""
-    while line := await stream.readline():
-        text = line.decode("utf-8", "replace").rstrip("\r\n")
-        log_file.write((text if parse_line(text) is not None else output_line(text, "launcher")) + "\n")
-        log_file.flush()
-
-
-async def run_launcher(cmd: list[str], run_dir: Path, ctx: DaemonContext) -> int:
-    """Run the launcher until it ends or the daemon stops (SIGTERM, then SIGKILL after a grace);
-    its output is appended to `<run_dir>/launcher.log` as JSON lines. Returns its exit code."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / "launcher.log", "a", encoding="utf-8") as log_file:
-        proc = await asyncio.create_subprocess_exec(
-            *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, preexec_fn=_die_with_parent,
-            limit=1 << 20)
-        assert proc.stdout is not None
-        copy = asyncio.ensure_future(_copy_as_json_lines(proc.stdout, log_file))
-        wait = asyncio.ensure_future(proc.wait())
-        stop = asyncio.ensure_future(ctx.stopping.wait())
-        try:
-            while not wait.done():
-                await asyncio.wait({wait, stop}, timeout=5.0, return_when=asyncio.FIRST_COMPLETED)
-                ctx.mark_healthy()
-                if stop.done() and not wait.done():
-                    proc.send_signal(signal.SIGTERM)
-                    try:
-                        await asyncio.wait_for(asyncio.shield(wait), _STOP_GRACE_S)
-                    except TimeoutError:
-                        proc.kill()
-                        await wait
-        finally:
-            stop.cancel()
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-            try:
-                await asyncio.wait_for(copy, 5.0)  # the rest of its output (ranks' children may hold the pipe)
-            except (TimeoutError, ValueError):
-                copy.cancel()
-    assert proc.returncode is not None
-    return proc.returncode
-
-
-def launcher_log_tail(run_dir: Path, n: int = 4000) -> str:
-    """The last `n` characters of what launcher.log says, as text (one line per JSON line)."""
-    path = run_dir / "launcher.log"
-    if not path.exists():
-        return ""
-    return "\n".join(text_of(line) for line in path.read_text(errors="replace")[-4 * n:].splitlines())[-n:]
-
-
 async def _train(pipe: PipelineContext, state: PipelineState, ctx: DaemonContext,
-                 span: SpanArgs | None) -> tuple[TrainingOutcome, int]:
+                 span: SpanArgs | None, resident: ResidentTrainer | None = None) -> tuple[TrainingOutcome, int]:
     run_dir = Path(state.run_dir)
     cmd = training_command(pipe, state, int(pipe.settings.train.nproc), span)
-    code = await run_launcher(cmd, run_dir, ctx)
+    if resident is not None and span is None and pipe.steps.training.follow_flag is not None:
+        code = await resident.train(cmd, run_dir, state.generation, state.dataset_dir, ps.parent(state), ctx)
+    else:
+        code = await run_launcher(cmd, run_dir, ctx)
     candidate = run_dir / pipe.steps.training.candidate_name
     if code != 0 or not candidate.exists():
         return TrainingOutcome(str(candidate), error=f"launcher exit code {code}: {launcher_log_tail(run_dir)}"), code
@@ -201,16 +135,20 @@ def rendezvous_record(state: PipelineState, item_id: str, master_addr: str, mast
             **({"train_options": dict(options)} if options else {})}
 
 
-async def run_training(pipe: PipelineContext, state: PipelineState, ctx: DaemonContext) -> TrainingOutcome:
+async def run_training(pipe: PipelineContext, state: PipelineState, ctx: DaemonContext,
+                       resident: ResidentTrainer | None = None) -> TrainingOutcome:
+    """`resident`: the daemon's trainer that stays between generations, when its workload's does."""
     Path(state.run_dir).mkdir(parents=True, exist_ok=True)
     nnodes = claimed_nnodes(pipe, state)
     ctx.log.info("training_started", generation=state.generation, run_dir=str(state.run_dir), nnodes=nnodes)
     cluster = pipe.cluster
     if nnodes > 1 and cluster is not None and cluster.current is not None:  # claimed_nnodes: both are
+        if resident is not None:
+            await resident.stop()  # a spanned run: the cores and memory are the run's
         host = cluster.node.addr.rsplit(":", 1)[0]
         return await train_spanned(pipe, state, ctx, nnodes, host, cluster.announce_rendezvous,
                                    cluster.current.claim.item.item_id)
-    return (await _train(pipe, state, ctx, None))[0]
+    return (await _train(pipe, state, ctx, None, resident))[0]
 
 
 async def train_spanned(pipe: PipelineContext, state: PipelineState, ctx: DaemonContext, nnodes: int,

@@ -25,7 +25,6 @@ Exit codes: 0 done, 2 bad input (config, dataset, parent, run dir).
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import sys
@@ -38,22 +37,18 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from app.atomic_files import atomic_write_json
 from app.config import ConfigError, load_settings
 from app.config.lm import LMConfig
-from app.lm.causal_lm import ModelLoadError, load_model
-from app.lm.train.backend import LocalBackend, OptimConfig
 from app.lm.train.checkpoint_dirs import CheckpointDirError
 from app.lm.train.consumed import ConsumedGroups, ConsumedRecordError
 from app.lm.train.continuation import RESULT_NAME, continued_checkpoint
 from app.lm.data_buffer import DataBuffer
 from app.lm.train.dist_env import GROUP_TIMEOUT_S
-from app.lm.train.fsdp_backend import FSDPBackend
 from app.lm.train.evaluate import evaluate
-from app.lm.train.grpo import GRPOConfig, grpo_loss_fn, sft_loss
+from app.lm.train.grpo import GRPOConfig, grpo_loss_fn
 from app.lm.train.mesh_rollouts import mesh_rollouts
 from app.lm.train.policy_publish import POLICY_FILE, PolicyPublisher
-from app.lm.train.reference import reference_model
 from app.lm.train.remote_groups import RemoteGroups
 from app.lm.train.rollout_sources import GeneratedGroups, LoopFilters, StoredGroups, dataset_problem, drawn_mean_reward
-from app.lm.train.sft_grpo import RunPlan, SFTConfig, sft_rows
+from app.lm.train.sft_grpo import RunPlan, SFTConfig, optimizer_steps, sft_rows
 from app.lm.train.sft_grpo import run as run_phases
 from app.lm.train.candidate import (
     claim_run_dir,
@@ -73,20 +68,15 @@ from app.lm.setup import (
     LMInputError,
     build_task,
     build_tokenizer,
-    for_training,
     heldout_prompts,
-    initial_model,
-    reward_pool,
     rollout_settings,
     train_prompts,
 )
 from app.shared.process_group import DistContext, rank_share, run_rank
+from app.shared.trainer_follow import wait_for_request
+from app.lm.train.trainer_build import HeldTrainer, LMTrainInputError, build_trainer
 
 CANDIDATE_NAME = "candidate"
-
-
-class LMTrainInputError(RuntimeError):
-    """Bad input (config, dataset, parent, run dir): exit code 2 with this message."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--continue-from", type=Path,
                    help="the run dir that made --parent: its last GRPO checkpoint's optimizer state is continued")
+    p.add_argument("--follow", type=Path,
+                   help="after the generation, wait `lm.grpo.trainer_wait_s` for the node to write the next one "
+                        "here (app/shared/trainer_follow.py) and train it on when its parent is this candidate")
     p.add_argument("--no-remote-rollouts", action="store_true",
                    help="the node has no peers (set by the node): publish no policy for rollout workers elsewhere")
     return p
@@ -135,32 +128,48 @@ def load_inputs(args: argparse.Namespace) -> tuple[LMConfig, list, str, str | No
     return lm, groups, dataset_sha, parent_sha
 
 
-def build_model(lm: LMConfig, tok, parent: Path | None):
-    if parent is None:
-        try:
-            return initial_model(lm.model, tok)
-        except ModelLoadError as exc:
-            raise LMTrainInputError(str(exc)) from None
-    try:
-        model = load_model(parent, lm.model.dtype, key="--parent", attn_implementation=lm.model.attn_implementation)
-    except (OSError, ValueError) as exc:
-        raise LMTrainInputError(f"--parent {parent}: cannot load the model: {exc}") from None
-    if model.config.vocab_size < len(tok):
-        raise LMTrainInputError(f"--parent {parent}: vocabulary {model.config.vocab_size} < tokenizer's {len(tok)}")
-    return model
-
-
 def say(env: DistContext, text: str) -> None:
     if env.is_main:
         print(text, flush=True)
 
 
 def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
+    """One generation; with `--follow`, then each next generation the node hands this trainer
+    whose parent is its own last candidate, with the weights and optimizer it holds."""
+    held: HeldTrainer | None = None
+    try:
+        result, held = train_generation(args, env, None)
+        wait_s = load_settings(args.config).lm.grpo.trainer_wait_s if held is not None else 0.0
+        while held is not None:  # it stays: --follow, and the generation may be trained on
+            request = wait_for_request(env, args.follow, args.generation, wait_s)
+            if request is None:
+                say(env, f"no next generation within {wait_s:.0f} s: this trainer ends")
+                break
+            if request.parent_sha256 != held.candidate_sha256:
+                say(env, f"generation {request.generation} trains from {request.parent_sha256[:12]}, not from this "
+                         f"trainer's candidate {str(held.candidate_sha256)[:12]}: this trainer ends "
+                         "(the node launches one from that parent)")
+                break
+            say(env, f"generation {request.generation} continues in this trainer: the weights and optimizer "
+                     f"of generation {args.generation}")
+            args = argparse.Namespace(**{**vars(args), "dataset": Path(request.dataset), "continue_from": None,
+                                         "run_dir": Path(request.run_dir), "generation": request.generation,
+                                         "parent": Path(request.parent)})
+            result, held = train_generation(args, env, held)
+    finally:
+        if held is not None and held.rewards is not None:
+            held.rewards.close()
+    return result
+
+
+def train_generation(args: argparse.Namespace, env: DistContext,
+                     kept: HeldTrainer | None) -> tuple[dict[str, Any] | None, HeldTrainer | None]:
+    """(the run's result, what the trainer holds if it may train the next generation on)."""
     run_dir: Path = args.run_dir
     candidate = run_dir / CANDIDATE_NAME
     if env.broadcast(finished(candidate, run_dir / RESULT_NAME) if env.is_main else None):
         say(env, f"{candidate} is complete and verified: nothing to do")
-        return None
+        return None, kept
     lm, groups, dataset_sha, parent_sha = load_inputs(args)
     identity = {"dataset_sha256": dataset_sha, "parent_sha256": parent_sha, "generation": args.generation}
     problem = env.broadcast(claim_run_dir(run_dir, identity) if env.is_main else None)
@@ -168,35 +177,26 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
         raise LMTrainInputError(problem)
     g = lm.grpo
     sft_steps, rl_steps = phase_steps(lm, args.parent is not None)
-    tok = build_tokenizer(lm.tokenizer)
-    task = build_task(lm.task, tok, need_demonstrations=sft_steps > 0)
-    online = g.rollouts == "online" and rl_steps > 0
-    rewards = reward_pool(lm, task) if online else None
-    if rewards is not None:
-        rewards.start()  # its workers import the reward's module while the model loads
-    model = build_model(lm, tok, args.parent)
-    bad = dataset_problem(groups, model.config.vocab_size) if g.rollouts == "stored" else None
+    held = kept if kept is not None else build_trainer(lm, args.parent, env, sft_steps, rl_steps)
+    tok, task, rewards, backend, reference, sampler = (held.tok, held.task, held.rewards, held.backend,
+                                                       held.reference, held.sampler)
+    online = sampler is not None
+    bad = dataset_problem(groups, held.vocab_size) if g.rollouts == "stored" else None
     if bad:
         raise LMTrainInputError(f"{args.dataset}: {bad}")
-    reference = reference_model(model, g.reference) if g.kl_coef else None
-    sampler = copy.deepcopy(model).eval() if online else None  # before LoRA wraps the policy
-    model = for_training(lm, model, g.seed)  # LoRA: adapters on the policy; the reference stays whole
-    optim = OptimConfig(lr=g.lr, weight_decay=g.weight_decay, max_grad_norm=g.max_grad_norm)
     # Ranks on several nodes: each commits checkpoints only where rank 0 runs (no shared file
     # system is assumed), so a spanned run neither resumes nor reloads between phases; it keeps
     # its weights in memory and, if killed, trains the generation again from the start. It saves
     # no checkpoints either: a part-written one would mislead a later run alone in this dir.
     spans = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size)) < env.world_size
     # the optimizer's state of the run that made the parent (continuation.py); not across nodes
-    # (no shared disk) nor with LoRA (its adapters are new on the merged parent)
+    # (no shared disk) nor with LoRA (its adapters are new on the merged parent); a trainer that
+    # stayed holds it already
     continue_from, why_not = continued_checkpoint(args.continue_from, parent_sha) \
-        if args.continue_from is not None and rl_steps and not spans and lm.lora is None else (None, "")
+        if kept is None and args.continue_from is not None and rl_steps and not spans and lm.lora is None \
+        else (None, "")
     if why_not:
         say(env, f"not continuing {args.continue_from}: {why_not}; GRPO starts fresh from the parent")
-    backend = (FSDPBackend(model, optim, sft_loss, env) if env.world_size > 1 or g.backend == "fsdp2"
-               else LocalBackend(model, optim, sft_loss, env.device))
-    if reference is not None:
-        reference.to(env.device)
     started = time.time()
 
     def progress(phase: str, step: int, stats: dict[str, Any]) -> None:
@@ -207,10 +207,9 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
 
     micro = max(1, -(-rank_share(g.sft.batch_size, 0, env.world_size)[1] // g.micro_batches))
     plan = RunPlan(SFTConfig(steps=sft_steps, batch_size=g.sft.batch_size, micro_batch_size=micro) if sft_steps else None,
-                   g.sft.lr,
-                   rl_steps, g.lr, seed=g.seed, checkpoint_every=args.checkpoint_every, save=not spans,
-                   rl_warmup=0 if continue_from is not None else g.warmup_steps)  # warmed up already
-    if sampler is not None:
+                   g.sft.lr, rl_steps, g.lr, seed=g.seed, checkpoint_every=args.checkpoint_every, save=not spans,
+                   rl_warmup=0 if continue_from is not None or kept is not None else g.warmup_steps)  # warmed up already
+    if online:
         rl_micro = max(1, -(-rank_share(g.groups_per_step, 0, env.world_size)[1] * lm.rollout.n // g.micro_batches))
         consumed = ConsumedGroups(run_dir, env.rank) if plan.save else None  # a spanned run restarts whole
         policy, remote = mesh_rollouts(args.config, run_dir, args.generation, sampler, sampler.config.vocab_size,
@@ -231,30 +230,51 @@ def run(args: argparse.Namespace, env: DistContext) -> dict[str, Any] | None:
     announce = lambda phase, first, last: say(  # noqa: E731
         env, f"{label[phase]} steps {first}..{last} on {what[phase]}, world {env.world_size}")
     dropped = log_dropped_groups(env, run_dir, args.dataset)
+    held_steps = optimizer_steps(backend) if kept is not None else None
     try:
         report = run_phases(backend, tok, run_dir, plan, demonstrations=demonstrations, source=source,
                             reference=reference, reference_is_start=g.reference is None, on_step=progress,
                             on_phase=announce, continue_from=continue_from,
                             loss_fn=grpo_loss_fn(GRPOConfig(g.clip_low, g.clip_high, g.kl_coef,
-                                                            g.tis_cap if sampler is not None else 0.0),
+                                                            g.tis_cap if online else 0.0),
                                                  lm.rollout.temperature, reference))
+    except BaseException:
+        if kept is None and rewards is not None:
+            rewards.close()  # a kept trainer's pool is closed by run()
+        raise
     finally:
-        if rewards is not None:
-            rewards.close()
         if isinstance(source, GeneratedGroups) and source.remote is not None:
             source.remote.close()
+    if kept is not None:
+        report["continued_from"] = {"in_memory": str(kept.run_dir), "optimizer_steps": held_steps}
+    # the trainer stays for the next generation (--follow) only as a GRPO trainer would have been
+    # continued (continuation.py): after GRPO steps (an SFT generation's optimizer is not GRPO's),
+    # on this node alone, without LoRA; the node reads it in result.json
+    stays = bool(rl_steps) and not spans and lm.lora is None and args.follow is not None and g.trainer_wait_s > 0
     final = report.get("final") or last_logged(run_dir, "rl" if rl_steps else "sft")
     staged = stage_candidate(backend, tok, run_dir, CANDIDATE_NAME)
-    if staged is None:
-        return None
-    result = {"generation": args.generation, "candidate": str(candidate), "candidate_sha256": staged[1],
-              "parent_sha256": parent_sha, "dataset_sha256": dataset_sha, "sft_steps": sft_steps, "rl_steps": rl_steps,
-              "final": final, "world_size": env.world_size, "groups": len(groups),
-              "rollouts": g.rollouts,
-              "mean_reward": (None if not rl_steps else final.get("mean_reward") if online
-                              else drawn_mean_reward(groups, g.seed + 1, rl_steps, g.groups_per_step)),
-              "dropped_groups": dropped, "continued_from": report.get("continued_from"),
-              "wall_s": time.time() - started}
+    result = None if staged is None else publish_result(env, args, run_dir, staged, {
+        "parent_sha256": parent_sha, "dataset_sha256": dataset_sha, "sft_steps": sft_steps, "rl_steps": rl_steps,
+        "final": final, "world_size": env.world_size, "groups": len(groups), "rollouts": g.rollouts,
+        "mean_reward": (None if not rl_steps else final.get("mean_reward") if online
+                        else drawn_mean_reward(groups, g.seed + 1, rl_steps, g.groups_per_step)),
+        "dropped_groups": dropped, "continued_from": report.get("continued_from"),
+        "trainer_stays": stays, "wall_s": time.time() - started})
+    sha = env.broadcast(staged[1] if staged is not None else None)  # every rank decides alike what comes next
+    if stays:
+        held.run_dir, held.candidate_sha256 = run_dir, sha
+        return result, held
+    if held.rewards is not None:
+        held.rewards.close()
+    return result, None
+
+
+def publish_result(env: DistContext, args: argparse.Namespace, run_dir: Path, staged: tuple[Path, str],
+                   fields: dict[str, Any]) -> dict[str, Any]:
+    """Rank 0: result.json, then the candidate renamed into place (the node reads both when the
+    candidate is there), and the policy pointer for rollout workers removed."""
+    candidate = run_dir / CANDIDATE_NAME
+    result = {"generation": args.generation, "candidate": str(candidate), "candidate_sha256": staged[1], **fields}
     result["final_loss"] = result["final"].get("loss")
     atomic_write_json(run_dir / RESULT_NAME, result, indent=2)
     publish_candidate(staged[0], candidate)

@@ -82,7 +82,7 @@ FRESH_WAIT_S = 300.0  # how long an export waits for self-play to bring groups o
 class LMSteps:
     name = "lm"
     training = TrainingJob("app.lm.train.generation", loss_key="final_loss", lone_flag="--no-remote-rollouts",
-                           continue_flag="--continue-from")
+                           continue_flag="--continue-from", follow_flag="--follow")
 
     def __init__(self, settings: Settings) -> None:
         torch.set_num_threads(1)  # the node's event loop shares the cores with training ranks
