@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Online GRPO as the mesh runs it against the single-process loop, and over local nodes (#53).
 
-    python scripts/bench_grpo_mesh.py [--steps 30] [--nodes 3] [--timeout 900]
+    python scripts/bench_grpo_mesh.py [--steps 30] [--nodes 3] [--generations 2] [--timeout 900]
 
 Three runs of configs/lm_copy.yaml's task and model (the digit Llama copying 3 digits; SFT
 first, then `--steps` online GRPO steps, 8 groups of 8 a step), one after the other:
@@ -10,8 +10,12 @@ first, then `--steps` online GRPO steps, 8 groups of 8 a step), one after the ot
 2. `mesh`: one node (`python -m app.p2p_orchestrator --config ... --max-generations 2`):
    generation 1 is the SFT, generation 2 the GRPO run under torchrun, with the node's own
    self-play, export, gauntlet and mesh beside it (the shipped daemons.yaml).
-3. `cluster`: `--nodes` local nodes, all voters (fast profile); the trainer's generation-2 run,
+3. `cluster`: `--nodes` local nodes, all voters (fast profile); the trainer's GRPO runs,
    taking the groups the other nodes' rollout workers made from its published policies first.
+
+With `--generations G` the nodes run G generations: GRPO runs 2..G, from the third on in the
+trainer that stays between generations; the figures are over all of them (the first run's
+`--warmup` steps left out), with the other nodes' groups per run.
 
 Every run with `--max-staleness` (default 4; lm_copy.yaml's 0 would take no other node's group).
 
@@ -65,8 +69,8 @@ def rl_lines(metrics: Path) -> list[dict]:
     return out
 
 
-def summary(rows: list[dict], warmup: int) -> dict:
-    """The split, throughput and staleness of one GRPO run's measured steps."""
+def summary(rows: list[dict], warmup: int = 0) -> dict:
+    """The split, throughput and staleness of GRPO steps (past `warmup` steps of their run)."""
     rows = [r for r in rows if r["step"] > warmup]
     if not rows:
         return {"error": "no measured GRPO steps"}
@@ -102,7 +106,7 @@ def run_single(work: Path, cfg: dict, steps: int) -> list[dict]:
     return rl_lines(work / "single" / "metrics.jsonl")
 
 
-def start_nodes(root: Path, n: int, cfg: dict) -> list[subprocess.Popen]:
+def start_nodes(root: Path, n: int, cfg: dict, generations: int) -> list[subprocess.Popen]:
     ids = [f"n{i}" for i in range(n)]
     mesh, health = free_ports(n), free_ports(n)
     root.mkdir(parents=True)
@@ -114,7 +118,7 @@ def start_nodes(root: Path, n: int, cfg: dict) -> list[subprocess.Popen]:
         data.mkdir(parents=True)
         cmd = [sys.executable, "-m", "app.p2p_orchestrator", "--config", str(root / "config.yaml"),
                "--data-dir", str(data), "--node-id", nid,
-               "--port", str(mesh[i]), "--health-port", str(health[i]), "--max-generations", "2"]
+               "--port", str(mesh[i]), "--health-port", str(health[i]), "--max-generations", str(generations)]
         if n > 1:
             cmd += ["--profile", "fast", "--priority", str(i), "--voters", ",".join(ids),
                     "--peers", ",".join(f"{ids[j]}@127.0.0.1:{mesh[j]}" for j in range(n) if j != i)]
@@ -124,19 +128,25 @@ def start_nodes(root: Path, n: int, cfg: dict) -> list[subprocess.Popen]:
     return procs
 
 
-def run_nodes(work: Path, n: int, cfg: dict, timeout: float) -> list[dict]:
-    """The GRPO steps of the run that trained generation 2 (on whichever node held the claim)."""
+def run_nodes(work: Path, n: int, cfg: dict, timeout: float, generations: int) -> list[list[dict]]:
+    """The GRPO steps of each run that trained generations 2..`generations` (on whichever node
+    held the claim), in generation order; from generation 3 on, the trainer that stays
+    (lm.grpo.trainer_wait_s) trains on in the same process."""
     root = work / f"nodes_{n}"
-    procs = start_nodes(root, n, cfg)
+    procs = start_nodes(root, n, cfg, generations)
     deadline = time.monotonic() + timeout
     try:
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
             time.sleep(2)
     finally:
         stop_cluster(procs)
-    runs = [rl_lines(m) for m in sorted(root.glob("n*/runs/*/metrics.jsonl"))]
-    runs = [r for r in runs if r]
-    return max(runs, key=len) if runs else []
+    runs = sorted((m.parent.name, rl_lines(m)) for m in root.glob("n*/runs/gen_*/metrics.jsonl"))
+    return [rows for _, rows in runs if rows]
+
+
+def measured(runs: list[list[dict]], warmup: int) -> list[dict]:
+    """Every run's steps but the first run's first `warmup` (a later run starts warm)."""
+    return [r for i, rows in enumerate(runs) for r in rows if i or r["step"] > warmup]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,16 +158,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-staleness", type=int, default=4,
                    help="lm.rollout.max_staleness of every run (lm_copy.yaml's 0 takes no other node's group: "
                         "a worker's is at least one step behind)")
+    p.add_argument("--generations", type=int, default=2,
+                   help="the nodes' --max-generations: generation 1 is SFT, each later one --steps GRPO steps "
+                        "(from 3 on trained on by the trainer that stays)")
     args = p.parse_args(argv)
     cfg = node_config(args.steps, args.max_staleness)
     out: dict = {"config": "configs/lm_copy.yaml", "steps": args.steps, "warmup": args.warmup,
-                 "max_staleness": args.max_staleness}
+                 "max_staleness": args.max_staleness, "generations": args.generations}
     with tempfile.TemporaryDirectory(prefix="bench_grpo_mesh_") as tmp:
         work = Path(tmp)
         out["single"] = summary(run_single(work, cfg, args.steps), args.warmup)
-        out["mesh"] = summary(run_nodes(work, 1, cfg, args.timeout), args.warmup)
-        if args.nodes > 1:
-            out["cluster"] = {"nodes": args.nodes, **summary(run_nodes(work, args.nodes, cfg, args.timeout), args.warmup)}
+        for name, n in (("mesh", 1), ("cluster", args.nodes)):
+            if n < 1 or name == "cluster" and n < 2:
+                continue
+            runs = run_nodes(work, n, cfg, args.timeout, args.generations)
+            out[name] = {"nodes": n, "grpo_runs": len(runs), **summary(measured(runs, args.warmup)),
+                         "remote_groups_by_run": [sum(int(r.get("remote_groups", 0)) for r in rows) for rows in runs]}
     key = "trained_tokens_per_s"
     if key in out["single"] and key in out["mesh"]:
         out["mesh_over_single"] = round(out["mesh"][key] / out["single"][key], 3)
