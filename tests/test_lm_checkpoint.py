@@ -24,6 +24,7 @@ from app.lm.train.checkpoint_dirs import (
     CheckpointDirError,
     commit_dir,
     complete_checkpoints,
+    prune_older,
     fresh_staging,
     newest_complete,
     read_latest,
@@ -55,6 +56,14 @@ def test_newest_complete_compares_steps_as_integers_and_needs_the_marker(tmp_pat
     assert newest_complete(tmp_path / "missing") is None
     with pytest.raises(CheckpointDirError, match="step_11"):
         read_trainer_state(tmp_path / "step_11")
+
+
+def test_pruning_keeps_the_newest_complete_checkpoints_and_nothing_torn_counts(tmp_path):
+    for name, complete in (("step_00000009", True), ("step_00000010", True), ("step_00000011", False)):
+        make_step(tmp_path, name, complete)
+    assert prune_older(tmp_path, 0) == []  # 0: every one kept
+    assert prune_older(tmp_path, 1) == [tmp_path / "step_00000009"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000010", "step_00000011"]  # the torn one is not a checkpoint
 
 
 def test_commit_makes_the_directory_and_pointer_appear_whole(tmp_path):
@@ -132,7 +141,7 @@ def test_sft_then_rl_starts_from_the_newest_complete_sft_checkpoint(tmp_path):
         online(backend, engine, task, tok, tmp_path / "none", replace(cfg, sft=SFTConfig(steps=0)))
     report = online(backend, engine, task, tok, tmp_path / "r", PLANS["sft"])
     assert report == {"sft": {"from": 0, "to": 4}}
-    assert [s for s, _ in complete_checkpoints(tmp_path / "r" / "sft")] == [2, 4]
+    assert [s for s, _ in complete_checkpoints(tmp_path / "r" / "sft")] == [4]  # the newest kept (RunPlan)
     # a later, torn SFT directory (no marker) must not be picked; nor may RL start from memory
     (tmp_path / "r" / "sft" / "step_00000010").mkdir()
     step4 = {k: v.clone() for k, v in backend.get_weights().items()}

@@ -75,8 +75,9 @@ def make_dataset(config: Path, model, out: Path, seed: int) -> Path:
 
 def train(config: Path, dataset: Path, run_dir: Path, generation: int, nproc: int,
           parent: Path | None = None, checkpoint_every: int = 10,
-          continue_from: Path | None = None) -> subprocess.CompletedProcess:
+          continue_from: Path | None = None, keep_checkpoints: bool = False) -> subprocess.CompletedProcess:
     cmd = train_command(config, dataset, run_dir, generation, nproc, parent, checkpoint_every, continue_from)
+    cmd += ["--keep-checkpoints"] if keep_checkpoints else []
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False, env=TRAIN_ENV)
 
 
@@ -117,7 +118,7 @@ def gen1(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     lm = load_settings(config).lm
     dataset = make_dataset(config, initial_model(lm.model, build_tokenizer(lm.tokenizer)), tmp / "data1", seed=1)
     run_dir = tmp / "gen1"
-    proc = train(config, dataset, run_dir, 1, nproc=1)
+    proc = train(config, dataset, run_dir, 1, nproc=1, keep_checkpoints=True)  # a killed run's state is made from them
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return config, dataset, run_dir
 
@@ -145,8 +146,10 @@ def test_generation_two_on_two_fsdp_ranks_from_the_candidate_then_a_rerun_is_a_n
     parent_sha = json.loads((run1 / RESULT_NAME).read_text())["candidate_sha256"]
     dataset = make_dataset(config, load_model(parent), tmp_path / "data2", seed=2)
     run_dir = tmp_path / "gen2"
-    proc = train(config, dataset, run_dir, 2, nproc=2, parent=parent)
+    proc = train(config, dataset, run_dir, 2, nproc=2, parent=parent, checkpoint_every=2)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # a checkpoint every 2 steps, the newest kept (a resume reads nothing older; each is ~3x the model)
+    assert [p.name for p in sorted((run_dir / "rl").glob("step_*"))] == [f"step_{RL_STEPS:08d}"]
     result = json.loads((run_dir / RESULT_NAME).read_text())
     assert verify_model_dir(run_dir / CANDIDATE_NAME, result["candidate_sha256"]) is None
     assert result["parent_sha256"] == parent_sha and result["world_size"] == 2
@@ -259,7 +262,8 @@ def test_online_rollouts_follow_the_trainer_step_by_step_on_two_fsdp_ranks(gen1,
     online = tmp_path / "online.yaml"
     online.write_text(yaml.safe_dump(data))
     run_dir = tmp_path / "gen2-online"
-    proc = train(online, dataset, run_dir, 2, nproc=2, parent=run1 / CANDIDATE_NAME, checkpoint_every=2)
+    proc = train(online, dataset, run_dir, 2, nproc=2, parent=run1 / CANDIDATE_NAME, checkpoint_every=2,
+                 keep_checkpoints=True)  # the killed state below is made from them
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads((run_dir / RESULT_NAME).read_text())
     assert result["rollouts"] == "online" and result["world_size"] == 2

@@ -88,9 +88,23 @@ def fresh_staging(root: Path, name: str) -> Path:
     return staging
 
 
+def prune_older(root: Path, keep: int) -> list[Path]:
+    """Rank 0, after a commit: every complete checkpoint but the newest `keep` removed (0: none
+    removed). A model's checkpoint is its weights and the optimizer's moments (~3x the model),
+    so a run that kept one every `checkpoint_every` steps, on every generation, filled the disk;
+    resuming needs only the newest, which a commit makes before anything older goes."""
+    if keep <= 0:
+        return []
+    gone = [path for _, path in complete_checkpoints(root)[:-keep]]
+    for path in gone:
+        shutil.rmtree(path, ignore_errors=True)
+    return gone
+
+
 def save_training_checkpoint(backend: TrainingBackend, root: str | Path, step: int,
-                             trainer_state: dict[str, Any]) -> Path:
-    """Every rank calls this (DCP is a collective); rank 0 alone stages, commits and points."""
+                             trainer_state: dict[str, Any], keep: int = 1) -> Path:
+    """Every rank calls this (DCP is a collective); rank 0 alone stages, commits and points,
+    then keeps the newest `keep` complete checkpoints (0: all)."""
     root = Path(root)
     name = step_dir_name(step)
     staging = root / f".staging-{name}"
@@ -102,6 +116,7 @@ def save_training_checkpoint(backend: TrainingBackend, root: str | Path, step: i
     if backend.rank == 0:
         atomic_write_json(staging / STATE_NAME, {**trainer_state, "step": step})
         commit_dir(staging, root, name, {"step": step, "world_size": backend.world_size})
+        prune_older(root, keep)
     backend.barrier()
     return root / name
 

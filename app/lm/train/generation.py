@@ -88,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parent", type=Path, help="Hugging Face directory (with manifest) to start from")
     p.add_argument("--resume", default="auto", help="only 'auto': continue from the newest complete checkpoint")
     p.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints (and at each phase's end)")
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="keep every checkpoint (default: the newest of each phase, all a resume reads)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--continue-from", type=Path,
                    help="the run dir that made --parent: its last GRPO checkpoint's optimizer state is continued")
@@ -208,7 +210,8 @@ def train_generation(args: argparse.Namespace, env: DistContext,
     micro = max(1, -(-rank_share(g.sft.batch_size, 0, env.world_size)[1] // g.micro_batches))
     plan = RunPlan(SFTConfig(steps=sft_steps, batch_size=g.sft.batch_size, micro_batch_size=micro) if sft_steps else None,
                    g.sft.lr, rl_steps, g.lr, seed=g.seed, checkpoint_every=args.checkpoint_every, save=not spans,
-                   rl_warmup=0 if continue_from is not None or kept is not None else g.warmup_steps)  # warmed up already
+                   rl_warmup=0 if continue_from is not None or kept is not None else g.warmup_steps,  # warmed up already
+                   keep_checkpoints=0 if args.keep_checkpoints else 1)
     if online:
         rl_micro = max(1, -(-rank_share(g.groups_per_step, 0, env.world_size)[1] * lm.rollout.n // g.micro_batches))
         consumed = ConsumedGroups(run_dir, env.rank) if plan.save else None  # a spanned run restarts whole

@@ -64,6 +64,7 @@ class RunPlan:
     checkpoint_every: int = 20
     save: bool = True  # checkpoints (and resume from them)
     rl_warmup: int = 0  # GRPO's learning rate rises linearly to rl_lr over these first steps
+    keep_checkpoints: int = 1  # the newest complete checkpoints kept in each phase (0: every one)
 
     def rl_lr_at(self, step: int) -> float:
         """The learning rate of GRPO step `step` (1-based): a pure function, so a resumed run
@@ -177,7 +178,7 @@ def run(backend: TrainingBackend, tokenizer: Any, run_dir: str | Path, plan: Run
             on_phase("sft", start + 1, plan.sft.steps)
         sft_loop(backend, tokenizer, rows, plan.sft, start_step=start,
                  on_step=checkpoint_hook(backend, run_dir / "sft", run_dir, "sft", plan.sft.steps, plan.checkpoint_every,
-                                         rows, hook("sft"), save=plan.save))
+                                         rows, hook("sft"), save=plan.save, keep=plan.keep_checkpoints))
         report["sft"] = {"from": start, "to": plan.sft.steps}
     if not plan.rl_steps:
         return report
@@ -201,7 +202,8 @@ def run(backend: TrainingBackend, tokenizer: Any, run_dir: str | Path, plan: Run
         on_phase("rl", start + 1, plan.rl_steps)
     history = grpo_loop(backend, source, tokenizer.pad_token_id, loss_fn, plan.rl_steps, start_step=start,
                         on_step=checkpoint_hook(backend, run_dir / "rl", run_dir, "rl", plan.rl_steps,
-                                                plan.checkpoint_every, source.buffer, hook("rl"), save=plan.save),
+                                                plan.checkpoint_every, source.buffer, hook("rl"), save=plan.save,
+                                                keep=plan.keep_checkpoints),
                         lr_at=plan.rl_lr_at)
     report["rl"] = {"from": start, "to": plan.rl_steps}
     report["final"] = history[-1] if history else {}
@@ -223,9 +225,9 @@ def set_lr(backend: TrainingBackend, lr: float) -> None:
 
 
 def checkpoint_hook(backend: TrainingBackend, root: Path, run_dir: Path, phase: str, last: int, every: int,
-                    buffer: Resumable, extra: StepHook | None, save: bool = True) -> StepHook:
+                    buffer: Resumable, extra: StepHook | None, save: bool = True, keep: int = 1) -> StepHook:
     """Per step: a metrics line (rank 0), a checkpoint every `every` steps and at `last`
-    (unless `save` is off), then the caller's `extra`."""
+    (unless `save` is off; the newest `keep` kept), then the caller's `extra`."""
     every = max(1, every)
 
     def on_step(step: int, stats: dict[str, Any]) -> None:
@@ -235,7 +237,7 @@ def checkpoint_hook(backend: TrainingBackend, root: Path, run_dir: Path, phase: 
         if save and (step % every == 0 or step == last):
             state = buffer.state_dict()
             save_training_checkpoint(backend, root, step, {"phase": phase, "buffer": state,
-                                                          "rank_buffers": rank_states(backend, state)})
+                                                          "rank_buffers": rank_states(backend, state)}, keep=keep)
         if extra:
             extra(step, stats)
     return on_step
