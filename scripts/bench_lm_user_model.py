@@ -44,7 +44,7 @@ def addition(record, completion_text):
 '''
 
 
-def user_files(out: Path, arch: str, seed: int) -> Path:
+def user_files(out: Path, arch: str, seed: int, trainer_wait_s: float | None = None) -> Path:
     """The user's model, prompts and reward module under `out`; returns the node config's path."""
     paths = make_demo(out / "demo", DemoShape(model_type=arch, seed=seed))
     (out / "userpkg").mkdir(parents=True, exist_ok=True)
@@ -54,6 +54,8 @@ def user_files(out: Path, arch: str, seed: int) -> Path:
     cfg["lm"]["model"]["path"] = str(paths["model"])
     cfg["lm"]["task"].update(path=str(paths["prompts"]), reward="userpkg.rewards:addition", seed=seed)
     cfg["lm"]["grpo"]["seed"] = seed
+    if trainer_wait_s is not None:
+        cfg["lm"]["grpo"]["trainer_wait_s"] = trainer_wait_s
     (out / "config.yaml").write_text(yaml.safe_dump(cfg))
     return out / "config.yaml"
 
@@ -85,8 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="the model's initialisation, the task's and GRPO's seed")
     p.add_argument("--out", type=Path, required=True, help="directory for the user's files and the node's data")
     p.add_argument("--minutes", type=float, default=10.0)
+    p.add_argument("--trainer-wait-s", type=float, default=None,
+                   help="lm.grpo.trainer_wait_s (default: the config's; 0: a launch every generation)")
     args = p.parse_args(argv)
-    config = user_files(args.out, args.arch, args.seed)
+    config = user_files(args.out, args.arch, args.seed, args.trainer_wait_s)
     mesh, health = free_ports(2)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(args.out), os.environ.get("PYTHONPATH")]))}
     with open(args.out / "node.log", "wb") as log:
@@ -94,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "--data-dir", str(args.out / "data"), "--port", str(mesh), "--health-port", str(health)],
                                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     start = time.monotonic()
-    result: dict = {"arch": args.arch, "seed": args.seed, "minutes": args.minutes}
+    result: dict = {"arch": args.arch, "seed": args.seed, "minutes": args.minutes, "trainer_wait_s": args.trainer_wait_s}
     try:
         while time.monotonic() - start < args.minutes * 60 and proc.poll() is None:
             time.sleep(5)
