@@ -69,7 +69,6 @@ class ResidentTrainer:
         self.key: tuple[str, ...] = ()
         self.follow_file: Path | None = None
         self.candidate_sha256: str | None = None  # of the generation it trained last
-        self.handed = 0  # generations handed over rather than launched (a metric of the reuse)
 
     def can_take(self, cmd: list[str], parent_sha256: str | None) -> bool:
         return (self.launched is not None and self.launched.running and launch_key(cmd, self.job) == self.key
@@ -99,7 +98,6 @@ class ResidentTrainer:
             f"generation {generation} handed to the running trainer (launcher pid {self.launched.proc.pid}), "
             f"parent {parent[1][:12]}: no launch", "node"))
         write_request(self.follow_file, FollowRequest(generation, str(run_dir), dataset, parent[0], parent[1]))
-        self.handed += 1
         code = await self._until_done(run_dir, generation, ctx)
         if code == 0 and not finished_run(run_dir, self.candidate_name, self.result_name, generation) \
                 and not ctx.stopping.is_set():
