@@ -103,7 +103,7 @@ async def _train(pipe: PipelineContext, state: PipelineState, ctx: DaemonContext
                  span: SpanArgs | None, resident: ResidentTrainer | None = None) -> tuple[TrainingOutcome, int]:
     run_dir = Path(state.run_dir)
     cmd = training_command(pipe, state, int(pipe.settings.train.nproc), span)
-    if resident is not None and span is None and pipe.steps.training.follow_flag is not None:
+    if resident is not None and span is None:  # the daemon makes one only for a trainer that takes a follow file
         code = await resident.train(cmd, run_dir, state.generation, state.dataset_dir, ps.parent(state), ctx)
     else:
         code = await run_launcher(cmd, run_dir, ctx)

@@ -101,8 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def load_inputs(args: argparse.Namespace) -> tuple[LMConfig, list, str, str | None]:
-    """(lm settings, groups, dataset sha256, parent sha256): every check that needs no model."""
+def load_inputs(args: argparse.Namespace, task_name: str | None = None) -> tuple[LMConfig, list, str, str | None]:
+    """(lm settings, groups, dataset sha256, parent sha256): every check that needs no model.
+    `task_name`: the task a trainer that stays built already (the same config), not built again."""
     if args.resume != "auto":
         raise LMTrainInputError(f"--resume {args.resume!r}: only 'auto' is supported (resume from the run dir)")
     try:
@@ -118,7 +119,7 @@ def load_inputs(args: argparse.Namespace) -> tuple[LMConfig, list, str, str | No
     except RolloutDatasetError as exc:
         raise LMTrainInputError(str(exc)) from None
     try:
-        task_name = build_task(lm.task, build_tokenizer(lm.tokenizer)).name
+        task_name = task_name or build_task(lm.task, build_tokenizer(lm.tokenizer)).name
     except LMInputError as exc:
         raise LMTrainInputError(f"{args.config}: {exc}") from None
     if manifest.get("task") != task_name:
@@ -172,7 +173,7 @@ def train_generation(args: argparse.Namespace, env: DistContext,
     if env.broadcast(finished(candidate, run_dir / RESULT_NAME) if env.is_main else None):
         say(env, f"{candidate} is complete and verified: nothing to do")
         return None, kept
-    lm, groups, dataset_sha, parent_sha = load_inputs(args)
+    lm, groups, dataset_sha, parent_sha = load_inputs(args, kept.task.name if kept is not None else None)
     identity = {"dataset_sha256": dataset_sha, "parent_sha256": parent_sha, "generation": args.generation}
     problem = env.broadcast(claim_run_dir(run_dir, identity) if env.is_main else None)
     if problem:
