@@ -50,7 +50,7 @@ from app.db.dead_letters import DeadLetterStore
 from app.db.engines import check_reachable
 from app.db.registry import ModelRegistry
 from app.log import configure_logging, get_logger
-from app.shared.process_group import visible_gpus
+from app.shared.gpus import visible_gpus
 from app.games.train.gauntlet_baselines import anchor_player
 from app.games.train.promotion import progress_report
 

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from app.games.search.model import ModelFormatError  # noqa: E402
-from app.games.search.players import PlayerSpecError  # noqa: E402
+from app.games.search.player_specs import PlayerSpecError  # noqa: E402
 from app.config import ConfigError, load_settings  # noqa: E402
 from app.config.paths import NodePaths
 from app.db.registry import ModelRegistry, RegistryError  # noqa: E402

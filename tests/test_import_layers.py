@@ -7,6 +7,8 @@ too: a type-only circle is still two modules that cannot be understood one witho
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -210,6 +212,19 @@ def test_no_two_modules_share_a_name() -> None:
 def test_no_import_circle() -> None:
     circles = find_circles(import_graph())
     assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_a_node_and_the_cli_start_without_torch() -> None:
+    """torch costs ~2 CPU s per process; a node loads it only once it runs a network (a model
+    to score, a gauntlet device to resolve), the CLI only for `registry evaluate`. Its game
+    workers still get it from the forkserver's preload (app/games/worker_processes.py)."""
+    code = ("import sys, app.p2p_orchestrator, app.cli.__main__, app.cli.registry_commands; "
+            "from app.games.worker_processes import PRELOAD; "
+            "print('torch' in sys.modules, 'app.games.search.model' in PRELOAD)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50,
+                         cwd=APP.parent)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True"]
 
 
 def test_the_checker_sees_circles_and_layers() -> None:

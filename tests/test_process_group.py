@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -82,13 +83,19 @@ def test_gpu_profile_files_load() -> None:
     assert set(specs) >= {"selfplay", "export", "train", "gauntlet", "promote", "distribution"}
 
 
-def test_a_node_gossips_the_cuda_devices_it_sees(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_node_gossips_the_cuda_devices_it_sees(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The leader makes training require a GPU when a live node has one (scheduling.py): the
-    count must reach the gossip (the machine's CUDA runtime faked, not our code)."""
+    count must reach the gossip (the machine's driver and CUDA runtime faked, not our code).
+    Without a driver the runtime is not asked (app/shared/gpus.py)."""
     from app.p2p_orchestrator import machine_capabilities
+    from app.shared import gpus
 
     assert machine_capabilities()["gpus"] == visible_gpus()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(gpus, "DRIVER_PATHS", (str(tmp_path / "no-driver"),))
+    assert machine_capabilities()["gpus"] == 0
+    monkeypatch.setattr(gpus, "DRIVER_PATHS", (str(tmp_path),))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     capabilities = machine_capabilities()
     assert capabilities["gpus"] == 2 and capabilities["cpus"] >= 1

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         i = argv.index("snapshot")
         return snapshot_commands.main(_hoist(argv[:i], argv[i + 1:]))
     if "registry" in argv or "promote" in argv:
-        from app.cli import registry_commands  # imports torch: only for the commands that need it
+        from app.cli import registry_commands
     if "registry" in argv:  # everything after it belongs to the registry commands
         i = argv.index("registry")
         head, rest = argv[:i], argv[i + 1:]

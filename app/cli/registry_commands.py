@@ -21,10 +21,8 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
-from app.games.search.model import ModelFormatError
-from app.games.search.players import PlayerSpecError
+from app.games.search.model_meta import ModelFormatError
+from app.games.search.player_specs import PlayerSpecError
 from app.config import ConfigError, load_settings
 from app.config.paths import NodePaths
 from app.db.registry import ModelRegistry, RegistryError
@@ -60,7 +58,6 @@ def parse_args(argv: list[str] | None, prog: str | None = None) -> argparse.Name
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     args = parse_args(argv, prog)
-    torch.set_num_threads(1)
     try:
         settings = load_settings(args.config)
         registry_path = args.registry or NodePaths(settings.node.data_dir, settings.node.db_url).registry_db
@@ -76,6 +73,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
 def _run(args: argparse.Namespace, settings, registry: ModelRegistry) -> int:
     if args.command == "evaluate":
+        import torch  # the one command that runs a network here; the others only read the registry
+
+        torch.set_num_threads(1)
         outcome = evaluate_candidate(args.model, settings, registry, workers=args.workers, seed=args.seed,
                                      games_per_baseline=args.games)
         if args.json:

@@ -19,8 +19,9 @@ from multiprocessing.context import BaseContext
 
 # What every game worker imports; the first process to start a worker starts the forkserver
 # with these, so the list is the union of what the three kinds of worker run.
+# The node itself loads torch only when it needs a network, so the network modules are named here.
 PRELOAD = ["app.games.train.selfplay_pool", "app.games.train.selfplay_games", "app.games.search.network_server",
-           "app.games.train.match_games"]
+           "app.games.train.match_games", "app.games.search.model", "app.shared.process_group"]
 
 
 def worker_context() -> BaseContext:

@@ -231,7 +231,7 @@ def resolve_nproc(value: str | int) -> int:
     launcher's usual shape), and one process on a CPU-only machine."""
     if str(value) not in ("auto", "0"):
         return int(value)
-    from app.shared.process_group import visible_gpus  # only here: a launcher given a count never imports torch
+    from app.shared.gpus import visible_gpus
 
     return visible_gpus() or 1
 

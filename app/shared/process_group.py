@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from app.free_ports import free_port
+from app.shared.gpus import visible_gpus
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 T = TypeVar("T")
@@ -51,11 +52,6 @@ def choose_device(pref: str, local_world_size: int, cuda_devices: int) -> str:
             f"--device cuda with {local_world_size} rank(s) on this node but {cuda_devices} CUDA device(s) "
             "visible: NCCL needs one GPU per rank; use --nproc auto (one rank per GPU) or --device cpu")
     return "cuda" if enough else "cpu"
-
-
-def visible_gpus() -> int:
-    """CUDA devices this process can use (0 on a CPU-only build or machine)."""
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def network_device(pref: str) -> torch.device:

@@ -28,7 +28,7 @@ from typing import Any
 from app.coordination.daemons.daemon_registry import DaemonContext
 from app.coordination.daemons.events import EventType
 from app.coordination.pipeline import state as ps
-from app.games.search.players import model_sha_of_player
+from app.games.search.player_specs import model_sha_of_player
 from app.coordination.pipeline.feedback_loops import (
     PLATEAU, QUALITY, DecidedGeneration, ExplorationDecision, Feedback, decide_exploration, decide_training,
     exploration_of, training_values,

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from app.coordination.pipeline.gauntlet_plan import RESULTS_KEY, GauntletRequest, Shard, shards_of
 from app.coordination.pipeline.shard_worker import claim_shard, play_claimed_shard
 from app.coordination.sync import install_model, model_file
-from app.games.search.players import net_spec
+from app.games.search.player_specs import net_spec
 from app.db.registry import ModelRegistry
 from app.log import get_logger
 from app.games.train.gauntlet import (

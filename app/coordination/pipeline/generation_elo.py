@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from app.games.search.players import model_sha_of_player
+from app.games.search.player_specs import model_sha_of_player
 from app.coordination.pipeline.generation_log import GenerationRecord
 from app.games.train.elo import Rating, chain_anchors, fit_elo_chains, rating_order
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.atomic_files import atomic_write_json
 from app.coordination.pipeline.gauntlet_plan import REQUEST_KEY, RESULTS_KEY, GauntletRequest
 from app.log import get_logger
-from app.games.train.gauntlet_shard import ShardResult
+
+if TYPE_CHECKING:  # the board only stores a played shard; importing its module loads torch
+    from app.games.train.gauntlet_shard import ShardResult
 
 log = get_logger(__name__)
 KEEP_GENERATIONS = 3

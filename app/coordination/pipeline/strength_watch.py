@@ -17,9 +17,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import torch
-
-from app.games.search.model import ModelFormatError
+from app.games.search.model_meta import ModelFormatError
 from app.coordination.pipeline.context import PipelineContext
 from app.db.registry import ModelRegistry, RegistryError
 from app.log import get_logger
@@ -89,5 +87,7 @@ async def watch_strength(pipe: PipelineContext, interval_s: float = 10.0) -> Non
 
 
 def _score(pipe: PipelineContext, sha: str, path: Path, positions: list) -> dict[str, float]:
+    import torch  # loaded once a model is scored, not when the node starts
+
     torch.set_num_threads(1)  # the node process's torch work runs on one thread (match_games.py)
     return score_raw_network(path, positions, pipe.settings.node.game, sha256=sha)

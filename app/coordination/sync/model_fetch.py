@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
-from app.games.search.model import ModelFormatError, read_meta, sidecar_path
+from app.games.search.model_meta import ModelFormatError, read_meta, sidecar_path
 from app.coordination.p2p.client import MeshClient
 from app.coordination.sync.model_store import install_staged, is_installed, model_file
 from app.coordination.sync.streaming import FetchError, PeerFailed, download, first_verified_copy

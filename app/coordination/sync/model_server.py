@@ -17,7 +17,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from app.games.search.model import sidecar_path
+from app.games.search.model_meta import sidecar_path
 from app.coordination.p2p.auth import json_error
 from app.coordination.sync.model_store import is_present, model_file
 from app.coordination.sync.wire import is_sha256

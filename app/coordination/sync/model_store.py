@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 from app.atomic_files import fsync_dir, fsync_file
-from app.games.search.model import ModelFormatError, file_sha256, read_meta, sidecar_path
+from app.games.search.model_meta import ModelFormatError, file_sha256, read_meta, sidecar_path
 from app.coordination.sync.wire import is_sha256
 
 SUFFIX = ".safetensors"

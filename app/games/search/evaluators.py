@@ -25,12 +25,15 @@ search values those exactly itself).
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
 
-from app.games.search.model import PolicyValueNet, predict
 from app.games import Game, GameState
+
+if TYPE_CHECKING:  # torch loads with the first network, not with the search (a node that only
+    # gossips, or plays rollout players, never pays for it)
+    from app.games.search.model import PolicyValueNet
 
 
 class Evaluator(Protocol):
@@ -75,12 +78,15 @@ class NetworkEvaluator(_FromStates):
     """
 
     def __init__(self, net: PolicyValueNet, game: Game) -> None:
+        from app.games.search.model import predict  # a net exists, so torch is loaded already
+
         self.net = net.eval()
         self.game = game
+        self._predict = predict
 
     def evaluate_batch(self, words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         self._count(words)
-        return predict(self.net, self.game.words_planes(words), self.game.words_legal_masks(words))
+        return self._predict(self.net, self.game.words_planes(words), self.game.words_legal_masks(words))
 
 
 class UniformEvaluator(_FromStates):

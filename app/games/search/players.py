@@ -13,7 +13,6 @@ name must be the same strength (so names carry depth / simulations).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Hashable, Protocol, Sequence
 
@@ -22,8 +21,10 @@ import numpy as np
 from app.games.search.evaluators import NetworkEvaluator, RolloutEvaluator
 from app.games.search.heuristic import heuristic_move
 from app.games.search.mcts import SearchForest
-from app.games.search.model import load_model, read_meta
-from app.config.pipeline import GauntletConfig, SearchConfig
+from app.games.search.player_specs import (  # noqa: F401 - the specs' names, as this module always offered them
+    RANDOM_NAME, PlayerSpec, PlayerSpecError, model_player_name, model_sha_of_player, net_spec, parse_player_spec,
+)
+from app.config.pipeline import SearchConfig
 from app.games import DEFAULT_GAME, GameState, get_game
 
 
@@ -44,14 +45,10 @@ class _OneAtATime:
         return [self.select_move(state) for state in states]  # type: ignore[attr-defined]
 
 
-class PlayerSpecError(ValueError):
-    """A player description that names no known kind of player, or a missing model."""
-
-
 class RandomPlayer(_OneAtATime):
     """Uniform over legal moves: the rating anchor (Elo 0)."""
 
-    name = "random"
+    name = RANDOM_NAME
 
     def __init__(self, rng: np.random.Generator | None = None) -> None:
         self.rng = rng if rng is not None else np.random.default_rng()
@@ -166,6 +163,8 @@ class NetMCTSPlayer(_TreePlayer):
     def __init__(self, model_path: str | Path, simulations: int = 64, search_cfg: SearchConfig | None = None,
                  expect_sha256: str | None = None, rng: np.random.Generator | None = None,
                  device: str = "cpu") -> None:
+        from app.games.search.model import load_model  # torch loads with the first network player
+
         net, meta = load_model(model_path, expect_sha256=expect_sha256)
         net = net.to(device)
         super().__init__(NetworkEvaluator(net, get_game(meta.game)), simulations, search_cfg or SearchConfig(),
@@ -179,74 +178,6 @@ class NetMCTSPlayer(_TreePlayer):
             return super().select_moves(states, games)
         priors, _ = self.evaluator.evaluate(list(states))
         return [int(np.argmax(row)) for row in priors]
-
-
-def model_player_name(sha256: str, simulations: int) -> str:
-    """A network player's identity in games and ratings: the model and its search budget."""
-    return f"model:{sha256}:s{simulations}"
-
-
-def model_sha_of_player(name: str) -> str | None:
-    """The sha256 in a network player's name, None for baselines."""
-    if not name.startswith("model:"):
-        return None
-    return name.split(":")[1]
-
-
-@dataclass(frozen=True)
-class PlayerSpec:
-    """Picklable description of a player; `make_player` builds it inside a worker process."""
-
-    kind: str  # random | heuristic | rollout | net
-    depth: int = 2
-    simulations: int = 0
-    model_path: str | None = None
-    sha256: str | None = None
-    c_puct: float = 1.5
-    game: str = DEFAULT_GAME
-    device: str = "cpu"  # where a net player's network runs ("cpu" or "cuda"); not part of its name
-
-    @property
-    def name(self) -> str:
-        if self.kind == "random":
-            return RandomPlayer.name
-        if self.kind == "heuristic":
-            return f"heuristic-d{self.depth}"
-        if self.kind == "rollout":
-            return f"rollout-s{self.simulations}"
-        return model_player_name(str(self.sha256), self.simulations)
-
-
-def net_spec(model_path: str | Path, simulations: int, c_puct: float = 1.5) -> PlayerSpec:
-    """A network player's spec, its sha256 and game read from the model's sidecar."""
-    path = Path(model_path)
-    if not path.exists():
-        raise PlayerSpecError(f"{path}: model file not found")
-    meta = read_meta(path)
-    return PlayerSpec("net", simulations=simulations, model_path=str(path), sha256=meta.sha256,
-                      c_puct=c_puct, game=meta.game)
-
-
-def parse_player_spec(text: str, cfg: GauntletConfig | None = None, search: SearchConfig | None = None,
-                      game: str = DEFAULT_GAME) -> PlayerSpec:
-    """'random', 'heuristic[:depth]', 'rollout[:simulations]', or a model path (.safetensors)."""
-    cfg = cfg or GauntletConfig()
-    c_puct = (search or SearchConfig()).c_puct
-    kind, _, arg = text.strip().partition(":")
-    try:
-        if kind == "random":
-            return PlayerSpec("random", game=game)
-        if kind == "heuristic":
-            return PlayerSpec("heuristic", depth=int(arg) if arg else cfg.heuristic_depth, game=game)
-        if kind == "rollout":
-            sims = int(arg) if arg else cfg.rollout_simulations
-            return PlayerSpec("rollout", simulations=sims, c_puct=c_puct, game=game)
-    except ValueError:
-        raise PlayerSpecError(f"player {text!r}: {arg!r} is not an integer") from None
-    if text.endswith(".safetensors"):
-        return net_spec(text, cfg.net_simulations, c_puct)
-    raise PlayerSpecError(
-        f"unknown player {text!r}: use random, heuristic[:depth], rollout[:simulations] or a .safetensors model path")
 
 
 def make_player(spec: PlayerSpec, seed: int | None = None) -> Player:

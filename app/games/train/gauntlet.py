@@ -28,7 +28,6 @@ from app.games.train.gauntlet_baselines import Baseline, anchor_player
 from app.games.train.match_games import (
     GameOutcome, GameTask, InlineExecutor, cut_waves, match_executor, match_tasks, run_wave,
 )
-from app.shared.process_group import network_device
 from app.games.train.sprt import SprtDecision, SprtResult, sprt_decision
 
 ProgressCallback = Callable[[dict], None]
@@ -153,6 +152,8 @@ def _on_device(spec: PlayerSpec, settings: Settings) -> PlayerSpec:
     """A network player's spec with the node's gauntlet device resolved ("auto" -> cpu / cuda)."""
     if spec.kind != "net":
         return spec
+    from app.shared.process_group import network_device  # torch: only once a network plays
+
     return replace(spec, device=network_device(settings.gauntlet.device).type)
 
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol, Sequence, TypeVar
 
-from app.games.search.model import ModelFormatError, file_sha256, read_meta
-from app.games.search.players import model_sha_of_player
+from app.games.search.model_meta import ModelFormatError, file_sha256, read_meta
+from app.games.search.player_specs import model_sha_of_player
 from app.config import Settings
 from app.shared.manifests import verify_stored_model
 from app.config.pipeline import PromotionConfig

@@ -29,7 +29,7 @@ from typing import Callable
 
 import numpy as np
 
-from app.games.search.model import ModelFormatError, read_meta
+from app.games.search.model_meta import ModelFormatError, read_meta
 from app.config import Settings
 from app.db.replay_db import GameRecord, ReplayDB
 from app.log import get_logger

@@ -16,11 +16,9 @@ import numpy as np
 
 from app.games.search.evaluators import Evaluator, NetworkEvaluator, UniformEvaluator
 from app.games.search.mcts import SearchForest, choose_action, temperature_for_ply
-from app.games.search.model import load_model
 from app.config import Settings
 from app.db.replay_db import GameRecord, MoveRecord
 from app.games import Game, GameState, get_game
-from app.shared.process_group import network_device
 
 
 def search_settings(settings: Settings, simulations: int, evaluator: str) -> dict:
@@ -159,5 +157,8 @@ def make_evaluator(model_path, model_sha256: str | None, settings: Settings) -> 
     game = get_game(settings.node.game)
     if model_path is None:
         return UniformEvaluator(game)
+    from app.games.search.model import load_model  # torch loads with the first network
+    from app.shared.process_group import network_device
+
     net, _ = load_model(model_path, expect_game=game.name, expect_sha256=model_sha256)
     return NetworkEvaluator(net.to(network_device(settings.selfplay.device)), game)

@@ -26,7 +26,6 @@ from app.games.worker_processes import parent_gone, worker_context
 from app.config import Settings
 from app.db.replay_db import GameRecord
 from app.log import get_logger
-from app.shared.process_group import network_device
 
 log = get_logger(__name__)
 
@@ -94,6 +93,8 @@ class WorkerPool:
             self.server.close()
             self.server = None
         if self.server is None:
+            from app.shared.process_group import network_device  # torch: only for a network server
+
             device = str(network_device(settings.selfplay.device))
             self.server = NetworkServer(model_path, model_sha256, settings.node.game, device)
         else:

@@ -14,7 +14,6 @@ import json
 import math
 from pathlib import Path
 
-from app.games.search.model import load_model
 from app.atomic_files import atomic_write_json
 from app.games import DEFAULT_GAME, get_game
 from app.games.train.solved_eval import ScoredPosition, accuracy, default_positions_path, network_choices
@@ -34,6 +33,8 @@ def score_raw_network(model_path: str | Path, positions: list[ScoredPosition], g
                       sha256: str | None = None) -> dict[str, float]:
     """{"exact", "outcome", "positions"} of the model's policy argmax on `positions` (with
     `sha256`: the file must be that model, or ModelFormatError)."""
+    from app.games.search.model import load_model  # torch, only for a node that scores a model
+
     game = get_game(game_name)
     net, _ = load_model(model_path, expect_game=game.name, expect_sha256=sha256)
     report = accuracy(positions, network_choices(net, positions, game))

@@ -20,15 +20,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from app.games.search.evaluators import NetworkEvaluator
 from app.games.search.mcts import SearchForest
-from app.games.search.model import PolicyValueNet
 from app.config.pipeline import SearchConfig
 from app.games import DEFAULT_GAME, Game, GameError, GameState, get_game
+
+if TYPE_CHECKING:
+    from app.games.search.model import PolicyValueNet
 
 POSITIONS_NAME = "move_scores.txt"
 # Ply ranges of the per-phase breakdown (the file holds plies 4-32).

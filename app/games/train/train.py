@@ -29,15 +29,12 @@ from app.config import ConfigError, load_settings
 from app.games import get_game
 from app.games.train.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from app.games.train.dataset import DatasetError, load_dataset
+from app.games.train.run_files import CANDIDATE_NAME, CHECKPOINT_NAME, METRICS_NAME, RESULT_NAME
 from app.shared.process_group import DistContext, run_rank
 from app.games.train.train_schedule import ScheduleError, resolve_micro_batches
 from app.games.train.train_task import PolicyValueTask
 from app.games.train.trainer import Trainer, set_global_seed
 
-CHECKPOINT_NAME = "checkpoint.pt"
-METRICS_NAME = "metrics.jsonl"
-RESULT_NAME = "result.json"
-CANDIDATE_NAME = "candidate.safetensors"
 
 
 class TrainInputError(RuntimeError):

@@ -39,7 +39,7 @@ from app.games.train.gauntlet_baselines import planned_baselines
 from app.games.train.promotion import Decision, Gates, register_candidate
 from app.games.train.selfplay import run_selfplay
 from app.games.train.selfplay_pool import WorkerPool
-from app.games.train.train import CANDIDATE_NAME, RESULT_NAME
+from app.games.train.run_files import CANDIDATE_NAME, RESULT_NAME
 
 
 class GameItems:
