@@ -29,6 +29,7 @@ from app.lm.rollout.engine import InProcessEngine
 from app.lm.tasks import DigitTask
 from app.lm.tokenizer import build_digit_tokenizer
 from app.lm.train.backend import LocalBackend, OptimConfig
+from app.lm.train.consumed import ConsumedGroups
 from app.lm.train.grpo import GRPOConfig, grpo_loss_fn, sft_loss
 from app.lm.train.mesh_rollouts import policies_kept
 from app.lm.train.policy_publish import POLICY_FILE, PolicyPublisher, read_policy
@@ -137,6 +138,45 @@ def test_a_resumed_publisher_keeps_its_versions_and_a_new_run_sweeps_the_old_one
     PolicyPublisher(tmp_path / "policies", tmp_path / "next", 3, model, None)  # the next generation's run
     assert not (tmp_path / "policies" / sha).exists()
     assert json.loads((tmp_path / "run" / POLICY_FILE).read_text())["published"] == [[0, sha]]
+
+
+def test_a_trainer_that_stays_takes_the_groups_of_its_last_runs_policies(tmp_path: Path) -> None:
+    """A worker still playing the last generation's policy when that run ended: the next run of a
+    trainer that stays inherits those policies renumbered (its candidate is version 0 again) and
+    takes the groups within `max_staleness`, where a new trainer's run sweeps them; what the last
+    run read of them is carried in the consumed record and never taken again."""
+    backend, source, publisher, remote = trainer(tmp_path, staleness=2)
+    loss = grpo_loss_fn(GRPOConfig(tis_cap=2.0))
+    (tmp_path / "run").mkdir()
+    source.begin(backend, 0)
+    v0 = read_policy(tmp_path / "run")["sha256"]  # type: ignore[index]
+    assert worker_batch(tmp_path, v0, 0, seed=1) > 0
+    assert grpo_step(backend, source, TOK.pad_token_id, loss, 1)["remote_groups"] > 0
+    grpo_step(backend, source, TOK.pad_token_id, loss, 2)
+    last = publisher.versions()
+    assert sorted(last.values()) == [0, 1, 2]
+    (tmp_path / "run2").mkdir()
+    stays = PolicyPublisher(tmp_path / "policies", tmp_path / "run2", 3, publisher.model, None, keep=3,
+                            inherited=publisher.carried(last_version=2))
+    assert stays.versions() == {sha: version - 2 for sha, version in last.items()}
+    read = remote.read_of(stays.versions())
+    assert remote.uids and remote.uids <= read  # what run 1 trained of version 0's groups
+    consumed = ConsumedGroups(tmp_path / "run2")
+    consumed.carry(read)
+    assert ConsumedGroups(tmp_path / "run2").uids == read  # durable: a resume after a kill excludes them too
+    one_back = next(sha for sha, version in last.items() if version == 1)
+    assert worker_batch(tmp_path, one_back, 1, seed=5) > 0  # made from the last run's version 1, now -1
+    following_remote = RemoteGroups(tmp_path / "rollouts.db", stays.versions, publisher.model.config.vocab_size,
+                                    exclude=consumed.uids)
+    following = GeneratedGroups(source.engine, TASK, TOK, PROMPTS[:24], seed=2, prompts_per_step=4, rollout=ROLLOUT,
+                                filters=LoopFilters(2.0, "drop", 2), policy=stays, remote=following_remote,
+                                consumed=consumed)
+    following.begin(backend, 0)
+    assert read_policy(tmp_path / "run2")["sha256"] == next(s for s, v in last.items() if v == 2)  # type: ignore[index]
+    stats = grpo_step(backend, following, TOK.pad_token_id, loss, 1)
+    taken = stats["remote_groups"]  # the worker's groups with a signal (zero-variance ones dropped), one step old
+    assert taken >= 2 and stats["staleness_groups"] == [4 - taken, taken, 0, 0]
+    assert not following_remote.uids & read
 
 
 def test_a_policy_stays_published_as_long_as_its_groups_may_be_taken() -> None:

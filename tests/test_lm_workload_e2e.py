@@ -337,8 +337,9 @@ def test_one_trainer_and_two_rollout_nodes_learn_through_a_rollout_node_kill_and
             union |= set(uids)
     assert len(union) == created  # no group lost or stored under two uids
     assert replicated > 0  # rollouts travel between nodes as games do
-    trained = [u for run in (trainer.data_dir / "runs").glob("gen_*") for f in (run / "consumed").glob("rank_*.jsonl")
-               for line in f.read_text().splitlines() if line.endswith("]}") for u in json.loads(line)["uids"]]
+    lines = [json.loads(line) for run in (trainer.data_dir / "runs").glob("gen_*")
+             for f in (run / "consumed").glob("rank_*.jsonl") for line in f.read_text().splitlines() if line.endswith("}")]
+    trained = [u for line in lines if not line.get("carried") for u in line["uids"]]  # carried: the last run's
     assert trained and len(trained) == len(set(trained))  # no group id trained twice, across the kills
     for run in (trainer.data_dir / "runs").glob("gen_*"):  # every GRPO step within the staleness bound
         steps = _rl_steps(run)

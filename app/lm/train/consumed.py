@@ -7,7 +7,10 @@ is at most the groups of the steps after the newest checkpoint, never a group tr
 (the rule of slime's and AReaL's buffers). A group produced again after the resume with the
 same uid (the in-process loop replays its seeds) is dropped as "consumed" and replaced.
 
-    <run_dir>/consumed/rank_<r>.jsonl   one line per step: {"step": N, "uids": [...]}
+    <run_dir>/consumed/rank_<r>.jsonl   one line per step: {"step": N, "uids": [...]}; first, for
+                                        the run of a trainer that stays, {"step": 0, "uids": [...],
+                                        "carried": true}: what its last run read of the policies
+                                        this one inherits (policy_publish.py), never trained here
 
 One file per rank: each rank trains its own groups (rollout_sources.GeneratedGroups), and
 appends are never shared between processes. A torn last line (a kill in the middle of the
@@ -78,16 +81,27 @@ class ConsumedGroups:
             seen.add(uid)
         return out
 
+    def carry(self, uids: Iterable[str]) -> None:
+        """Record uids trained (or dropped) by the run whose policies this one inherits, so that
+        neither this run nor its resume after a kill takes them again; durable as a step's."""
+        new = sorted(set(uids) - self.uids)
+        if new:
+            self._append({"step": 0, "uids": new, "carried": True})
+            self.uids.update(new)
+
     def record(self, step: int, uids: Sequence[str]) -> None:
         """Append the step's uids, durably, before the step trains on them. A repeat is a bug
         upstream (the filters let it through): refused here rather than trained."""
         again = self.repeated(uids)
         if again:
             raise ConsumedRecordError(f"step {step}: group(s) {again[:3]} were trained already ({self.path})")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"step": step, "uids": list(uids)}) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        self._append({"step": step, "uids": list(uids)})
         self.uids.update(uids)
         self.steps += 1
+
+    def _append(self, entry: dict) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(entry) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())

@@ -213,12 +213,17 @@ def train_generation(args: argparse.Namespace, env: DistContext,
                    g.sft.lr, rl_steps, g.lr, seed=g.seed, checkpoint_every=args.checkpoint_every, save=not spans,
                    rl_warmup=0 if continue_from is not None or kept is not None else g.warmup_steps,  # warmed up already
                    keep_checkpoints=0 if args.keep_checkpoints else 1)
+    policy, remote = None, None  # an online run on the mesh: its publisher (rank 0) and reader of workers' groups
     if online:
         rl_micro = max(1, -(-rank_share(g.groups_per_step, 0, env.world_size)[1] * lm.rollout.n // g.micro_batches))
         consumed = ConsumedGroups(run_dir, env.rank) if plan.save else None  # a spanned run restarts whole
+        if consumed is not None and kept is not None:
+            consumed.carry(kept.carried_uids)  # what the last run read of the policies inherited below
         policy, remote = mesh_rollouts(args.config, run_dir, args.generation, sampler, sampler.config.vocab_size,
                                        rank=env.rank, world_size=env.world_size,
-                                       alone=spans or args.no_remote_rollouts)
+                                       alone=spans or args.no_remote_rollouts,
+                                       inherited=kept.policies if kept is not None else (),
+                                       exclude=consumed.uids if consumed is not None else ())
         source: StoredGroups | GeneratedGroups = online_source(lm, task, tok, sampler, rewards, env, rl_micro,
                                                                consumed, generation=args.generation,
                                                                policy=policy, remote=remote)
@@ -267,6 +272,9 @@ def train_generation(args: argparse.Namespace, env: DistContext,
     sha = env.broadcast(staged[1] if staged is not None else None)  # every rank decides alike what comes next
     if stays:
         held.run_dir, held.candidate_sha256 = run_dir, sha
+        carried = env.broadcast(policy.carried(last_version=rl_steps) if policy is not None else None) or []
+        held.policies = [(int(v), str(s)) for v, s in carried]
+        held.carried_uids = remote.read_of({s for _, s in held.policies}) if remote is not None else set()
         return result, held
     if held.rewards is not None:
         held.rewards.close()

@@ -14,6 +14,7 @@ file, so the trainer reads the paths the node uses.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,11 @@ def policies_kept(max_staleness: int) -> int:
 
 
 def mesh_rollouts(config: Path, run_dir: Path, generation: int, model: Any, vocab_size: int, *, rank: int,
-                  world_size: int, alone: bool) -> tuple[PolicyPublisher | None, RemoteGroups | None]:
-    """(publisher on rank 0, reader on every rank), or (None, None) for a run of its own."""
+                  world_size: int, alone: bool, inherited: Sequence[tuple[int, str]] = (),
+                  exclude: Collection[str] = ()) -> tuple[PolicyPublisher | None, RemoteGroups | None]:
+    """(publisher on rank 0, reader on every rank), or (None, None) for a run of its own;
+    `inherited`: the policies a trainer that stays published in its last run (policy_publish.py);
+    `exclude`: the uids the reader never takes (the run's consumed record)."""
     if alone:
         return None, None
     settings = load_settings(config)
@@ -50,7 +54,7 @@ def mesh_rollouts(config: Path, run_dir: Path, generation: int, model: Any, voca
     if paths is None:
         return None, None
     keep = policies_kept(settings.lm.rollout.max_staleness)
-    publisher = (PolicyPublisher(paths.data_dir / POLICIES_DIR, run_dir, generation, model, None, keep=keep)
-                 if rank == 0 else None)
+    publisher = (PolicyPublisher(paths.data_dir / POLICIES_DIR, run_dir, generation, model, None, keep=keep,
+                                 inherited=inherited) if rank == 0 else None)
     versions = publisher.versions if publisher is not None else (lambda: published_versions(run_dir))
-    return publisher, RemoteGroups(paths.rollouts_db, versions, vocab_size, rank, world_size)
+    return publisher, RemoteGroups(paths.rollouts_db, versions, vocab_size, rank, world_size, exclude)

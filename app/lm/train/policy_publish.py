@@ -15,8 +15,12 @@ the version and where to fetch it within a gossip round. `published` is the trai
 map from sha256 to the version it stands for: a group a worker stamps with a version is
 trusted only through the sha256 of the weights that made it (remote_groups.py). Only the
 newest `keep` directories stay; a new run removes the ones no pointer of it names (the
-previous generation's policies make groups no run will take). Directories are written under
-a staging name and renamed whole; the pointer is written atomically after the rename.
+previous generation's policies make groups no run will take), except where a trainer that
+stays trains on (`inherited`): its last run's policies are its own earlier weights, renumbered
+in the new run's versions (its candidate, the last one, is version 0 again, the ones before it
+negative), so the groups workers were still making from them when the run ended are taken
+within `max_staleness` steps as if no generation had ended. Directories are written under a
+staging name and renamed whole; the pointer is written atomically after the rename.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from __future__ import annotations
 import json
 import secrets
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +65,14 @@ def published_versions(run_dir: str | Path) -> dict[str, int]:
 
 class PolicyPublisher:
     def __init__(self, root: str | Path, run_dir: str | Path, generation: int, model: nn.Module, tokenizer: Any,
-                 *, keep: int = 4, every: int = 1) -> None:
+                 *, keep: int = 4, every: int = 1, inherited: Sequence[tuple[int, str]] = ()) -> None:
         """`model` gives the directory's architecture (its config and class); the weights come
-        with each call. A resumed run keeps the versions it published before its kill."""
+        with each call. A resumed run keeps the versions it published before its kill; a new
+        run of a trainer that stays starts with `inherited` (its last run's, renumbered)."""
         self.root, self.run_dir, self.generation = Path(root), Path(run_dir), generation
         self.model, self.tokenizer, self.keep, self.every = model, tokenizer, max(1, keep), max(1, every)
-        self.published: list[tuple[int, str]] = self._previous()
+        mine = self._previous() or [(int(v), str(s)) for v, s in inherited if (self.root / str(s)).is_dir()]
+        self.published: list[tuple[int, str]] = mine[-self.keep:]
         self._sweep()
 
     def _previous(self) -> list[tuple[int, str]]:
@@ -88,6 +94,12 @@ class PolicyPublisher:
     def versions(self) -> dict[str, int]:
         """sha256 -> the version it stands for, of the directories still published."""
         return {sha: version for version, sha in self.published}
+
+    def carried(self, last_version: int) -> list[tuple[int, str]]:
+        """What the next run of a trainer that stays inherits: this run's own policies with its
+        candidate, version `last_version` here, as version 0 (not those it inherited itself:
+        their groups are a whole run stale by then, and one hop keeps what to exclude bounded)."""
+        return [(version - last_version, sha) for version, sha in self.published if version >= 0]
 
     def __call__(self, version: int, weights: Mapping[str, torch.Tensor]) -> str | None:
         """Publish `weights` as `version` (when due); the directory's sha256."""

@@ -56,10 +56,13 @@ class RemoteGroups:
     version, the publisher's) and remembers which it handed over."""
 
     def __init__(self, rollouts_db: str | Path, versions: Callable[[], Mapping[str, int]], vocab_size: int,
-                 rank: int = 0, world_size: int = 1) -> None:
+                 rank: int = 0, world_size: int = 1, exclude: Collection[str] = ()) -> None:
+        """`exclude`: uids never to take (the run's consumed record: what it, or the run whose
+        policies it inherited, trained already)."""
         self.rollouts_db, self.versions, self.vocab_size = rollouts_db, versions, vocab_size
         self.rank, self.world_size = rank, world_size
-        self.offered: set[str] = set()
+        self.offered: set[str] = set(exclude)
+        self._read: dict[str, set[str]] = {}  # model sha256 -> uids read from the store in this run
         self.uids: set[str] = set()  # every uid taken from the store: the step's "remote_groups" count
         self._store: RolloutStore | None = None  # opened at the first read, kept for the run
 
@@ -73,8 +76,15 @@ class RemoteGroups:
         records = self._store.groups_of_models(sorted(versions), exclude=self.offered, limit=MAX_READ)
         groups = takeable(records, versions, min_version, self.offered, self.vocab_size, self.rank, self.world_size)
         self.offered.update(r.uid for r in records)
+        for r in records:
+            self._read.setdefault(r.model_sha256 or "", set()).add(r.uid)
         self.uids.update(g.uid for g in groups)
         return groups
+
+    def read_of(self, shas: Collection[str]) -> set[str]:
+        """The uids this run read of the policies `shas`: what the next run of a trainer that
+        stays, inheriting them, must not take again (trained here, or dropped here as stale)."""
+        return set().union(*(self._read.get(sha, set()) for sha in shas))
 
     def close(self) -> None:
         if self._store is not None:

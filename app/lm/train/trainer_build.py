@@ -7,7 +7,7 @@ never stopped."""
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,11 @@ class HeldTrainer:
     vocab_size: int
     run_dir: Path | None = None
     candidate_sha256: str | None = None
+    # the policies its last run published for rollout workers, renumbered so that its candidate
+    # is version 0 (policy_publish.py): the next run still takes their groups
+    policies: list[tuple[int, str]] = field(default_factory=list)
+    # this rank: the uids its last run read of those policies, not to be taken again (consumed.py)
+    carried_uids: set[str] = field(default_factory=set)
 
 
 def build_model(lm: LMConfig, tok, parent: Path | None):
