@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from dataclasses import dataclass
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from app.config.lm import SHARED_TRAIN_KEYS
 from app.config.node import default_node_id
 from app.coordination.daemons.manager import DaemonManager, Readiness
 from app.coordination.daemons.daemon_registry import build_registry, daemon_settings, read_daemons
+from app.config.paths import NODE_DB_URL_ENV
 from app.coordination.pipeline.cluster import ClusterPipeline
 from app.coordination.pipeline.runner_settings import ExportSettings
 from app.coordination.pipeline.runners import pipeline_runners
@@ -45,6 +47,7 @@ from app.coordination.pipeline.mesh_events import watch_mesh
 from app.coordination.pipeline.dashboard_feed import DashboardFeed
 from app.coordination.pipeline.lineage_gate import GatedLineage, LineageGate
 from app.coordination.pipeline.progress_display import show_progress
+from app.coordination.pipeline.retention import watch_retention
 from app.coordination.pipeline.strength_watch import watch_strength
 from app.db.dead_letters import DeadLetterStore
 from app.db.engines import check_reachable
@@ -201,6 +204,7 @@ def lineage_yaml(settings: Settings) -> str:
 async def run_node(args: argparse.Namespace, settings: Settings) -> int:
     if settings.node.db_url:
         await asyncio.to_thread(check_reachable, settings.node.db_url)  # one line, not a traceback
+        os.environ[NODE_DB_URL_ENV] = settings.node.db_url  # its trainers' rollout store (mesh_rollouts.py)
     daemons = read_daemons(args.daemons)
     configured = lineage_settings(settings)
     several = len(configured) > 1
@@ -227,7 +231,8 @@ async def run_node(args: argparse.Namespace, settings: Settings) -> int:
              generation=pipe.state.generation, stage=pipe.state.stage.value, configs=[x.entry.name for x in lineages])
     background = [asyncio.create_task(show_progress(pipe, metrics))]
     for lineage in lineages:
-        background += [asyncio.create_task(lineage.feed.run()), asyncio.create_task(watch_strength(lineage.pipe))]
+        background += [asyncio.create_task(lineage.feed.run()), asyncio.create_task(watch_strength(lineage.pipe)),
+                       asyncio.create_task(watch_retention(lineage.pipe, lineage.metrics))]
         if lineage.cluster is not None:
             background.append(asyncio.create_task(lineage.cluster.publish_loop(lineage.router)))
             background.append(asyncio.create_task(watch_mesh(lineage.node, lineage.router)))

@@ -59,6 +59,14 @@ async def test_a_default_node_charts_elo_and_solved_accuracy_after_two_promotion
             return p if len(gens) == PROMOTIONS and all(g["elo"] is not None and g["accuracy"] for g in gens) else None
 
         progress = wait_until(progress_complete, 90, interval=1.0, what="every promoted generation rated and scored")
+        # retention (pipeline/retention.py): generation 1's run, decided and no longer the best's,
+        # loses its checkpoint and keeps its candidate (the registry's file) and result
+        run1 = files.data_dir / "runs" / "gen_0001"
+        wait_until(lambda: not (run1 / "checkpoint.pt").exists(), 60, what="generation 1's checkpoint removed")
+        assert (run1 / "candidate.safetensors").is_file() and (run1 / "result.json").is_file()
+        freed = re.search(rb'^mesh_retention_freed_bytes_total\{kind="checkpoints",node="solo"\} ([0-9.e+]+)$',
+                          files.health("/metrics")[1], re.MULTILINE)
+        assert freed and float(freed[1]) > 0
         first = progress["generations"][0]
         # rated against the fixed anchor every generation plays (gauntlet.anchor: the heuristic,
         # pinned at 0), not against generation 1: generation 1 has an Elo of its own

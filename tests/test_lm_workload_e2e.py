@@ -157,6 +157,9 @@ def test_lm_node_survives_kill9_while_writing_rollouts_then_learns(tmp_path) -> 
         own = {r["node_id"]: r for r in panel["training"]}["lm"]
         assert own["trains_from"]["model"] in ("head", "best") and own["trains_from"]["generation"] >= 1, own
         assert {r["generation"] for r in panel["heldout"]} >= {0, 1}, panel["heldout"]
+        # retention (pipeline/retention.py): the heads installed at each rejection leave the model
+        # store once superseded, decided runs but the best's and the head's lose their checkpoints
+        wait_until(lambda: _retained(files), 60, interval=1.0, what="only the kept models and checkpoints on disk")
 
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=90) == 0, tail(files)
@@ -174,6 +177,20 @@ def test_lm_node_survives_kill9_while_writing_rollouts_then_learns(tmp_path) -> 
     assert all(r["parent_sha256"] == candidates[r["generation"] - 1] for r in results if r["generation"] >= 2), results
     # a node without peers has no rollout workers elsewhere: its trainer published no policy
     assert not (files.data_dir / POLICIES_DIR).exists(), sorted((files.data_dir / POLICIES_DIR).iterdir())
+
+
+def _retained(files: NodeFiles) -> bool:
+    """The model store holds only the best, the head and promoted models; no decided run but the
+    best's and the head's has a checkpoint left (read while the node runs: polled)."""
+    state = files.state()
+    with ModelRegistry(files.data_dir / "registry.db") as registry:
+        promoted = {m.sha256 for m in registry.models() if m.promoted_at is not None}
+    kept = promoted | {state.get("best_sha256"), state.get("head_sha256")}
+    installed = {p.name for p in (files.data_dir / "lm_models").iterdir() if len(p.name) == 64}
+    protected = {state.get("best_generation"), state.get("head_generation") if state.get("head_sha256") else None}
+    runs = [r for r in (files.data_dir / "runs").glob("gen_*") if int(r.name[4:]) < state["generation"]
+            and int(r.name[4:]) not in protected]
+    return installed <= kept and not any((r / "rl").exists() or (r / "sft").exists() for r in runs)
 
 
 def _grpo_run_at(files: NodeFiles, step: int) -> Path | None:

@@ -29,3 +29,8 @@ class NodeConfig(StrictModel):
     # than SQLite files under data_dir; one database per node
     db_url: str | None = None
     game: str = "connect4"
+    # once generations are decided, delete what no later step reads: decided runs' checkpoints
+    # (but the best's and the head's runs), older datasets, superseded heads in the model store
+    # (app/coordination/pipeline/retention.py); false keeps everything
+    retention: bool = True
+    keep_datasets: int = Field(2, ge=0, le=10_000)  # decided generations' datasets kept, newest first

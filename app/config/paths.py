@@ -9,6 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+# How a node hands its database URL to its training processes (set in its environment, which
+# they inherit: a URL may carry a password, so never on a command line); app/lm/train/mesh_rollouts.py
+NODE_DB_URL_ENV = "MESH_NODE_DB_URL"
+
 
 @dataclass(frozen=True)
 class NodePaths:

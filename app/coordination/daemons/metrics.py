@@ -186,6 +186,9 @@ class Metrics:
         self.training_loss = gauge("training_loss", "Held-out loss of the latest training run on this node.")
         self.generation = gauge("model_generation", "Generation of the model this node plays with.")
         self.promotions_total = counter("promotions", "Models this node promoted.")
+        self.retention_freed_bytes_total = counter(
+            "retention_freed_bytes", "Bytes deleted once generations were decided (pipeline/retention.py), by kind.",
+            "kind")
         # Feedback loops (app/coordination/pipeline/feedback_loops.py).
         self.data_quality_score = gauge("data_quality_score", "Quality score (0..1) of the latest exported dataset.")
         self.training_scale = gauge(

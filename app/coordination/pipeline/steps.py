@@ -83,13 +83,18 @@ class TrainingJob:
     loss_key: str  # result.json's key of the run's final loss
     candidate_name: str = "candidate"
     result_name: str = "result.json"
-    lone_flag: str | None = None  # passed to the trainer when the node has no peers (pipe.cluster is None)
+    # passed with the node's data dir when it has peers: the trainer finds the node's stores
+    # there, whatever config file or `--data-dir` the node was started with
+    mesh_flag: str | None = None
     # passed with the run dir on this node that made the parent, when there is one: the trainer
     # continues its optimizer's state (a workload whose trainer runs on, steps.RunsOn)
     continue_flag: str | None = None
     # passed with a file on a lone node: the trainer stays after its generation and takes the
     # next one written there (app/shared/trainer_follow.py, resident_trainer.py)
     follow_flag: str | None = None
+    # a run dir's checkpoints (glob patterns of files or dirs): removed once the generation is
+    # decided and its run made neither the best nor the head (retention.py)
+    checkpoint_names: tuple[str, ...] = ()
 
     def final_loss(self, result: Mapping[str, object]) -> float | None:
         value = result.get(self.loss_key)

@@ -55,8 +55,7 @@ def launcher_command(pipe: PipelineContext, *, run_dir: Path, dataset_dir: str |
                      options: Mapping[str, float | int] | None = None, continue_from: Path | None = None) -> list[str]:
     """The launcher command line of one node's part of a training run (the whole run when alone);
     `options`: trainer options over the config's (`lr`, `batch_size`: the quality loop's).
-    `nproc` 0 (one per GPU) is resolved here: the node has torch loaded already, a launcher
-    asked to resolve it would import torch only for that (~2.4 CPU s a run)."""
+    `nproc` 0 (one per GPU) is resolved here, as the launcher would (app/shared/gpus.py)."""
     cmd = [sys.executable, "-m", "app.shared.launcher", "--nproc", str(resolve_nproc(nproc)),
            "--log-dir", str(run_dir / "logs"), "--log-format", "json"]
     if span is not None:
@@ -70,8 +69,8 @@ def launcher_command(pipe: PipelineContext, *, run_dir: Path, dataset_dir: str |
         cmd += ["--parent", str(parent)]
     if continue_from is not None and pipe.steps.training.continue_flag is not None:
         cmd += [pipe.steps.training.continue_flag, str(continue_from)]
-    if pipe.cluster is None and pipe.steps.training.lone_flag is not None:
-        cmd.append(pipe.steps.training.lone_flag)
+    if pipe.cluster is not None and pipe.steps.training.mesh_flag is not None:
+        cmd += [pipe.steps.training.mesh_flag, str(pipe.paths.data_dir.resolve())]
     for key, value in sorted((options or {}).items()):
         cmd += [f"--{key.replace('_', '-')}", str(value)]
     return cmd

@@ -102,7 +102,7 @@ class GameSteps:
 
     name = "games"  # the seam's name for it; the config's `workload:` keeps its first name
     training = TrainingJob("app.games.train.train", loss_key="best_holdout_loss", candidate_name=CANDIDATE_NAME,
-                           result_name=RESULT_NAME)
+                           result_name=RESULT_NAME, checkpoint_names=("checkpoint*.pt",))
 
     def __init__(self, settings: Settings) -> None:
         self.paths = NodePaths(Path(settings.node.data_dir), settings.node.db_url)

@@ -24,6 +24,7 @@ from app.atomic_files import atomic_write_json, atomic_write_text, fsync_dir
 from app.lm.train.backend import TrainingBackend
 
 COMPLETE = "COMPLETE"
+PHASE_DIRS = ("sft", "rl")  # a run dir's checkpoint dirs, one per phase (sft_grpo.py, continuation.py)
 LATEST = "latest"
 STATE_NAME = "trainer_state.json"
 _STEP_DIR = re.compile(r"^step_(\d+)$")

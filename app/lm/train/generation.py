@@ -96,8 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--follow", type=Path,
                    help="after the generation, wait `lm.grpo.trainer_wait_s` for the node to write the next one "
                         "here (app/shared/trainer_follow.py) and train it on when its parent is this candidate")
-    p.add_argument("--no-remote-rollouts", action="store_true",
-                   help="the node has no peers (set by the node): publish no policy for rollout workers elsewhere")
+    p.add_argument("--mesh-data-dir", type=Path,
+                   help="the data dir of the node that launched this run, given by a node with peers: publish each "
+                        "step's policy there for rollout workers and take their groups from its rollout store")
     return p
 
 
@@ -221,7 +222,7 @@ def train_generation(args: argparse.Namespace, env: DistContext,
             consumed.carry(kept.carried_uids)  # what the last run read of the policies inherited below
         policy, remote = mesh_rollouts(args.config, run_dir, args.generation, sampler, sampler.config.vocab_size,
                                        rank=env.rank, world_size=env.world_size,
-                                       alone=spans or args.no_remote_rollouts,
+                                       node_data_dir=None if spans else args.mesh_data_dir,
                                        inherited=kept.policies if kept is not None else (),
                                        exclude=consumed.uids if consumed is not None else ())
         source: StoredGroups | GeneratedGroups = online_source(lm, task, tok, sampler, rewards, env, rl_micro,

@@ -70,6 +70,7 @@ from app.lm.workload.rollout_replica import RolloutItems
 from app.lm.workload.dashboard_panel import heldout_rows, training_rows
 from app.lm.workload.rollout_worker import PolicyEngine, trainer_policy
 from app.lm.workload.run_metrics import run_progress
+from app.lm.train.checkpoint_dirs import PHASE_DIRS
 from app.log import get_logger
 
 log = get_logger(__name__)
@@ -81,8 +82,8 @@ FRESH_WAIT_S = 300.0  # how long an export waits for self-play to bring groups o
 
 class LMSteps:
     name = "lm"
-    training = TrainingJob("app.lm.train.generation", loss_key="final_loss", lone_flag="--no-remote-rollouts",
-                           continue_flag="--continue-from", follow_flag="--follow")
+    training = TrainingJob("app.lm.train.generation", loss_key="final_loss", mesh_flag="--mesh-data-dir",
+                           continue_flag="--continue-from", follow_flag="--follow", checkpoint_names=PHASE_DIRS)
 
     def __init__(self, settings: Settings) -> None:
         torch.set_num_threads(1)  # the node's event loop shares the cores with training ranks
