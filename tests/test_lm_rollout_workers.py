@@ -179,6 +179,19 @@ def test_a_trainer_that_stays_takes_the_groups_of_its_last_runs_policies(tmp_pat
     assert not following_remote.uids & read
 
 
+def test_a_large_models_trainer_publishes_every_few_steps(tmp_path: Path) -> None:
+    """`lm.rollout.publish_every`: each policy is the whole model on disk."""
+    model = build_model(LMModelConfig(seed=3), TOK)
+    (tmp_path / "run").mkdir()
+    publisher = PolicyPublisher(tmp_path / "policies", tmp_path / "run", 2, model, None, keep=4, every=3)
+    state = model.state_dict()
+    published = [publisher(version, {k: v + version if v.is_floating_point() else v for k, v in state.items()})
+                 is not None for version in range(7)]
+    assert published == [True, False, False, True, False, False, True]
+    assert sorted(publisher.versions().values()) == [0, 3, 6]
+    assert policies_kept(12, every=3) == 5 and policies_kept(12) == 13
+
+
 def test_a_policy_stays_published_as_long_as_its_groups_may_be_taken() -> None:
     """A worker that saw a version late still finds its directory while its groups are within
     `max_staleness` (a dropped one is a 404 and a lost batch), bounded as each is a full copy."""

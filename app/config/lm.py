@@ -191,6 +191,10 @@ class LMRolloutSettings(StrictModel):
     truncated_reward: float | None = None
     # weight versions a group may lag the trained model: trainer steps online, generations stored
     max_staleness: int = Field(1, ge=0, le=1000)
+    # trainer steps between the policies an online trainer on a node with peers publishes for
+    # rollout workers there (app/lm/train/policy_publish.py): each is the whole model written to
+    # disk (~0.5 GB for 124M parameters), so a large model's trainer publishes every few steps
+    publish_every: int = Field(1, ge=1, le=1000)
     # DAPO's dynamic sampling, the default of the mesh and of scripts/sft_rl.py alike (issue 53):
     # groups of equal rewards carry no GRPO signal and only shrink the others' share of the
     # normaliser, so they are dropped and the batch refilled by playing 2x the prompts it needs

@@ -38,11 +38,11 @@ def node_paths_of_run(data_dir: Path, db_url: str | None, run_dir: Path) -> Node
     return paths if run_dir.resolve().parent == paths.runs_dir.resolve() else None
 
 
-def policies_kept(max_staleness: int) -> int:
+def policies_kept(max_staleness: int, every: int = 1) -> int:
     """A worker's groups of a version are taken up to `max_staleness` steps later, so its
     directory stays that long for a worker that saw it late (a fetch of a dropped one is a 404
-    and a lost batch); bounded, as each is a full copy on disk."""
-    return min(MAX_KEPT, max(MIN_KEPT, max_staleness + 1))
+    and a lost batch): one published every `every` steps; bounded, as each is a full copy on disk."""
+    return min(MAX_KEPT, max(MIN_KEPT, max_staleness // max(1, every) + 1))
 
 
 def mesh_rollouts(config: Path, run_dir: Path, generation: int, model: Any, vocab_size: int, *, rank: int,
@@ -57,8 +57,9 @@ def mesh_rollouts(config: Path, run_dir: Path, generation: int, model: Any, voca
     paths = node_paths_of_run(node_data_dir, settings.node.db_url, run_dir)
     if paths is None:
         return None, None
-    keep = policies_kept(settings.lm.rollout.max_staleness)
+    keep = policies_kept(settings.lm.rollout.max_staleness, settings.lm.rollout.publish_every)
     publisher = (PolicyPublisher(paths.data_dir / POLICIES_DIR, run_dir, generation, model, None, keep=keep,
-                                 inherited=inherited) if rank == 0 else None)
+                                 every=settings.lm.rollout.publish_every, inherited=inherited)
+                 if rank == 0 else None)
     versions = publisher.versions if publisher is not None else (lambda: published_versions(run_dir))
     return publisher, RemoteGroups(paths.rollouts_db, versions, vocab_size, rank, world_size, exclude)
