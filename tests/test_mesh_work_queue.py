@@ -207,6 +207,20 @@ def test_seq_goes_on_from_the_file_after_a_restart_in_the_same_term(db_target) -
         q.close()
 
 
+def test_an_item_waits_for_its_preferred_node_then_anyone_may_claim_it(db_target) -> None:  # type: ignore[no-untyped-def]
+    q = WorkQueue(db_target, 3, 5.0)
+    prefer = {"prefer_nodes": ["n1"], "prefer_s": 20.0}
+    try:
+        q.rebuild(1, [WorkSpec(TRAINING_KIND, key, {}, prefer, ttl=60.0) for key in ("gen2", "gen3")], [], 100.0)
+        assert q.claim("n0", {}, None, 1, 110.0) is None  # within the window: only n1
+        mine = q.claim("n1", {}, None, 1, 110.0)
+        assert mine is not None and mine.item.key == "gen2"
+        other = q.claim("n0", {}, None, 1, 120.5)  # the window is over
+        assert other is not None and other.item.key == "gen3"
+    finally:
+        q.close()
+
+
 def test_fits_and_lapse_rules() -> None:
     assert fits({}, {})
     assert not fits({"min_cpus": 4}, {"cpus": 2}) and fits({"min_cpus": 4}, {"cpus": 4})

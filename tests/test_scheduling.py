@@ -8,8 +8,9 @@ from dataclasses import replace
 from hypothesis import given, settings, strategies as st
 
 from app.coordination.pipeline.generation_log import GenerationLog, GenerationRecord, latest_promoted, merge_records
+from app.coordination.p2p.work_rules import fits
 from app.coordination.pipeline.scheduling import (
-    NodeSummary, games_created, new_since_last_generation, schedule, training_spec,
+    STAY_PREFER_S, NodeSummary, games_created, new_since_last_generation, schedule, training_spec,
 )
 
 SHA = ["a" * 64, "b" * 64, "c" * 64]
@@ -43,6 +44,20 @@ def test_the_next_generation_counts_games_since_the_last_decision() -> None:
     assert new_since_last_generation(nodes(100, 200), records) == 50
     assert new_since_last_generation(nodes(150, 200), records) == 100
     assert new_since_last_generation(nodes(7), {}) == 7
+
+
+def test_the_next_generation_waits_a_while_for_the_node_whose_trainer_stays() -> None:
+    """A workload whose trainer stays between generations (the LM's): the node that trained the
+    last one has the next to itself for a while, so its trainer trains on; then anyone."""
+    records = {1: GenerationRecord(1, SHA[0], True, 100, "n1")}
+    spec = training_spec(nodes(150, 100), records, threshold=100, ttl=60, trainer_stays=True)
+    assert spec is not None and spec.requirements == {"prefer_nodes": ["n1"], "prefer_s": STAY_PREFER_S}
+    assert fits(spec.requirements, {}, "n1", age_s=0.0) and not fits(spec.requirements, {}, "n0", age_s=0.0)
+    assert fits(spec.requirements, {}, "n0", age_s=STAY_PREFER_S)
+    assert training_spec(nodes(150, 100, alive=(True, False)), records, 100, 60, trainer_stays=True).requirements == {}
+    assert training_spec(nodes(150, 100), records, 100, 60).requirements == {}  # a trainer launched each time
+    assert training_spec(nodes(150, 100, gpus=(1, 1)), records, 100, 60, max_nodes=2,
+                         trainer_stays=True).requirements == {"needs_gpu": True}  # spanned: it does not stay
 
 
 def test_a_live_gpu_node_makes_training_require_a_gpu() -> None:

@@ -203,7 +203,7 @@ class WorkQueue:
             while True:
                 page = s.scalars(query.limit(CLAIM_PAGE).offset(offset)).all()
                 for row in page:
-                    if not fits(row.requirements or {}, capabilities, node_id):
+                    if not fits(row.requirements or {}, capabilities, node_id, now - (row.created_at or 0.0)):
                         continue
                     seq = self._next_seq(s, term)
                     ttl = row.ttl or self.default_ttl

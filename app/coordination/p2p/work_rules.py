@@ -3,6 +3,7 @@ happens to an item whose claim lapsed, and when a new leader adopts a claim it l
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,6 +11,9 @@ from typing import Any
 TRAINING_KIND = "training"  # /work/claim_training hands out only items of this kind
 TRAINING_JOIN_KIND = "training_join"  # a further node rank of a spanned training run
 TRAINING_KINDS = (TRAINING_KIND, TRAINING_JOIN_KIND)  # what /work/claim_training hands out
+# An item that waits `prefer_s` seconds from its creation for one of `prefer_nodes`, then takes
+# anyone who fits: the next generation's training for the node whose trainer stays (scheduling.py)
+PREFER_KEYS = ("prefer_nodes", "prefer_s")
 
 
 @dataclass(frozen=True)
@@ -36,10 +40,19 @@ def item_id(kind: str, key: str) -> str:
     return f"{kind}:{key}"
 
 
-def fits(requirements: Mapping[str, Any], capabilities: Mapping[str, Any], node_id: str | None = None) -> bool:
+def fits(requirements: Mapping[str, Any], capabilities: Mapping[str, Any], node_id: str | None = None,
+         age_s: float = math.inf) -> bool:
     """needs_gpu, min_memory_gb, min_cpus against what the worker says it has; exclude_nodes
-    against who it is (a join item must not go to the node that hosts the rendezvous)."""
+    against who it is (a join item must not go to the node that hosts the rendezvous);
+    prefer_nodes against who it is while the item, `age_s` old, is younger than prefer_s."""
     if node_id is not None and node_id in (requirements.get("exclude_nodes") or ()):
+        return False
+    preferred = requirements.get("prefer_nodes") or ()
+    try:
+        waits = age_s < float(requirements.get("prefer_s", 0) or 0)
+    except (TypeError, ValueError):
+        waits = False
+    if preferred and waits and node_id not in preferred:
         return False
     if requirements.get("needs_gpu") and not capabilities.get("gpus", 0):
         return False

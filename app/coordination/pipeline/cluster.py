@@ -167,7 +167,8 @@ class ClusterPipeline:
         return schedule(summarize(view.nodes, alive), self.effective_records(), self.pipe.export_threshold,
                         ttl=self.node.timing.claim_ttl, max_nodes=train.max_nodes,
                         span_cpu_nodes=train.span_cpu_nodes,
-                        requirements=getattr(self.pipe, "requirements", None)) + gauntlet_specs(
+                        requirements=getattr(self.pipe, "requirements", None),
+                        trainer_stays=self.pipe.steps.training.follow_flag is not None) + gauntlet_specs(
             {nid: s.inventory for nid, s in view.nodes.items()}, alive, self.effective_records(),
             ttl=self.node.timing.claim_ttl)
 

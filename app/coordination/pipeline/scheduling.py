@@ -18,7 +18,9 @@ from typing import Any
 
 from app.coordination.pipeline.gauntlet_plan import GAUNTLET_KIND, REQUEST_KEY, RESULTS_KEY, GauntletRequest, shards_of
 from app.coordination.pipeline.generation_log import GenerationRecord, latest, trainer_head
-from app.coordination.p2p.work_rules import TRAINING_JOIN_KIND, TRAINING_KIND, WorkSpec
+from app.coordination.p2p.work_rules import PREFER_KEYS, TRAINING_JOIN_KIND, TRAINING_KIND, WorkSpec
+
+STAY_PREFER_S = 20.0  # how long the next generation's training waits for the node whose trainer stays
 
 
 @dataclass(frozen=True)
@@ -62,10 +64,14 @@ def new_since_last_generation(nodes: list[NodeSummary], records: dict[int, Gener
 def training_spec(
     nodes: list[NodeSummary], records: dict[int, GenerationRecord], threshold: int, ttl: float,
     max_nodes: int = 1, span_cpu_nodes: bool = False, requirements: Mapping[str, Any] | None = None,
+    trainer_stays: bool = False,
 ) -> WorkSpec | None:
     """The training item for the next generation, or None while too few new games exist;
     its payload's `nnodes` says how many nodes the claimant should span (span_nnodes);
-    `requirements`: the config's own (configs' `requires`), over the GPU rule."""
+    `requirements`: the config's own (configs' `requires`), over the GPU rule. `trainer_stays`
+    (a workload whose trainer stays between generations, the LM's): the node that trained the
+    last generation, when alive, has the item to itself for STAY_PREFER_S seconds, so the
+    trainer it holds trains on, as it would on a lone node; after that anyone who fits."""
     if new_since_last_generation(nodes, records) < threshold:
         return None
     last = latest(records)
@@ -73,12 +79,15 @@ def training_spec(
     generation = last.generation + 1 if last else 1
     parent = trainer_head(records)  # the best, or the trainer's head where the workload runs on
     needs_gpu = any(n.alive and n.gpus > 0 for n in nodes)
+    nnodes = span_nnodes(nodes, max_nodes, span_cpu_nodes)
+    stays = trainer_stays and last is not None and nnodes == 1 and any(
+        n.alive and n.node_id == last.trained_by for n in nodes)
     return WorkSpec(
         kind=TRAINING_KIND, key=f"generation-{generation}",
         payload={"generation": generation, "games_mark": total,
-                 "parent_sha256": parent.sha256 if parent else None,
-                 "nnodes": span_nnodes(nodes, max_nodes, span_cpu_nodes)},
-        requirements={**({"needs_gpu": True} if needs_gpu else {}), **(requirements or {})},
+                 "parent_sha256": parent.sha256 if parent else None, "nnodes": nnodes},
+        requirements={**({"needs_gpu": True} if needs_gpu else {}), **(requirements or {}),
+                      **({"prefer_nodes": [last.trained_by], "prefer_s": STAY_PREFER_S} if stays and last else {})},
         priority=10, ttl=ttl,
     )
 
@@ -86,8 +95,9 @@ def training_spec(
 def schedule(
     nodes: list[NodeSummary], records: dict[int, GenerationRecord], threshold: int, ttl: float,
     max_nodes: int = 1, span_cpu_nodes: bool = False, requirements: Mapping[str, Any] | None = None,
+    trainer_stays: bool = False,
 ) -> list[WorkSpec]:
-    spec = training_spec(nodes, records, threshold, ttl, max_nodes, span_cpu_nodes, requirements)
+    spec = training_spec(nodes, records, threshold, ttl, max_nodes, span_cpu_nodes, requirements, trainer_stays)
     return [] if spec is None else [spec, *join_specs(nodes, spec)]
 
 
@@ -133,7 +143,8 @@ def join_specs(nodes: list[NodeSummary], training: WorkSpec) -> list[WorkSpec]:
     rdzv = host.rendezvous
     assert rdzv is not None
     generation = int(rdzv["generation"])
-    requirements = {**training.requirements, "exclude_nodes": [host.node_id]}
+    requirements = {**{k: v for k, v in training.requirements.items() if k not in PREFER_KEYS},
+                    "exclude_nodes": [host.node_id]}
     return [
         WorkSpec(kind=TRAINING_JOIN_KIND, key=f"generation-{generation}-{str(rdzv['run_id'])[:12]}-rank-{rank}",
                  payload={**rdzv, "claimant": host.node_id, "node_rank": rank},
