@@ -15,7 +15,8 @@ first, then `--steps` online GRPO steps, 8 groups of 8 a step), one after the ot
 
 With `--generations G` the nodes run G generations: GRPO runs 2..G, from the third on in the
 trainer that stays between generations; the figures are over all of them (the first run's
-`--warmup` steps left out), with the other nodes' groups per run.
+`--warmup` steps left out), with the other nodes' groups per run and who trained each generation
+(`trained_by`: "n0*" where the trainer that stayed on n0 trained it on in memory).
 
 Every run with `--max-staleness` (default 4; lm_copy.yaml's 0 would take no other node's group).
 
@@ -144,6 +145,19 @@ def run_nodes(work: Path, n: int, cfg: dict, timeout: float, generations: int) -
     return [rows for _, rows in runs if rows]
 
 
+def trainers(root: Path) -> list[str]:
+    """Who trained each generation, in order: the node, with "*" where its trainer that stayed
+    trained on in memory (result.json's continued_from) rather than a fresh launch."""
+    out = []
+    for result in sorted(root.glob("n*/runs/gen_*/result.json"), key=lambda p: p.parent.name):
+        try:
+            stayed = (json.loads(result.read_text()).get("continued_from") or {}).get("in_memory")
+        except (OSError, ValueError):
+            continue
+        out.append(result.parent.parent.parent.name + ("*" if stayed else ""))
+    return out
+
+
 def measured(runs: list[list[dict]], warmup: int) -> list[dict]:
     """Every run's steps but the first run's first `warmup` (a later run starts warm)."""
     return [r for i, rows in enumerate(runs) for r in rows if i or r["step"] > warmup]
@@ -173,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             runs = run_nodes(work, n, cfg, args.timeout, args.generations)
             out[name] = {"nodes": n, "grpo_runs": len(runs), **summary(measured(runs, args.warmup)),
-                         "remote_groups_by_run": [sum(int(r.get("remote_groups", 0)) for r in rows) for rows in runs]}
+                         "remote_groups_by_run": [sum(int(r.get("remote_groups", 0)) for r in rows) for rows in runs],
+                         "trained_by": trainers(work / f"nodes_{n}")}
     key = "trained_tokens_per_s"
     if key in out["single"] and key in out["mesh"]:
         out["mesh_over_single"] = round(out["mesh"][key] / out["single"][key], 3)
