@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.coordination.pipeline.retention import Lineage, generation_dirs, plan, run_checkpoints
+from app.coordination.sync.model_store import installed_models, remove_model
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -50,3 +51,14 @@ def test_only_a_model_known_superseded_and_not_kept_leaves_the_store() -> None:
     todo = plan(lineage(9, keep_models={"best", "head", "promoted_once"},
                         superseded={"head", "old_head", "promoted_once", "never_installed"}), {}, {}, installed)
     assert todo.models == ["old_head"]
+
+
+def test_the_game_model_store_removes_a_model_whole(tmp_path: Path) -> None:
+    """What a sweep asks of the store: weights and sidecar go together, others stay."""
+    for sha in ("a" * 64, "b" * 64):
+        (tmp_path / f"{sha}.safetensors").write_bytes(b"w" * 100)
+        (tmp_path / f"{sha}.json").write_text("{}")
+    assert remove_model(tmp_path, "a" * 64) == 102
+    assert installed_models(tmp_path) == ["b" * 64] and not (tmp_path / f"{'a' * 64}.json").exists()
+    assert remove_model(tmp_path, "a" * 64) == 0
+

@@ -112,10 +112,11 @@ def sweep(pipe: PipelineContext, keep_datasets: int = KEEP_DATASETS) -> dict[str
     Runs in a worker thread; a path that cannot be removed is logged and left."""
     todo = plan(lineage_of(pipe), run_checkpoints(pipe.paths.runs_dir, pipe.steps.training.checkpoint_names),
                 generation_dirs(pipe.paths.datasets_dir), pipe.steps.models.installed(), keep_datasets)
-    models = [pipe.steps.models.installed_path(sha) for sha in todo.models]
-    return {kind: {"removed": len(paths), "bytes": sum(_remove(p, also_sidecar=kind == "models") for p in paths)}
-            for kind, paths in (("checkpoints", todo.checkpoints), ("datasets", todo.datasets), ("models", models))
-            if paths}
+    freed = {kind: {"removed": len(paths), "bytes": sum(_remove(p) for p in paths)}
+             for kind, paths in (("checkpoints", todo.checkpoints), ("datasets", todo.datasets)) if paths}
+    if todo.models:
+        freed["models"] = {"removed": len(todo.models), "bytes": sum(_remove_model(pipe, sha) for sha in todo.models)}
+    return freed
 
 
 async def watch_retention(pipe: PipelineContext, metrics: Metrics, interval_s: float = 30.0) -> None:
@@ -140,18 +141,27 @@ async def watch_retention(pipe: PipelineContext, metrics: Metrics, interval_s: f
         await pipe.wait_for_change(interval_s)
 
 
-def _remove(path: Path, also_sidecar: bool = False) -> int:
-    """Bytes freed by deleting `path` (a file, with its .json sidecar when asked, or a dir)."""
-    paths = [path, path.with_suffix(".json")] if also_sidecar and path.is_file() else [path]
-    size = 0
-    for p in paths:
-        try:
-            if p.is_dir():
-                size += sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
-                shutil.rmtree(p)
-            elif p.exists():
-                size += p.stat().st_size
-                p.unlink()
-        except OSError as exc:
-            log.warning("retention_not_removed", path=str(p), error=str(exc))
-    return size
+def _remove(path: Path) -> int:
+    """Bytes freed by deleting `path` (a file or a dir; gone already: 0)."""
+    if not path.exists():
+        return 0
+    try:
+        if path.is_dir():
+            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+            shutil.rmtree(path)
+            return size
+        size = path.stat().st_size
+        path.unlink()
+        return size
+    except OSError as exc:
+        log.warning("retention_not_removed", path=str(path), error=str(exc))
+        return 0
+
+
+def _remove_model(pipe: PipelineContext, sha256: str) -> int:
+    """Through the workload's model store, which knows what one model is on disk."""
+    try:
+        return pipe.steps.models.remove(sha256)
+    except OSError as exc:
+        log.warning("retention_not_removed", model=sha256[:12], error=str(exc))
+        return 0

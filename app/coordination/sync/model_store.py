@@ -45,6 +45,16 @@ def installed_models(models_dir: str | Path) -> list[str]:
     return sorted(p.stem for p in root.glob(f"*{SUFFIX}") if is_sha256(p.stem) and sidecar_path(p).is_file())
 
 
+def remove_model(models_dir: str | Path, sha256: str) -> int:
+    """Delete model `sha256` (weights and sidecar) from the store; the bytes freed (0: not there)."""
+    freed = 0
+    for path in (model_file(models_dir, sha256), sidecar_path(model_file(models_dir, sha256))):
+        if path.is_file():
+            freed += path.stat().st_size
+            path.unlink()
+    return freed
+
+
 def install_model(src: str | Path, models_dir: str | Path, sha256: str) -> Path:
     """Copy the model at `src` (weights + sidecar) into the store under `sha256`.
 

@@ -28,7 +28,7 @@ from app.coordination.sync import fetch_from_mesh, install_model, is_installed, 
 from app.coordination.sync.dataset_fetch import fetch_dataset
 from app.coordination.sync.dataset_server import dataset_routes
 from app.coordination.sync.game_server import GameSyncServer
-from app.coordination.sync.model_store import installed_models
+from app.coordination.sync.model_store import installed_models, remove_model
 from app.coordination.sync.replica_store import GameStore, ReplicatedStore
 from app.db.registry import ModelRegistry
 from app.db.replay_db import ReplayDB
@@ -83,6 +83,9 @@ class ModelFiles:
 
     def installed(self) -> list[str]:
         return installed_models(self.models_dir)
+
+    def remove(self, sha256: str) -> int:
+        return remove_model(self.models_dir, sha256)
 
     def register_candidate(self, registry: ModelRegistry, path: str | Path, generation: int) -> str:
         return register_candidate(registry, path).sha256  # generation and lineage from the model's sidecar

@@ -273,8 +273,7 @@ def train_generation(args: argparse.Namespace, env: DistContext,
     sha = env.broadcast(staged[1] if staged is not None else None)  # every rank decides alike what comes next
     if stays:
         held.run_dir, held.candidate_sha256 = run_dir, sha
-        carried = env.broadcast(policy.carried(last_version=rl_steps) if policy is not None else None) or []
-        held.policies = [(int(v), str(s)) for v, s in carried]
+        held.policies = env.broadcast(policy.carried(last_version=rl_steps) if policy is not None else None) or []
         held.carried_uids = remote.read_of({s for _, s in held.policies}) if remote is not None else set()
         return result, held
     if held.rewards is not None:

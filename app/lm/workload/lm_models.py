@@ -10,6 +10,7 @@ shown there with its error, and self-play tries again before it generates.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from app.config.lm import LMConfig
@@ -48,6 +49,15 @@ class ModelDirs:
         if not self.root.is_dir():
             return []
         return sorted(p.name for p in self.root.iterdir() if is_sha256(p.name) and (p / MANIFEST_NAME).is_file())
+
+    def remove(self, sha256: str) -> int:
+        """Delete the directory of model `sha256`; the bytes freed (0: not there)."""
+        path = self.installed_path(sha256)
+        if not path.is_dir():
+            return 0
+        freed = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        shutil.rmtree(path)
+        return freed
 
     def register_candidate(self, registry: ModelRegistry, path: str | Path, generation: int) -> str:
         """Lineage from the run's result.json beside the candidate (generation.py writes it)."""
